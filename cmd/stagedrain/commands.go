@@ -1,0 +1,237 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/stagedrain/stagedrain/relay"
+)
+
+// commonFlags are the flags of both migrate and run.
+type commonFlags struct {
+	databaseURL string
+	schema      string
+	logFormat   string
+	logLevel    string
+}
+
+func (c *commonFlags) register(f *flagSet) {
+	f.fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL connection `URL` (required; never logged)")
+	f.env("database-url", "DATABASE_URL")
+	f.fs.StringVar(&c.schema, "schema", "public", "PostgreSQL `schema` of the staged_jobs table")
+	f.env("schema", "STAGEDRAIN_SCHEMA")
+	f.fs.StringVar(&c.logFormat, "log-format", "json", "log `format`: json or console")
+	f.env("log-format", "STAGEDRAIN_LOG_FORMAT")
+	f.fs.StringVar(&c.logLevel, "log-level", "info", "log `level`: debug (a line per batch), info, warn or error")
+	f.env("log-level", "STAGEDRAIN_LOG_LEVEL")
+}
+
+func (c *commonFlags) check(cmd string) error {
+	if c.databaseURL == "" {
+		return usagef("%s: --database-url or $DATABASE_URL is required", cmd)
+	}
+	if err := relay.CheckDatabaseURL(c.databaseURL); err != nil {
+		return usagef("%s: --database-url: %s", cmd, err)
+	}
+	return nil
+}
+
+// logger builds the process logger: JSON (or console) lines on stdout.
+func (c *commonFlags) logger(cmd string, stdout io.Writer) (*zap.Logger, error) {
+	level, err := zapcore.ParseLevel(c.logLevel)
+	if err != nil {
+		return nil, usagef("%s: --log-level must be debug, info, warn or error, got %q", cmd, c.logLevel)
+	}
+	var enc zapcore.Encoder
+	switch c.logFormat {
+	case "json":
+		ec := zap.NewProductionEncoderConfig()
+		ec.TimeKey = "time"
+		ec.EncodeTime = zapcore.RFC3339NanoTimeEncoder
+		ec.EncodeDuration = zapcore.StringDurationEncoder
+		enc = zapcore.NewJSONEncoder(ec)
+	case "console":
+		ec := zap.NewDevelopmentEncoderConfig()
+		ec.EncodeTime = zapcore.TimeEncoderOfLayout("15:04:05.000")
+		enc = zapcore.NewConsoleEncoder(ec)
+	default:
+		return nil, usagef("%s: --log-format must be json or console, got %q", cmd, c.logFormat)
+	}
+	core := zapcore.NewCore(enc, zapcore.Lock(zapcore.AddSync(stdout)), level)
+	return zap.New(core).Named("stagedrain"), nil
+}
+
+func migrateCmd(ctx context.Context, args []string, stdout io.Writer) error {
+	f := newFlagSet("migrate", "Create the schema (if missing), the staged_jobs table and its NOTIFY trigger,\n"+
+		"or upgrade them. Safe to run again, and from several processes at once.")
+	var c commonFlags
+	c.register(f)
+	if err := f.parse(args, stdout); err != nil {
+		return err
+	}
+	if err := c.check("migrate"); err != nil {
+		return err
+	}
+	log, err := c.logger("migrate", stdout)
+	if err != nil {
+		return err
+	}
+	return migrate(ctx, c.databaseURL, c.schema, log)
+}
+
+func migrate(ctx context.Context, databaseURL, schema string, log *zap.Logger) error {
+	conn, err := pgx.Connect(ctx, databaseURL)
+	if err != nil {
+		return fmt.Errorf("migrate: connect to %s: %w", relay.DescribeDatabase(databaseURL), err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	res, err := relay.Migrate(ctx, conn, schema)
+	if err != nil {
+		return err
+	}
+	log.Info("migrated", zap.String("schema", schema), zap.Strings("applied", res.Applied), zap.Int("version", res.Current))
+	return nil
+}
+
+// runFlags maps each flag of run onto relay.Config.
+type runFlags struct {
+	commonFlags
+	redisURL        string
+	redisNamespace  string
+	batchSize       int
+	pollInterval    time.Duration
+	timestampFormat string
+	leaderInterval  time.Duration
+	maxBackoff      time.Duration
+	shutdownTimeout time.Duration
+	migrate         bool
+}
+
+// flagOfField names the run flag behind each relay.Config field, so a
+// Validate error reads as a flag error.
+var flagOfField = map[string]string{
+	"DatabaseURL":     "database-url",
+	"Schema":          "schema",
+	"BatchSize":       "batch-size",
+	"PollInterval":    "poll-interval",
+	"TimestampFormat": "timestamp-format",
+	"LeaderInterval":  "leader-interval",
+	"MaxBackoff":      "max-backoff",
+	"ShutdownTimeout": "shutdown-timeout",
+}
+
+func runCmd(ctx context.Context, args []string, stdout io.Writer) error {
+	f := newFlagSet("run", "Drain committed staged jobs into Redis until SIGINT or SIGTERM. One relay per\n"+
+		"schema drains; more wait as standbys and take over when it dies.")
+	var c runFlags
+	c.register(f)
+	f.fs.StringVar(&c.redisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis `URL` (password never logged)")
+	f.env("redis-url", "REDIS_URL")
+	f.fs.StringVar(&c.redisNamespace, "redis-namespace", "", "prefix every Redis key with `namespace`: (Sidekiq 6 redis-namespace apps)")
+	f.env("redis-namespace", "STAGEDRAIN_REDIS_NAMESPACE")
+	f.fs.IntVar(&c.batchSize, "batch-size", 1000, "most jobs claimed, pushed and deleted per batch (1-100000)")
+	f.env("batch-size", "STAGEDRAIN_BATCH_SIZE")
+	f.fs.DurationVar(&c.pollInterval, "poll-interval", time.Second, "mean `interval` of the jittered fallback poll")
+	f.env("poll-interval", "STAGEDRAIN_POLL_INTERVAL")
+	f.fs.StringVar(&c.timestampFormat, "timestamp-format", "seconds", "created_at/enqueued_at `format`: seconds (float, Sidekiq 6/7/8) or millis (integer, Sidekiq 8 only)")
+	f.env("timestamp-format", "STAGEDRAIN_TIMESTAMP_FORMAT")
+	f.fs.DurationVar(&c.leaderInterval, "leader-interval", 500*time.Millisecond, "how often a standby tries to take over, and the leader checks its lock")
+	f.env("leader-interval", "STAGEDRAIN_LEADER_INTERVAL")
+	f.fs.DurationVar(&c.maxBackoff, "max-backoff", 5*time.Second, "cap of the exponential backoff between retries after a PostgreSQL or Redis failure")
+	f.env("max-backoff", "STAGEDRAIN_MAX_BACKOFF")
+	f.fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long the batch in flight at SIGTERM may take to finish before it is rolled back")
+	f.env("shutdown-timeout", "STAGEDRAIN_SHUTDOWN_TIMEOUT")
+	f.fs.BoolVar(&c.migrate, "migrate", false, "run migrate before draining (retried until PostgreSQL answers)")
+	f.env("migrate", "STAGEDRAIN_MIGRATE")
+	if err := f.parse(args, stdout); err != nil {
+		return err
+	}
+	if err := c.check("run"); err != nil {
+		return err
+	}
+	// relay.Config reads 0 as "the default"; on the command line 0 is a
+	// mistake, so say so instead.
+	if c.batchSize < 1 {
+		return usagef("run: --batch-size must be between 1 and 100000, got %d", c.batchSize)
+	}
+	for name, d := range map[string]time.Duration{
+		"poll-interval": c.pollInterval, "leader-interval": c.leaderInterval,
+		"max-backoff": c.maxBackoff, "shutdown-timeout": c.shutdownTimeout,
+	} {
+		if d <= 0 {
+			return usagef("run: --%s must be positive, got %s", name, d)
+		}
+	}
+	ropts, err := redis.ParseURL(c.redisURL)
+	if err != nil {
+		return usagef("run: --redis-url cannot be parsed (want redis://[user:password@]host:port/db)")
+	}
+	ropts.ClientName = "stagedrain"
+	ropts.DisableIdentity = true // CLIENT SETINFO is unknown to Redis < 7.2
+	log, err := c.logger("run", stdout)
+	if err != nil {
+		return err
+	}
+	defer log.Sync() //nolint:errcheck // stdout
+
+	rdb := redis.NewClient(ropts)
+	defer rdb.Close()
+	r, err := relay.New(relay.Config{
+		DatabaseURL:     c.databaseURL,
+		Redis:           rdb,
+		Schema:          c.schema,
+		RedisNamespace:  c.redisNamespace,
+		BatchSize:       c.batchSize,
+		PollInterval:    c.pollInterval,
+		TimestampFormat: relay.TimestampFormat(c.timestampFormat),
+		LeaderInterval:  c.leaderInterval,
+		MaxBackoff:      c.maxBackoff,
+		ShutdownTimeout: c.shutdownTimeout,
+		Logger:          log,
+	})
+	if err != nil {
+		var fe *relay.FieldError
+		if errors.As(err, &fe) && flagOfField[fe.Field] != "" {
+			return usagef("run: %s %s", flagFor(flagOfField[fe.Field]), fe.Reason)
+		}
+		return err
+	}
+	if c.migrate {
+		if err := migrateWithRetry(ctx, c.databaseURL, c.schema, c.maxBackoff, log); err != nil {
+			return err
+		}
+	}
+	return r.Run(ctx)
+}
+
+// migrateWithRetry runs migrate until it succeeds, ctx ends, or it fails for
+// a reason other than an unreachable server.
+func migrateWithRetry(ctx context.Context, databaseURL, schema string, maxBackoff time.Duration, log *zap.Logger) error {
+	wait := 100 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		err := migrate(ctx, databaseURL, schema, log)
+		if err == nil || ctx.Err() != nil {
+			return nil
+		}
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) {
+			return err // the server answered and said no: waiting will not help
+		}
+		log.Warn("migrate failed, retrying", zap.Error(err), zap.Int("attempt", attempt), zap.Duration("wait", wait))
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, maxBackoff)
+	}
+}

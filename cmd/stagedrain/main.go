@@ -1,0 +1,98 @@
+// Command stagedrain relays transactionally staged jobs from PostgreSQL to
+// Redis job queues.
+//
+//	stagedrain migrate   create or upgrade staged_jobs and its trigger
+//	stagedrain run       drain committed jobs into Redis until stopped
+//	stagedrain version   print the version
+//
+// Every flag has an environment variable: DATABASE_URL, REDIS_URL, and
+// STAGEDRAIN_* for the rest. A flag on the command line wins over its
+// variable. Exit codes: 0 done (or stopped by SIGINT/SIGTERM), 1 a failure at
+// run time, 2 a bad command line.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// usageError is a bad command line: exit 2.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error {
+	return &usageError{msg: fmt.Sprintf(format, args...)}
+}
+
+const usage = `stagedrain relays transactionally staged jobs from PostgreSQL to Redis.
+
+Usage:
+  stagedrain migrate [flags]   create or upgrade staged_jobs and its NOTIFY trigger
+  stagedrain run [flags]       drain committed jobs into Redis until SIGINT/SIGTERM
+  stagedrain version           print the version
+
+Run 'stagedrain <command> --help' for a command's flags.
+`
+
+// run is the whole program; it returns the exit code.
+func run(args []string, stdout, stderr io.Writer) int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	go func() {
+		<-ctx.Done()
+		stop() // a second signal kills at once
+	}()
+
+	err := dispatch(ctx, args, stdout)
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, errHelp):
+		return 0
+	default:
+		var ue *usageError
+		if errors.As(err, &ue) {
+			fmt.Fprintf(stderr, "stagedrain: %s\n", ue.msg)
+			return 2
+		}
+		fmt.Fprintf(stderr, "stagedrain: %s\n", oneLine(err.Error()))
+		return 1
+	}
+}
+
+func dispatch(ctx context.Context, args []string, stdout io.Writer) error {
+	if len(args) == 0 {
+		return usagef("a command is required: migrate, run or version (see 'stagedrain --help')")
+	}
+	switch cmd, rest := args[0], args[1:]; cmd {
+	case "migrate":
+		return migrateCmd(ctx, rest, stdout)
+	case "run":
+		return runCmd(ctx, rest, stdout)
+	case "version":
+		return versionCmd(rest, stdout)
+	case "-h", "-help", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return errHelp
+	default:
+		return usagef("unknown command %q: want migrate, run or version (see 'stagedrain --help')", cmd)
+	}
+}
+
+// oneLine folds a multi-line error (pgx lists each address it tried on its
+// own line) into one line.
+func oneLine(s string) string {
+	s = strings.ReplaceAll(s, ":\n\t", ": ")
+	return strings.Join(strings.FieldsFunc(s, func(r rune) bool { return r == '\n' || r == '\t' }), "; ")
+}

@@ -1,0 +1,152 @@
+package relay
+
+import (
+	"cmp"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+)
+
+// TimestampFormat selects how created_at and enqueued_at are written into a
+// Sidekiq payload.
+type TimestampFormat string
+
+const (
+	// TimestampSeconds writes float epoch seconds (1732891234.123456), as
+	// Sidekiq 6.x and 7.x do. Sidekiq 8 reads it too, so it is the default.
+	TimestampSeconds TimestampFormat = "seconds"
+	// TimestampMillis writes integer epoch milliseconds (1732891234123), as
+	// Sidekiq 8 does. Sidekiq 7.x misreads it: use it only for an all-8 fleet.
+	TimestampMillis TimestampFormat = "millis"
+)
+
+// Config configures a Relay. The zero value of every field but DatabaseURL
+// and Redis means its default; WithDefaults fills them in.
+type Config struct {
+	// DatabaseURL is the PostgreSQL connection string (URL or key=value form).
+	// Required. The listener needs a direct connection (not PgBouncer in
+	// transaction mode), as LISTEN is session state.
+	DatabaseURL string
+
+	// Redis is the client jobs are pushed through. Required. The relay does
+	// not close it.
+	Redis redis.UniversalClient
+
+	// Schema is the PostgreSQL schema holding staged_jobs. Default "public".
+	Schema string
+
+	// RedisNamespace, when set, prefixes every Redis key with
+	// RedisNamespace + ":" (the redis-namespace layout of Sidekiq 6 apps).
+	// Default "" (no prefix, as Sidekiq 7 and later use).
+	RedisNamespace string
+
+	// BatchSize is the most rows claimed, pushed and deleted per batch.
+	// Default 1000.
+	BatchSize int
+
+	// PollInterval is the mean of the jittered fallback poll that drains
+	// even when no notification arrives. Default 1s.
+	PollInterval time.Duration
+
+	// TimestampFormat is how created_at and enqueued_at are written.
+	// Default TimestampSeconds.
+	TimestampFormat TimestampFormat
+
+	// LeaderInterval is how often a standby tries to take the leader lock,
+	// and how often the leader checks that its lock connection is alive.
+	// Default 500ms.
+	LeaderInterval time.Duration
+
+	// MaxBackoff caps the exponential backoff between retries after a
+	// PostgreSQL or Redis failure. Retries start at 100ms. Default 5s.
+	MaxBackoff time.Duration
+
+	// ShutdownTimeout bounds how long a batch in flight when the context
+	// ends may take to finish; past it the batch is rolled back (its rows
+	// stay staged). Default 10s.
+	ShutdownTimeout time.Duration
+
+	// Logger receives structured logs. Default zap.NewNop().
+	Logger *zap.Logger
+}
+
+const (
+	defaultSchema          = "public"
+	defaultBatchSize       = 1000
+	defaultPollInterval    = time.Second
+	defaultLeaderInterval  = 500 * time.Millisecond
+	defaultMaxBackoff      = 5 * time.Second
+	defaultShutdownTimeout = 10 * time.Second
+	minBackoff             = 100 * time.Millisecond
+)
+
+// WithDefaults returns a copy of c with every unset field set to its default.
+func (c Config) WithDefaults() Config {
+	c.Schema = cmp.Or(c.Schema, defaultSchema)
+	c.BatchSize = cmp.Or(c.BatchSize, defaultBatchSize)
+	c.PollInterval = cmp.Or(c.PollInterval, defaultPollInterval)
+	c.TimestampFormat = cmp.Or(c.TimestampFormat, TimestampSeconds)
+	c.LeaderInterval = cmp.Or(c.LeaderInterval, defaultLeaderInterval)
+	c.MaxBackoff = cmp.Or(c.MaxBackoff, defaultMaxBackoff)
+	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, defaultShutdownTimeout)
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	return c
+}
+
+// FieldError names the Config field that failed Validate.
+type FieldError struct {
+	Field  string // the Config field, e.g. "BatchSize"
+	Reason string // what is wrong, e.g. "must be between 1 and 100000, got 0"
+}
+
+func (e *FieldError) Error() string { return e.Field + " " + e.Reason }
+
+func fieldErr(field, format string, args ...any) error {
+	return &FieldError{Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
+// Validate reports the first field of c that cannot work, as a *FieldError.
+// Call it on the result of WithDefaults.
+func (c Config) Validate() error {
+	switch {
+	case c.DatabaseURL == "":
+		return fieldErr("DatabaseURL", "is required")
+	case c.Redis == nil:
+		return fieldErr("Redis", "is required")
+	case c.BatchSize < 1 || c.BatchSize > 100_000:
+		return fieldErr("BatchSize", "must be between 1 and 100000, got %d", c.BatchSize)
+	case c.PollInterval < 10*time.Millisecond:
+		return fieldErr("PollInterval", "must be at least 10ms, got %s", c.PollInterval)
+	case c.TimestampFormat != TimestampSeconds && c.TimestampFormat != TimestampMillis:
+		return fieldErr("TimestampFormat", "must be %q or %q, got %q", TimestampSeconds, TimestampMillis, c.TimestampFormat)
+	case c.LeaderInterval < 10*time.Millisecond:
+		return fieldErr("LeaderInterval", "must be at least 10ms, got %s", c.LeaderInterval)
+	case c.MaxBackoff < minBackoff:
+		return fieldErr("MaxBackoff", "must be at least %s, got %s", minBackoff, c.MaxBackoff)
+	case c.ShutdownTimeout < 0:
+		return fieldErr("ShutdownTimeout", "must not be negative, got %s", c.ShutdownTimeout)
+	}
+	if err := validateSchemaName(c.Schema); err != nil {
+		return err
+	}
+	if _, err := pgx.ParseConfig(c.DatabaseURL); err != nil {
+		return fieldErr("DatabaseURL", "%v", redactErr(err))
+	}
+	return nil
+}
+
+func validateSchemaName(schema string) error {
+	if schema == "" || len(schema) > 63 {
+		return fieldErr("Schema", "must be 1 to 63 bytes, got %d", len(schema))
+	}
+	if strings.IndexByte(schema, 0) >= 0 {
+		return fieldErr("Schema", "must not contain a NUL byte")
+	}
+	return nil
+}

@@ -1,0 +1,96 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+)
+
+// One relay per schema drains; the rest are standbys. The leader holds a
+// session-level advisory lock on a connection that does nothing else, and
+// PostgreSQL releases it the moment that connection dies, with the process
+// or without it. Standbys try for it every LeaderInterval.
+
+const (
+	tryLockSQL = `SELECT pg_try_advisory_lock(hashtextextended($1, 0))`
+	unlockSQL  = `SELECT pg_advisory_unlock(hashtextextended($1, 0))`
+)
+
+var errLostLock = errors.New("lock connection lost")
+
+// campaign connects the lock connection, waits until it holds the lock, and
+// leads until ctx ends or the connection fails. connected reports whether
+// the lock connection was established, so the caller restarts its backoff.
+func (r *Relay) campaign(ctx context.Context, pool *pgxpool.Pool) (connected bool, err error) {
+	conn, err := pgx.ConnectConfig(ctx, r.connConfig("leader"))
+	if err != nil {
+		return false, fmt.Errorf("connect: %w", err)
+	}
+	defer func() {
+		_ = withTimeout(ctx, time.Second, conn.Close)
+	}()
+
+	var exists bool
+	table := pgx.Identifier{r.cfg.Schema, "staged_jobs"}.Sanitize()
+	if err := conn.QueryRow(ctx, r.sql.exists, table).Scan(&exists); err != nil {
+		return true, fmt.Errorf("check table: %w", err)
+	}
+	if !exists {
+		return true, fmt.Errorf("%w in schema %q: run 'stagedrain migrate' first", errNotMigrated, r.cfg.Schema)
+	}
+
+	standby := false
+	for {
+		var got bool
+		if err := conn.QueryRow(ctx, tryLockSQL, r.lockKey).Scan(&got); err != nil {
+			return true, fmt.Errorf("try leader lock: %w", err)
+		}
+		if got {
+			break
+		}
+		if !standby {
+			r.log.Info("standby: another relay is draining this schema", zap.String("schema", r.cfg.Schema))
+			standby = true
+		}
+		if !sleep(ctx, jitter(r.cfg.LeaderInterval)) {
+			return true, ctx.Err()
+		}
+	}
+
+	r.log.Info("became leader", zap.String("schema", r.cfg.Schema))
+	err = r.lead(ctx, conn, pool)
+	if ctx.Err() != nil {
+		// Closing the connection would release the lock as well; unlock
+		// first so a standby need not wait for the server to notice.
+		_ = withTimeout(ctx, time.Second, func(c context.Context) error {
+			_, err := conn.Exec(c, unlockSQL, r.lockKey)
+			return err
+		})
+		r.log.Info("released leadership")
+		return true, ctx.Err()
+	}
+	r.log.Warn("stepped down", zap.Error(err))
+	return true, err
+}
+
+// keepLock checks the lock connection every LeaderInterval and returns
+// errLostLock when it fails: the lock went with it, a standby may take over,
+// and this relay must stop draining.
+func (r *Relay) keepLock(ctx context.Context, conn *pgx.Conn) error {
+	timeout := max(2*time.Second, 4*r.cfg.LeaderInterval)
+	for sleep(ctx, jitter(r.cfg.LeaderInterval)) {
+		err := withTimeout(ctx, timeout, conn.Ping)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("%w: %w", errLostLock, err)
+		}
+	}
+	return nil
+}

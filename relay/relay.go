@@ -1,0 +1,186 @@
+// Package relay drains transactionally staged jobs from PostgreSQL into
+// Redis job queues.
+//
+// An application INSERTs a row into staged_jobs inside the transaction that
+// writes its data; a trigger NOTIFYs when it commits. A Relay LISTENs, wakes
+// at once, and drains committed rows in batches: push to Redis, then delete
+// exactly the pushed rows. A jittered fallback poll and a drain after every
+// (re)connect turn a lost notification into latency, never a lost job. One
+// relay per schema drains at a time, chosen by a PostgreSQL advisory lock;
+// the others wait as standbys.
+//
+// The data flows through these files: listen.go (LISTEN) -> wake.go (wake
+// and poll) -> drain.go (one batch) -> claim.go (claim and delete SQL) ->
+// sidekiq.go (push); leader.go chooses which relay does it.
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+)
+
+// Relay drains one schema's staged_jobs into Redis. Create it with New and
+// start it with Run.
+type Relay struct {
+	cfg     Config
+	log     *zap.Logger
+	pgCfg   *pgx.ConnConfig
+	sql     tableSQL
+	sink    *sidekiqSink
+	lockKey string
+
+	// afterPush, when set (by tests), runs between a batch's push and its
+	// delete; an error it returns fails the batch there.
+	afterPush func(ctx context.Context) error
+}
+
+// New checks cfg and returns a Relay. It starts nothing and connects to
+// nothing.
+func New(cfg Config) (*Relay, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("relay config: %w", err)
+	}
+	pgCfg, err := pgx.ParseConfig(cfg.DatabaseURL)
+	if err != nil { // Validate parsed it already
+		return nil, fmt.Errorf("relay config: DatabaseURL: %w", redactErr(err))
+	}
+	return &Relay{
+		cfg:     cfg,
+		log:     cfg.Logger,
+		pgCfg:   pgCfg,
+		sql:     newTableSQL(cfg.Schema),
+		sink:    newSidekiqSink(cfg.Redis, cfg.RedisNamespace, cfg.TimestampFormat),
+		lockKey: "stagedrain:" + cfg.Schema,
+	}, nil
+}
+
+// Run drains until ctx ends, then finishes or rolls back the batch in flight,
+// releases leadership and returns nil. Lost connections to PostgreSQL or
+// Redis are logged and retried with capped exponential backoff; Run returns
+// an error only for what waiting cannot fix: rejected credentials, a missing
+// database, or a schema with no staged_jobs table (run Migrate).
+func (r *Relay) Run(ctx context.Context) error {
+	r.log.Info("starting",
+		zap.String("schema", r.cfg.Schema),
+		zap.String("database", DescribeDatabase(r.cfg.DatabaseURL)),
+		zap.String("channel", ChannelName(r.cfg.Schema)),
+		zap.Int("batch_size", r.cfg.BatchSize),
+		zap.Duration("poll_interval", r.cfg.PollInterval),
+		zap.String("timestamp_format", string(r.cfg.TimestampFormat)),
+	)
+	poolCfg, err := pgxpool.ParseConfig("")
+	if err != nil {
+		return fmt.Errorf("pool config: %w", err)
+	}
+	poolCfg.ConnConfig = r.connConfig("drain")
+	poolCfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(ctx, poolCfg) // connects lazily
+	if err != nil {
+		return fmt.Errorf("pool: %w", err)
+	}
+	defer pool.Close()
+
+	attempt := 0
+	for {
+		connected, err := r.campaign(ctx, pool)
+		if ctx.Err() != nil {
+			r.log.Info("stopped")
+			return nil
+		}
+		if isFatal(err) {
+			return err
+		}
+		if connected {
+			attempt = 0
+		}
+		attempt++
+		wait := backoff(attempt, r.cfg.MaxBackoff)
+		r.log.Warn("database session failed, retrying", zap.Error(err),
+			zap.Int("attempt", attempt), zap.Duration("wait", wait))
+		if !sleep(ctx, wait) {
+			r.log.Info("stopped")
+			return nil
+		}
+	}
+}
+
+// lead runs the leader's work until ctx ends (nil) or the lock connection
+// fails (an error): the listener, the fallback poll, the drain loop, and a
+// watch on the lock connection.
+func (r *Relay) lead(ctx context.Context, lockConn *pgx.Conn, pool *pgxpool.Pool) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	wake := make(chan struct{}, 1)
+	wake <- struct{}{} // drain at start
+
+	done := make(chan error, 4)
+	run := func(f func() error) {
+		go func() {
+			err := f()
+			if err != nil {
+				cancel(err)
+			}
+			done <- err
+		}()
+	}
+	run(func() error { return r.listen(ctx, wake) })
+	run(func() error { poll(ctx, r.cfg.PollInterval, wake); return nil })
+	run(func() error { return r.drainLoop(ctx, pool, wake) })
+	run(func() error { return r.keepLock(ctx, lockConn) })
+	var first error
+	for range 4 {
+		if err := <-done; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// connConfig is a copy of the database config for one role, named so a DBA
+// can tell our sessions apart in pg_stat_activity (unless the URL names
+// them already).
+func (r *Relay) connConfig(role string) *pgx.ConnConfig {
+	c := r.pgCfg.Copy()
+	if c.RuntimeParams["application_name"] == "" {
+		c.RuntimeParams["application_name"] = "stagedrain " + role
+	}
+	return c
+}
+
+// errNotMigrated means the schema has no staged_jobs table.
+var errNotMigrated = errors.New("no staged_jobs table")
+
+// isFatal reports whether err is one that retrying cannot fix.
+func isFatal(err error) bool {
+	if errors.Is(err, errNotMigrated) {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch {
+		case pgErr.Code[:2] == "28": // invalid authorization: bad user or password
+			return true
+		case pgErr.Code == "3D000": // database does not exist
+			return true
+		case pgErr.Code == "42P01" || pgErr.Code == "3F000": // table or schema gone
+			return true
+		}
+	}
+	return false
+}
+
+// withTimeout runs f with a context that is not cancelled with ctx but
+// gives up after d: for cleanup that must run while shutting down.
+func withTimeout(ctx context.Context, d time.Duration, f func(context.Context) error) error {
+	c, cancel := context.WithTimeout(context.WithoutCancel(ctx), d)
+	defer cancel()
+	return f(c)
+}

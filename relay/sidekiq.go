@@ -1,0 +1,223 @@
+package relay
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+	"unicode/utf8"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// sidekiqSink pushes batches in Sidekiq's layout (see keys.go): an immediate
+// job is SADD queues <q> + LPUSH queue:<q> <json>; a job whose run_at is in
+// the future is ZADD schedule <epoch seconds> <json>. A whole batch, however
+// many queues it mixes, goes in one MULTI/EXEC round trip.
+//
+// A sidekiqSink is used by one goroutine at a time: it reuses its buffers.
+type sidekiqSink struct {
+	rdb  redis.UniversalClient
+	keys sidekiqKeys
+	ts   TimestampFormat
+
+	buf    []byte           // every payload of the batch, back to back
+	queues []string         // distinct immediate queues, in order of first use
+	byQ    map[string][]any // immediate payloads by queue, in id order
+	zs     []redis.Z        // scheduled payloads
+}
+
+// rejectedJob is a row that no worker could run; it is left staged.
+type rejectedJob struct {
+	id     int64
+	reason string
+}
+
+// pushResult says which rows of a batch went to Redis.
+type pushResult struct {
+	pushed   []int64
+	rejected []rejectedJob
+}
+
+func newSidekiqSink(rdb redis.UniversalClient, namespace string, ts TimestampFormat) *sidekiqSink {
+	return &sidekiqSink{rdb: rdb, keys: newSidekiqKeys(namespace), ts: ts, byQ: make(map[string][]any)}
+}
+
+// push writes batch to Redis in one round trip. now is the enqueue time: a
+// job whose run_at is after now is scheduled, any other runs at once.
+func (s *sidekiqSink) push(ctx context.Context, batch []stagedJob, now time.Time) (pushResult, error) {
+	var res pushResult
+	s.buf = s.buf[:0]
+	s.queues = s.queues[:0]
+	clear(s.byQ)
+	s.zs = s.zs[:0]
+
+	for i := range batch {
+		j := &batch[i]
+		start := len(s.buf)
+		var err error
+		s.buf, err = appendSidekiqPayload(s.buf, j, now, s.ts)
+		if err != nil {
+			s.buf = s.buf[:start]
+			res.rejected = append(res.rejected, rejectedJob{id: j.id, reason: err.Error()})
+			continue
+		}
+		// Appending may move buf, but never rewrites bytes already written,
+		// so this slice stays valid until the next batch resets buf.
+		payload := s.buf[start:len(s.buf):len(s.buf)]
+		res.pushed = append(res.pushed, j.id)
+		if isScheduled(j, now) {
+			s.zs = append(s.zs, redis.Z{Score: epochSeconds(*j.runAt), Member: payload})
+			continue
+		}
+		vals, seen := s.byQ[j.queue]
+		if !seen {
+			s.queues = append(s.queues, j.queue)
+		}
+		s.byQ[j.queue] = append(vals, payload)
+	}
+	if len(res.pushed) == 0 {
+		return res, nil
+	}
+
+	_, err := s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		for _, q := range s.queues {
+			p.SAdd(ctx, s.keys.queues(), q)
+			p.LPush(ctx, s.keys.queue(q), s.byQ[q]...)
+		}
+		if len(s.zs) > 0 {
+			p.ZAdd(ctx, s.keys.schedule(), s.zs...)
+		}
+		return nil
+	})
+	if err != nil {
+		return pushResult{}, fmt.Errorf("push batch: %w", err)
+	}
+	return res, nil
+}
+
+func isScheduled(j *stagedJob, now time.Time) bool {
+	return j.runAt != nil && j.runAt.After(now)
+}
+
+// reservedKeys are written from columns; options may not set them. The
+// table's CHECK constraint rejects them at INSERT; this guards tables
+// migrated by hand.
+var reservedKeys = [...]string{"class", "args", "queue", "jid", "created_at", "enqueued_at", "at"}
+
+// appendSidekiqPayload appends j's Sidekiq job hash as JSON to b. It returns
+// an error, and b unchanged in meaning, for a row no worker could run.
+func appendSidekiqPayload(b []byte, j *stagedJob, now time.Time, ts TimestampFormat) ([]byte, error) {
+	if j.name == "" {
+		return b, errors.New("job_name is empty")
+	}
+	if j.queue == "" {
+		return b, errors.New("queue is empty")
+	}
+	args := bytes.TrimSpace(j.args)
+	if len(args) == 0 || args[0] != '[' {
+		return b, errors.New("job_args is not a JSON array")
+	}
+	var opts map[string]json.RawMessage
+	if o := bytes.TrimSpace(j.options); len(o) > 0 && !bytes.Equal(o, []byte("{}")) {
+		if err := json.Unmarshal(o, &opts); err != nil {
+			return b, errors.New("options is not a JSON object")
+		}
+		for _, k := range reservedKeys {
+			if _, ok := opts[k]; ok {
+				return b, fmt.Errorf("options sets %q, which comes from a column", k)
+			}
+		}
+	}
+
+	b = append(b, `{"class":`...)
+	b = appendJSONString(b, j.name)
+	b = append(b, `,"args":`...)
+	b = append(b, args...)
+	b = append(b, `,"queue":`...)
+	b = appendJSONString(b, j.queue)
+	b = append(b, `,"jid":`...)
+	b = appendJSONString(b, j.jid)
+	if _, ok := opts["retry"]; !ok {
+		b = append(b, `,"retry":true`...)
+	}
+	b = append(b, `,"created_at":`...)
+	b = appendTimestamp(b, j.createdAt, ts)
+	if !isScheduled(j, now) {
+		b = append(b, `,"enqueued_at":`...)
+		b = appendTimestamp(b, now, ts)
+	}
+	if len(opts) > 0 {
+		keys := make([]string, 0, len(opts))
+		for k := range opts {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			b = append(b, ',')
+			b = appendJSONString(b, k)
+			b = append(b, ':')
+			b = append(b, bytes.TrimSpace(opts[k])...)
+		}
+	}
+	return append(b, '}'), nil
+}
+
+// epochSeconds is t as float epoch seconds with microsecond precision.
+func epochSeconds(t time.Time) float64 {
+	return float64(t.UnixMicro()) / 1e6
+}
+
+func appendTimestamp(b []byte, t time.Time, ts TimestampFormat) []byte {
+	if ts == TimestampMillis {
+		return strconv.AppendInt(b, t.UnixMilli(), 10)
+	}
+	start := len(b)
+	b = strconv.AppendFloat(b, epochSeconds(t), 'f', -1, 64)
+	// Always write a decimal point: Ruby's JSON parses 1732891234 as an
+	// Integer, which Sidekiq 7 misreads.
+	if bytes.IndexByte(b[start:], '.') < 0 {
+		b = append(b, ".0"...)
+	}
+	return b
+}
+
+const hexDigits = "0123456789abcdef"
+
+// appendJSONString appends s as a JSON string. Invalid UTF-8 becomes U+FFFD.
+func appendJSONString(b []byte, s string) []byte {
+	b = append(b, '"')
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			switch {
+			case c == '"' || c == '\\':
+				b = append(b, '\\', c)
+			case c == '\n':
+				b = append(b, '\\', 'n')
+			case c == '\r':
+				b = append(b, '\\', 'r')
+			case c == '\t':
+				b = append(b, '\\', 't')
+			case c < 0x20:
+				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
+			default:
+				b = append(b, c)
+			}
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			b = append(b, `\ufffd`...)
+		} else {
+			b = append(b, s[i:i+size]...)
+		}
+		i += size
+	}
+	return append(b, '"')
+}
