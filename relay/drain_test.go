@@ -1,0 +1,247 @@
+package relay_test
+
+import (
+	"context"
+	"errors"
+	"regexp"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/stagedrain/stagedrain/relay"
+	"github.com/stagedrain/stagedrain/relay/internal/testenv"
+)
+
+var jidRE = regexp.MustCompile(`^[0-9a-f]{24}$`)
+
+// A job staged in an open transaction stays out of Redis until the
+// transaction commits; a rolled-back job never arrives; what arrives is a
+// payload a Sidekiq worker runs.
+func TestCommitGatesDelivery(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.start(h.config())
+	h.waitLog("listening", 1)
+	ctx := context.Background()
+
+	// An open transaction with a staged job, and another one to roll back.
+	open, err := testenv.Conn(t, testenv.DatabaseURL()).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pendingJID, err := h.stager.Stage(ctx, open, relay.Job{Name: "PendingJob", Args: []any{1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	doomed, err := testenv.Conn(t, testenv.DatabaseURL()).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doomedJID, err := h.stager.Stage(ctx, doomed, relay.Job{Name: "DoomedJob", Args: []any{2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := doomed.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// A job committed after them: once it has arrived, the relay has
+	// drained with the other two rows in the table.
+	markerJID := h.stage(relay.Job{Name: "MarkerJob", Args: []any{3}})
+	h.waitQueueLen("default", 1, 10*time.Second)
+	if got := h.queue("default"); got[0].jid() != markerJID {
+		t.Fatalf("queue:default = %v, want only the marker job %s", got, markerJID)
+	}
+
+	if err := open.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	h.waitQueueLen("default", 2, 10*time.Second)
+	jobs := h.queue("default")
+	if jobs[1].jid() != pendingJID {
+		t.Fatalf("second job jid = %s, want the committed pending job %s", jobs[1].jid(), pendingJID)
+	}
+	for _, j := range jobs {
+		if j.jid() == doomedJID {
+			t.Fatalf("rolled-back job %s was delivered", doomedJID)
+		}
+	}
+	if n := h.staged(); n != 0 {
+		t.Fatalf("%d rows left staged, want 0", n)
+	}
+	members, err := h.rdb.SMembers(ctx, h.key("queues")).Result()
+	if err != nil || !slices.Equal(members, []string{"default"}) {
+		t.Fatalf("SMEMBERS queues = %v (%v), want [default]", members, err)
+	}
+}
+
+// The payload has every field a Sidekiq worker reads, with the options
+// merged in.
+func TestSidekiqPayload(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.start(h.config())
+	before := float64(time.Now().UnixMicro())/1e6 - 1
+
+	jid := h.stage(relay.Job{
+		Name:    "Billing::ChargeJob",
+		Args:    []any{42, "eur", map[string]any{"cents": 1999}},
+		Queue:   "billing",
+		Options: map[string]any{"retry": 3, "tags": []string{"vip"}},
+	})
+	if !jidRE.MatchString(jid) {
+		t.Fatalf("jid = %q, want 24 lowercase hex characters", jid)
+	}
+	h.waitQueueLen("billing", 1, 10*time.Second)
+	j := h.queue("billing")[0]
+	after := float64(time.Now().UnixMicro())/1e6 + 1
+
+	want := map[string]any{
+		"class": "Billing::ChargeJob",
+		"queue": "billing",
+		"jid":   jid,
+		"retry": float64(3),
+	}
+	for k, v := range want {
+		if j[k] != v {
+			t.Errorf("payload[%q] = %#v, want %#v", k, j[k], v)
+		}
+	}
+	if args, _ := j["args"].([]any); len(args) != 3 || args[0] != float64(42) || args[1] != "eur" {
+		t.Errorf("payload args = %#v, want [42 eur {cents:1999}]", j["args"])
+	}
+	if tags, _ := j["tags"].([]any); len(tags) != 1 || tags[0] != "vip" {
+		t.Errorf("payload tags = %#v, want [vip]", j["tags"])
+	}
+	for _, k := range []string{"created_at", "enqueued_at"} {
+		ts, ok := j[k].(float64)
+		if !ok || ts < before || ts > after {
+			t.Errorf("payload[%q] = %#v, want float epoch seconds in [%f, %f]", k, j[k], before, after)
+		}
+	}
+}
+
+// With the fallback poll at a minute, a committed job still arrives at
+// once: NOTIFY woke the relay.
+func TestNotifyWakesRelay(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	cfg := h.config()
+	cfg.PollInterval = time.Minute
+	h.start(cfg)
+	h.waitLog("listening", 1)
+	// The drain at start has run (or will find nothing): from here on only
+	// a notification or the poll, a minute away, can wake the relay.
+	start := time.Now()
+	jid := h.stage(relay.Job{Name: "WakeJob"})
+	h.waitQueueLen("default", 1, 10*time.Second)
+	if got := h.queue("default")[0].jid(); got != jid {
+		t.Fatalf("delivered jid %s, want %s", got, jid)
+	}
+	t.Logf("commit to Redis: %s", time.Since(start))
+}
+
+// Jobs committed while the listener's connection is down are drained by
+// the backlog drain after it reconnects, not by the (minute-long) poll.
+func TestListenerReconnectDrainsBacklog(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	cfg := h.config()
+	cfg.PollInterval = time.Minute
+	h.start(cfg)
+	h.waitLog("listening", 1)
+	ctx := context.Background()
+
+	// Kill the listener and commit jobs in the same transaction: its
+	// NOTIFY goes out at COMMIT, after the listener is gone.
+	tx, err := h.conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	jids, err := h.stager.StageMany(ctx, tx, []relay.Job{{Name: "A"}, {Name: "B"}, {Name: "C"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Find the pid first: pg_terminate_backend in a WHERE clause may run
+	// before the other conditions filter the rows.
+	rows, err := tx.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE query = $1`,
+		"listen "+pgx.Identifier{relay.ChannelName(h.schema)}.Sanitize())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil || len(pids) != 1 {
+		t.Fatalf("found listener backends %v (%v), want one", pids, err)
+	}
+	var ok bool
+	if err := tx.QueryRow(ctx, `SELECT pg_terminate_backend($1)`, pids[0]).Scan(&ok); err != nil || !ok {
+		t.Fatalf("pg_terminate_backend(%d) = %v, %v", pids[0], ok, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	h.waitLog("listener reconnected", 1)
+	h.waitQueueLen("default", 3, 15*time.Second)
+	var got []string
+	for _, j := range h.queue("default") {
+		got = append(got, j.jid())
+	}
+	if !slices.Equal(got, jids) {
+		t.Fatalf("delivered %v, want %v in that order", got, jids)
+	}
+}
+
+// A failure after the push and before the delete commits rolls the batch
+// back; the same jobs are pushed again with the same jids.
+func TestCrashBetweenPushAndDeleteRedelivers(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	cfg := h.config()
+	r, err := relay.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int32
+	relay.SetAfterPush(r, func(context.Context) error {
+		if calls.Add(1) == 1 {
+			return errors.New("injected crash after push")
+		}
+		return nil
+	})
+
+	ctx := context.Background()
+	tx, err := h.conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	jids, err := h.stager.StageMany(ctx, tx, []relay.Job{{Name: "A"}, {Name: "B"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	h.run(r)
+
+	h.waitQueueLen("default", 4, 15*time.Second)
+	testenv.WaitFor(t, 10*time.Second, "staged_jobs to empty", func() (bool, string) {
+		n := h.staged()
+		return n == 0, testenv.Fields("staged", n)
+	})
+	var got []string
+	for _, j := range h.queue("default") {
+		got = append(got, j.jid())
+	}
+	want := append(slices.Clone(jids), jids...)
+	if !slices.Equal(got, want) {
+		t.Fatalf("delivered %v, want %v: each job twice, same jid", got, want)
+	}
+	if calls.Load() < 2 {
+		t.Fatalf("afterPush ran %d times, want at least 2", calls.Load())
+	}
+	h.waitLog("batch failed, retrying", 1)
+}

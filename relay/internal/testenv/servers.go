@@ -1,0 +1,137 @@
+package testenv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// RedisServer is a private redis-server for a test that stops or restarts
+// Redis. It is stopped when the test ends.
+type RedisServer struct {
+	t    testing.TB
+	Port int
+	cmd  *exec.Cmd
+}
+
+// StartRedis starts redis-server on a free loopback port, keeping nothing on
+// disk, and waits until it answers PING.
+func StartRedis(t testing.TB) *RedisServer {
+	t.Helper()
+	s := &RedisServer{t: t, Port: FreePort(t)}
+	s.Start()
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// URL is the server's redis:// URL, DB 0.
+func (s *RedisServer) URL() string { return fmt.Sprintf("redis://127.0.0.1:%d/0", s.Port) }
+
+// Start starts the server on its port (again, after Stop) and waits until it
+// answers PING.
+func (s *RedisServer) Start() {
+	s.t.Helper()
+	if s.cmd != nil {
+		s.t.Fatal("redis-server already running")
+	}
+	cmd := exec.Command("redis-server",
+		"--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", s.t.TempDir(),
+		"--daemonize", "no", "--loglevel", "warning")
+	if err := cmd.Start(); err != nil {
+		s.t.Fatalf("start redis-server: %v", err)
+	}
+	s.cmd = cmd
+	rdb := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", s.Port), DisableIdentity: true, MaxRetries: -1})
+	defer rdb.Close()
+	WaitFor(s.t, 10*time.Second, "redis-server to answer PING", func() (bool, string) {
+		err := rdb.Ping(context.Background()).Err()
+		return err == nil, fmt.Sprint(err)
+	})
+}
+
+// Stop kills the server and waits for it to exit. Stopping a stopped server
+// does nothing.
+func (s *RedisServer) Stop() {
+	if s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	_ = s.cmd.Wait()
+	s.cmd = nil
+}
+
+// PostgresServer is a private PostgreSQL 15 cluster for a test that stops or
+// restarts PostgreSQL. It runs as the postgres OS user when the test runs as
+// root (PostgreSQL refuses root), with trust auth on a free loopback port,
+// and is stopped and removed when the test ends.
+type PostgresServer struct {
+	t    testing.TB
+	Port int
+	dir  string
+}
+
+// PostgresBin is where Debian installs PostgreSQL 15's server programs.
+const PostgresBin = "/usr/lib/postgresql/15/bin"
+
+// StartPostgres creates and starts a private cluster.
+func StartPostgres(t testing.TB) *PostgresServer {
+	t.Helper()
+	parent, err := os.MkdirTemp("", "stagedrain-pg-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &PostgresServer{t: t, Port: FreePort(t), dir: filepath.Join(parent, "data")}
+	t.Cleanup(func() {
+		s.Stop()
+		_ = os.RemoveAll(parent)
+	})
+	if err := os.Chmod(parent, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := s.pgCmd(filepath.Join(PostgresBin, "initdb"), "-D", s.dir, "-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8").CombinedOutput(); err != nil {
+		t.Fatalf("initdb: %v\n%s", err, out)
+	}
+	s.Start()
+	return s
+}
+
+// pgCmd runs a PostgreSQL program as the postgres user when we are root.
+func (s *PostgresServer) pgCmd(prog string, args ...string) *exec.Cmd {
+	if os.Geteuid() == 0 {
+		return exec.Command("runuser", append([]string{"-u", "postgres", "--", prog}, args...)...)
+	}
+	return exec.Command(prog, args...)
+}
+
+// URL is a connection URL for the cluster's postgres database.
+func (s *PostgresServer) URL() string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", s.Port)
+}
+
+// Start starts the cluster and waits until it accepts connections.
+func (s *PostgresServer) Start() {
+	s.t.Helper()
+	opts := fmt.Sprintf("-p %d -c listen_addresses=127.0.0.1 -c unix_socket_directories='' -c fsync=off", s.Port)
+	if out, err := s.pgCmd(filepath.Join(PostgresBin, "pg_ctl"), "-D", s.dir, "-o", opts, "-w", "-t", "30", "-l", filepath.Join(filepath.Dir(s.dir), "log"), "start").CombinedOutput(); err != nil {
+		s.t.Fatalf("pg_ctl start: %v\n%s", err, out)
+	}
+}
+
+// Stop stops the cluster at once (fast mode: sessions are disconnected).
+func (s *PostgresServer) Stop() {
+	if _, err := os.Stat(filepath.Join(s.dir, "postmaster.pid")); errors.Is(err, os.ErrNotExist) {
+		return
+	}
+	if out, err := s.pgCmd(filepath.Join(PostgresBin, "pg_ctl"), "-D", s.dir, "-m", "fast", "-w", "stop").CombinedOutput(); err != nil {
+		s.t.Errorf("pg_ctl stop: %v\n%s", err, out)
+	}
+}
