@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -118,7 +119,7 @@ func (r *Relay) drainBatch(ctx context.Context, pool *pgxpool.Pool, buf []staged
 		ce.Write(
 			zap.Int("count", len(res.pushed)),
 			zap.Int("rejected", len(res.rejected)),
-			zap.Strings("queues", r.sink.queues),
+			zap.Strings("queues", slices.Clone(r.sink.queues)),
 			zap.Int("scheduled", len(r.sink.zs)),
 			zap.Duration("duration", time.Since(start)),
 		)

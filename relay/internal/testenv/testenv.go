@@ -85,8 +85,7 @@ func Redis(t testing.TB) (*redis.Client, string) {
 	if err != nil {
 		t.Fatalf("parse test redis URL: %v", err)
 	}
-	opts.DisableIdentity = true
-	rdb := redis.NewClient(opts)
+	rdb := redis.NewClient(RedisOptions(opts))
 	ns := Name("sdtest_")
 	t.Cleanup(func() {
 		ctx := context.Background()
@@ -135,4 +134,13 @@ func Fields(kv ...any) string {
 		fmt.Fprintf(&b, "%v=%v ", kv[i], kv[i+1])
 	}
 	return strings.TrimSpace(b.String())
+}
+
+// RedisOptions sets opts up as stagedrain's command does: the relay retries
+// failed batches itself, so the client dials once and retries once.
+func RedisOptions(opts *redis.Options) *redis.Options {
+	opts.DisableIdentity = true
+	opts.DialerRetries = 1
+	opts.MaxRetries = 1
+	return opts
 }

@@ -1,0 +1,60 @@
+package relay_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/stagedrain/stagedrain/relay"
+	"github.com/stagedrain/stagedrain/relay/internal/testenv"
+)
+
+// Redis down when the relay starts, and again mid-run: rows stay staged,
+// failures are logged and retried, and everything drains when Redis is back.
+func TestRedisDownAtStartAndMidRun(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	srv := testenv.StartRedis(t)
+	srv.Stop() // down at start
+	rdb := redis.NewClient(testenv.RedisOptions(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", srv.Port)}))
+	t.Cleanup(func() { _ = rdb.Close() })
+	h.rdb = rdb
+
+	cfg := h.config()
+	cfg.Redis = rdb
+	h.start(cfg)
+
+	first := []string{h.stage(relay.Job{Name: "A"}), h.stage(relay.Job{Name: "B"})}
+	h.waitLog("batch failed, retrying", 2)
+	if n := h.staged(); n != 2 {
+		t.Fatalf("%d rows staged while Redis is down, want 2", n)
+	}
+
+	srv.Start()
+	h.waitQueueLen("default", 2, 15*time.Second)
+	testenv.WaitFor(t, 10*time.Second, "staged_jobs to empty", func() (bool, string) {
+		n := h.staged()
+		return n == 0, testenv.Fields("staged", n)
+	})
+	h.waitLog("batch succeeded after retries", 1)
+
+	// Down again mid-run.
+	srv.Stop()
+	failures := h.logs.FilterMessage("batch failed, retrying").Len()
+	second := h.stage(relay.Job{Name: "C"})
+	h.waitLog("batch failed, retrying", failures+2)
+	if n := h.staged(); n != 1 {
+		t.Fatalf("%d rows staged while Redis is down mid-run, want 1", n)
+	}
+	srv.Start() // a fresh, empty Redis: only C is to come
+	h.waitQueueLen("default", 1, 15*time.Second)
+	if got := h.queue("default")[0].jid(); got != second {
+		t.Fatalf("after restart delivered %s, want %s (first batch was %v)", got, second, first)
+	}
+	testenv.WaitFor(t, 10*time.Second, "staged_jobs to empty", func() (bool, string) {
+		n := h.staged()
+		return n == 0, testenv.Fields("staged", n)
+	})
+}
