@@ -177,11 +177,19 @@ func runCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	ropts.ClientName = "stagedrain"
 	ropts.DisableIdentity = true // CLIENT SETINFO is unknown to Redis < 7.2
+	// The relay retries failed batches with its own logged backoff; the
+	// client's defaults (5 dials x 4 tries) would hide a dead Redis for
+	// seconds per batch. One retry still rides over a stale connection.
+	ropts.DialerRetries = 1
+	if ropts.MaxRetries == 0 {
+		ropts.MaxRetries = 1
+	}
 	log, err := c.logger("run", stdout)
 	if err != nil {
 		return err
 	}
 	defer log.Sync() //nolint:errcheck // stdout
+	redis.SetLogger(redisLogger{log.Named("redis")})
 
 	rdb := redis.NewClient(ropts)
 	defer rdb.Close()
@@ -234,4 +242,12 @@ func migrateWithRetry(ctx context.Context, databaseURL, schema string, maxBackof
 		}
 		wait = min(2*wait, maxBackoff)
 	}
+}
+
+// redisLogger sends go-redis's own messages (dial failures it retries) to
+// the debug log instead of unstructured lines on stderr.
+type redisLogger struct{ log *zap.Logger }
+
+func (l redisLogger) Printf(_ context.Context, format string, v ...any) {
+	l.log.Debug("redis client", zap.String("detail", fmt.Sprintf(format, v...)))
 }
