@@ -41,7 +41,7 @@ func (r *Relay) campaign(ctx context.Context, pool *pgxpool.Pool) (connected boo
 		return true, fmt.Errorf("check table: %w", err)
 	}
 	if !exists {
-		return true, fmt.Errorf("%w in schema %q: run 'stagedrain migrate' first", errNotMigrated, r.cfg.Schema)
+		return true, fmt.Errorf("%w in schema %q: run 'stagedrain migrate' first", ErrNotMigrated, r.cfg.Schema)
 	}
 
 	standby := false

@@ -155,12 +155,13 @@ func (r *Relay) connConfig(role string) *pgx.ConnConfig {
 	return c
 }
 
-// errNotMigrated means the schema has no staged_jobs table.
-var errNotMigrated = errors.New("no staged_jobs table")
+// ErrNotMigrated is returned by Run when the schema has no staged_jobs
+// table: run Migrate (stagedrain migrate) first.
+var ErrNotMigrated = errors.New("no staged_jobs table")
 
 // isFatal reports whether err is one that retrying cannot fix.
 func isFatal(err error) bool {
-	if errors.Is(err, errNotMigrated) {
+	if errors.Is(err, ErrNotMigrated) {
 		return true
 	}
 	var pgErr *pgconn.PgError

@@ -60,7 +60,13 @@ func Conn(t testing.TB, url string) *pgx.Conn {
 // create it), dropped with everything in it when the test ends.
 func Schema(t testing.TB) string {
 	t.Helper()
-	schema := Name("sdtest_")
+	return SchemaNamed(t, Name("sdtest_"))
+}
+
+// SchemaNamed is Schema with a name of the caller's choosing, which must be
+// unique to the test.
+func SchemaNamed(t testing.TB, schema string) string {
+	t.Helper()
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()

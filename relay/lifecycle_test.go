@@ -1,0 +1,138 @@
+package relay_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stagedrain/stagedrain/relay"
+	"github.com/stagedrain/stagedrain/relay/internal/testenv"
+)
+
+// A stop that arrives mid-batch lets the batch finish: its jobs are
+// delivered once and deleted, not left to be pushed again.
+func TestStopMidBatchFinishesTheBatch(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	r, err := relay.New(h.config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	relay.SetAfterPush(r, func(context.Context) error {
+		cancel() // SIGTERM between push and delete
+		return nil
+	})
+	jid := h.stage(relay.Job{Name: "InFlight"})
+	if err := r.Run(ctx); err != nil {
+		t.Fatalf("Run = %v, want nil after a stop", err)
+	}
+	if n := h.staged(); n != 0 {
+		t.Fatalf("%d rows staged after the stop, want 0: the batch was not finished", n)
+	}
+	if jobs := h.queue("default"); len(jobs) != 1 || jobs[0].jid() != jid {
+		t.Fatalf("queue:default = %v, want the one job %s", jobs, jid)
+	}
+	h.waitLog("released leadership", 1)
+}
+
+// Two relays on one schema: one leads, the other waits; when the leader
+// stops, the standby takes over and drains.
+func TestStandbyTakesOverWhenLeaderStops(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	leaderCfg := h.config()
+	leaderLogs := h.logs
+	leader, err := relay.New(leaderCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stopLeader := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- leader.Run(ctx) }()
+	testenv.WaitFor(t, 10*time.Second, "first relay to lead", func() (bool, string) {
+		return leaderLogs.FilterMessage("became leader").Len() == 1, ""
+	})
+
+	standbyCfg := h.config() // h.logs now observes the standby
+	h.start(standbyCfg)
+	h.waitLog("standby: another relay is draining this schema", 1)
+
+	first := h.stage(relay.Job{Name: "BeforeStop"})
+	h.waitQueueLen("default", 1, 10*time.Second)
+	if n := h.logs.FilterMessage("batch drained").Len(); n != 0 {
+		t.Fatalf("standby drained %d batches while the leader ran, want 0", n)
+	}
+
+	stopLeader()
+	if err := <-done; err != nil {
+		t.Fatalf("leader Run = %v, want nil", err)
+	}
+	h.waitLog("became leader", 1)
+	second := h.stage(relay.Job{Name: "AfterStop"})
+	h.waitQueueLen("default", 2, 10*time.Second)
+	if jobs := h.queue("default"); jobs[0].jid() != first || jobs[1].jid() != second {
+		t.Fatalf("delivered %s, %s; want %s then %s", jobs[0].jid(), jobs[1].jid(), first, second)
+	}
+}
+
+// A schema with no staged_jobs table is an error Run returns at once,
+// not one it retries forever.
+func TestRunWithoutMigrationFails(t *testing.T) {
+	t.Parallel()
+	h := &harness{t: t, schema: testenv.Schema(t)}
+	h.rdb, h.ns = testenv.Redis(t)
+	r, err := relay.New(h.config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err = r.Run(ctx)
+	if err == nil || ctx.Err() != nil {
+		t.Fatalf("Run = %v (ctx %v), want an error at once", err, ctx.Err())
+	}
+	if !errors.Is(err, relay.ErrNotMigrated) {
+		t.Fatalf("Run = %v, want ErrNotMigrated", err)
+	}
+}
+
+// PostgreSQL down when the relay starts and again mid-run: the relay logs,
+// retries with backoff, and drains once the server is back.
+func TestPostgresDownAtStartAndMidRun(t *testing.T) {
+	t.Parallel()
+	pg := testenv.StartPostgres(t)
+	h := &harness{t: t, schema: "jobs"}
+	h.rdb, h.ns = testenv.Redis(t)
+	h.conn = testenv.Conn(t, pg.URL())
+	if _, err := relay.Migrate(context.Background(), h.conn, h.schema); err != nil {
+		t.Fatal(err)
+	}
+	h.stager = relay.NewStager(h.schema)
+	h.conn.Close(context.Background())
+	pg.Stop()
+
+	cfg := h.config()
+	cfg.DatabaseURL = pg.URL()
+	h.start(cfg)
+	h.waitLog("database session failed, retrying", 2)
+
+	pg.Start()
+	h.conn = testenv.Conn(t, pg.URL())
+	first := h.stage(relay.Job{Name: "AfterStart"})
+	h.waitQueueLen("default", 1, 15*time.Second)
+
+	failures := h.logs.FilterMessage("database session failed, retrying").Len()
+	h.conn.Close(context.Background())
+	pg.Stop()
+	h.waitLog("database session failed, retrying", failures+2)
+	pg.Start()
+	h.conn = testenv.Conn(t, pg.URL())
+	second := h.stage(relay.Job{Name: "AfterRestart"})
+	h.waitQueueLen("default", 2, 15*time.Second)
+	if jobs := h.queue("default"); jobs[0].jid() != first || jobs[1].jid() != second {
+		t.Fatalf("delivered %v, want %s then %s", jobs, first, second)
+	}
+}

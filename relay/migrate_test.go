@@ -1,0 +1,181 @@
+package relay_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/stagedrain/stagedrain/relay"
+	"github.com/stagedrain/stagedrain/relay/internal/testenv"
+)
+
+func TestMigrateIsIdempotent(t *testing.T) {
+	t.Parallel()
+	schema := testenv.Schema(t)
+	conn := testenv.Conn(t, testenv.DatabaseURL())
+	ctx := context.Background()
+
+	first, err := relay.Migrate(ctx, conn, schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(first.Applied, []string{"001_staged_jobs.sql"}) || first.Current != 1 {
+		t.Fatalf("first Migrate = %+v, want 001_staged_jobs.sql applied, version 1", first)
+	}
+	second, err := relay.Migrate(ctx, conn, schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(second.Applied) != 0 || second.Current != 1 {
+		t.Fatalf("second Migrate = %+v, want nothing applied, version 1", second)
+	}
+}
+
+// Migrations from several processes at once all succeed: the advisory lock
+// serializes them and the later ones find nothing to do.
+func TestMigrateConcurrently(t *testing.T) {
+	t.Parallel()
+	schema := testenv.Schema(t)
+	ctx := context.Background()
+	const n = 4
+	conns := make([]*pgx.Conn, n)
+	for i := range conns {
+		conns[i] = testenv.Conn(t, testenv.DatabaseURL())
+	}
+	var wg sync.WaitGroup
+	results := make([]relay.MigrateResult, n)
+	errs := make([]error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i], errs[i] = relay.Migrate(ctx, conns[i], schema)
+		}()
+	}
+	wg.Wait()
+	applied := 0
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatalf("concurrent Migrate %d: %v", i, errs[i])
+		}
+		applied += len(results[i].Applied)
+	}
+	if applied != 1 {
+		t.Fatalf("migration applied %d times across %d concurrent runs, want once", applied, n)
+	}
+}
+
+// The table rejects, in the app's own transaction, rows no worker could
+// run; the seed article's INSERT works unchanged.
+func TestStagedJobsConstraints(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ctx := context.Background()
+	table := pgx.Identifier{h.schema, "staged_jobs"}.Sanitize()
+
+	var jid1, jid2 string
+	if err := h.conn.QueryRow(ctx, `INSERT INTO `+table+` (job_name, job_args) VALUES ('WelcomeEmailJob', '[42]') RETURNING jid`).Scan(&jid1); err != nil {
+		t.Fatalf("seed INSERT: %v", err)
+	}
+	if err := h.conn.QueryRow(ctx, `INSERT INTO `+table+` (job_name, job_args) VALUES ('WelcomeEmailJob', '[43]') RETURNING jid`).Scan(&jid2); err != nil {
+		t.Fatalf("seed INSERT: %v", err)
+	}
+	if !jidRE.MatchString(jid1) || !jidRE.MatchString(jid2) || jid1 == jid2 {
+		t.Fatalf("jids %q, %q: want two distinct 24-hex ids", jid1, jid2)
+	}
+
+	bad := []struct {
+		name, cols, vals string
+	}{
+		{"empty job_name", "job_name, job_args", `'', '[]'`},
+		{"empty queue", "job_name, job_args, queue", `'J', '[]', ''`},
+		{"args an object", "job_name, job_args", `'J', '{"a": 1}'`},
+		{"args a number", "job_name, job_args", `'J', '42'`},
+		{"options an array", "job_name, job_args, options", `'J', '[]', '[1]'`},
+		{"options set class", "job_name, job_args, options", `'J', '[]', '{"class": "Other"}'`},
+		{"options set jid", "job_name, job_args, options", `'J', '[]', '{"jid": "x"}'`},
+		{"empty jid", "job_name, job_args, jid", `'J', '[]', ''`},
+	}
+	for _, tc := range bad {
+		_, err := h.conn.Exec(ctx, `INSERT INTO `+table+` (`+tc.cols+`) VALUES (`+tc.vals+`)`)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "23514" {
+			t.Errorf("%s: INSERT error = %v, want a check violation (23514)", tc.name, err)
+		}
+	}
+}
+
+// Migrate upgrades the seed article's minimal table in place, and the rows
+// already in it are delivered.
+func TestMigrateUpgradesSeedTable(t *testing.T) {
+	t.Parallel()
+	h := &harness{t: t, schema: testenv.Schema(t)}
+	h.rdb, h.ns = testenv.Redis(t)
+	h.conn = testenv.Conn(t, testenv.DatabaseURL())
+	ctx := context.Background()
+	schema := pgx.Identifier{h.schema}.Sanitize()
+	for _, q := range []string{
+		`CREATE SCHEMA ` + schema,
+		`CREATE TABLE ` + schema + `.staged_jobs (id BIGSERIAL PRIMARY KEY, job_name TEXT NOT NULL, job_args JSONB NOT NULL)`,
+		`INSERT INTO ` + schema + `.staged_jobs (job_name, job_args) VALUES ('OldJob', '[1]'), ('OldJob', '[2]')`,
+	} {
+		if _, err := h.conn.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := relay.Migrate(ctx, h.conn, h.schema); err != nil {
+		t.Fatalf("migrate the seed table: %v", err)
+	}
+	h.stager = relay.NewStager(h.schema)
+	h.start(h.config())
+	h.waitQueueLen("default", 2, 10*time.Second)
+	jobs := h.queue("default")
+	for i, j := range jobs {
+		if args, _ := j["args"].([]any); len(args) != 1 || args[0] != float64(i+1) || !jidRE.MatchString(j.jid()) {
+			t.Fatalf("job %d = %v, want OldJob with args [%d] and a jid", i, j, i+1)
+		}
+	}
+}
+
+// Every identifier is quoted: a schema name with quotes, spaces, a
+// semicolon and capitals works end to end, and so does one so long that its
+// channel name is hashed.
+func TestAwkwardSchemaNames(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{
+		testenv.Name(`sdtest "Q"; DROP `),
+		testenv.Name("sdtest_" + strings.Repeat("long", 12)), // 67 bytes with the prefix
+	} {
+		t.Run(name, func(t *testing.T) {
+			if len(name) > 63 {
+				name = name[:63]
+			}
+			h := &harness{t: t, schema: testenv.SchemaNamed(t, name)}
+			h.rdb, h.ns = testenv.Redis(t)
+			h.conn = testenv.Conn(t, testenv.DatabaseURL())
+			if _, err := relay.Migrate(context.Background(), h.conn, h.schema); err != nil {
+				t.Fatal(err)
+			}
+			h.stager = relay.NewStager(h.schema)
+			cfg := h.config()
+			cfg.PollInterval = time.Minute // only NOTIFY on the right channel delivers in time
+			h.start(cfg)
+			h.waitLog("listening", 1)
+			jid := h.stage(relay.Job{Name: "AwkwardJob"})
+			h.waitQueueLen("default", 1, 10*time.Second)
+			if got := h.queue("default")[0].jid(); got != jid {
+				t.Fatalf("delivered %s, want %s", got, jid)
+			}
+			if ch := relay.ChannelName(h.schema); len(ch) > 63 {
+				t.Fatalf("ChannelName(%q) = %q, longer than PostgreSQL's 63 bytes", h.schema, ch)
+			}
+		})
+	}
+}
