@@ -122,16 +122,9 @@ func appendSidekiqPayload(b []byte, j *stagedJob, now time.Time, ts TimestampFor
 	if len(args) == 0 || args[0] != '[' {
 		return b, errors.New("job_args is not a JSON array")
 	}
-	var opts map[string]json.RawMessage
-	if o := bytes.TrimSpace(j.options); len(o) > 0 && !bytes.Equal(o, []byte("{}")) {
-		if err := json.Unmarshal(o, &opts); err != nil {
-			return b, errors.New("options is not a JSON object")
-		}
-		for _, k := range reservedKeys {
-			if _, ok := opts[k]; ok {
-				return b, fmt.Errorf("options sets %q, which comes from a column", k)
-			}
-		}
+	opts, err := decodeOptions(j.options)
+	if err != nil {
+		return b, err
 	}
 
 	b = append(b, `{"class":`...)
@@ -165,6 +158,25 @@ func appendSidekiqPayload(b []byte, j *stagedJob, now time.Time, ts TimestampFor
 		}
 	}
 	return append(b, '}'), nil
+}
+
+// decodeOptions returns the fields of a row's options, or nil for the
+// common "{}" without allocating.
+func decodeOptions(raw []byte) (map[string]json.RawMessage, error) {
+	o := bytes.TrimSpace(raw)
+	if len(o) == 0 || bytes.Equal(o, []byte("{}")) {
+		return nil, nil
+	}
+	var opts map[string]json.RawMessage
+	if err := json.Unmarshal(o, &opts); err != nil || opts == nil {
+		return nil, errors.New("options is not a JSON object")
+	}
+	for _, k := range reservedKeys {
+		if _, ok := opts[k]; ok {
+			return nil, fmt.Errorf("options sets %q, which comes from a column", k)
+		}
+	}
+	return opts, nil
 }
 
 // epochSeconds is t as float epoch seconds with microsecond precision.

@@ -129,3 +129,20 @@ func TestBackoff(t *testing.T) {
 		t.Fatalf("backoff never reached the cap %s", max)
 	}
 }
+
+// BenchmarkSidekiqPayload measures building one job's payload into a reused
+// buffer: it should not allocate.
+func BenchmarkSidekiqPayload(b *testing.B) {
+	now := time.Now()
+	j := stagedJob{id: 1, name: "WelcomeEmailJob", args: []byte(`[42, "welcome", {"locale": "en"}]`), queue: "default",
+		jid: "0123456789abcdef01234567", createdAt: now, options: []byte(`{}`)}
+	var buf []byte
+	b.ReportAllocs()
+	for b.Loop() {
+		var err error
+		buf, err = appendSidekiqPayload(buf[:0], &j, now, TimestampSeconds)
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+}
