@@ -3,7 +3,6 @@ package relay
 import (
 	"context"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -55,7 +54,8 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 
 // drainBatch claims up to BatchSize committed rows, pushes them, deletes
 // exactly the pushed ids and commits, in one transaction. more reports a
-// full batch with nothing rejected: more rows are likely waiting. Any failure rolls
+// full batch that was pushed whole: more rows are likely waiting. (Rows left
+// staged would only be claimed again at once.) Any failure rolls
 // the transaction back: the rows stay staged, and a push that did reach Redis
 // is repeated later with the same jids (at least once).
 //
@@ -102,6 +102,9 @@ func (r *Relay) drainBatch(ctx context.Context, pool *pgxpool.Pool, buf []staged
 	for _, rj := range res.rejected {
 		log.Error("job rejected, left staged", zap.Int64("id", rj.id), zap.String("reason", rj.reason))
 	}
+	for _, rj := range res.refused {
+		log.Error("job refused by Redis, left staged", zap.Int64("id", rj.id), zap.String("reason", rj.reason))
+	}
 	if r.afterPush != nil {
 		if err := r.afterPush(bctx); err != nil {
 			return batch, false, fmt.Errorf("after push: %w", err)
@@ -118,11 +121,11 @@ func (r *Relay) drainBatch(ctx context.Context, pool *pgxpool.Pool, buf []staged
 	if ce := log.Check(zap.DebugLevel, "batch drained"); ce != nil {
 		ce.Write(
 			zap.Int("count", len(res.pushed)),
-			zap.Int("rejected", len(res.rejected)),
-			zap.Strings("queues", slices.Clone(r.sink.queues)),
-			zap.Int("scheduled", len(r.sink.zs)),
+			zap.Int("left_staged", len(res.rejected)+len(res.refused)),
+			zap.Strings("queues", r.sink.queueNames()),
+			zap.Int("scheduled", len(r.sink.sched.ids)),
 			zap.Duration("duration", time.Since(start)),
 		)
 	}
-	return batch, len(batch) == r.cfg.BatchSize && len(res.rejected) == 0, nil
+	return batch, len(batch) == r.cfg.BatchSize && len(res.pushed) == len(batch), nil
 }

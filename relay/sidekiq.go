@@ -19,19 +19,36 @@ import (
 // the future is ZADD schedule <epoch seconds> <json>. A whole batch, however
 // many queues it mixes, goes in one MULTI/EXEC round trip.
 //
+// Redis may refuse part of a batch (a WRONGTYPE on one queue's key): the
+// jobs of the other queues still count as pushed, and only the refused ones
+// stay staged, so one bad key does not hold up every queue.
+//
 // A sidekiqSink is used by one goroutine at a time: it reuses its buffers.
 type sidekiqSink struct {
 	rdb  redis.UniversalClient
 	keys sidekiqKeys
 	ts   TimestampFormat
 
-	buf    []byte           // every payload of the batch, back to back
-	queues []string         // distinct immediate queues, in order of first use
-	byQ    map[string][]any // immediate payloads by queue, in id order
-	zs     []redis.Z        // scheduled payloads
+	buf     []byte         // every payload of the batch, back to back
+	queues  []queueGroup   // immediate jobs by queue, queues in order of first use
+	queueAt map[string]int // queue name -> index in queues
+	sched   scheduleGroup  // scheduled jobs
 }
 
-// rejectedJob is a row that no worker could run; it is left staged.
+type queueGroup struct {
+	name     string
+	ids      []int64
+	payloads []any
+	cmd      *redis.IntCmd // the LPUSH
+}
+
+type scheduleGroup struct {
+	ids []int64
+	zs  []redis.Z
+	cmd *redis.IntCmd // the ZADD
+}
+
+// rejectedJob is a row that was not pushed, and why; it is left staged.
 type rejectedJob struct {
 	id     int64
 	reason string
@@ -40,22 +57,20 @@ type rejectedJob struct {
 // pushResult says which rows of a batch went to Redis.
 type pushResult struct {
 	pushed   []int64
-	rejected []rejectedJob
+	rejected []rejectedJob // no worker could run them: not sent
+	refused  []rejectedJob // sent, and Redis answered with an error
 }
 
 func newSidekiqSink(rdb redis.UniversalClient, namespace string, ts TimestampFormat) *sidekiqSink {
-	return &sidekiqSink{rdb: rdb, keys: newSidekiqKeys(namespace), ts: ts, byQ: make(map[string][]any)}
+	return &sidekiqSink{rdb: rdb, keys: newSidekiqKeys(namespace), ts: ts, queueAt: make(map[string]int)}
 }
 
 // push writes batch to Redis in one round trip. now is the enqueue time: a
-// job whose run_at is after now is scheduled, any other runs at once.
+// job whose run_at is after now is scheduled, any other runs at once. An
+// error means nothing is known to have been pushed: retry the whole batch.
 func (s *sidekiqSink) push(ctx context.Context, batch []stagedJob, now time.Time) (pushResult, error) {
 	var res pushResult
-	s.buf = s.buf[:0]
-	s.queues = s.queues[:0]
-	clear(s.byQ)
-	s.zs = s.zs[:0]
-
+	s.reset()
 	for i := range batch {
 		j := &batch[i]
 		start := len(s.buf)
@@ -69,35 +84,89 @@ func (s *sidekiqSink) push(ctx context.Context, batch []stagedJob, now time.Time
 		// Appending may move buf, but never rewrites bytes already written,
 		// so this slice stays valid until the next batch resets buf.
 		payload := s.buf[start:len(s.buf):len(s.buf)]
-		res.pushed = append(res.pushed, j.id)
 		if isScheduled(j, now) {
-			s.zs = append(s.zs, redis.Z{Score: epochSeconds(*j.runAt), Member: payload})
+			s.sched.ids = append(s.sched.ids, j.id)
+			s.sched.zs = append(s.sched.zs, redis.Z{Score: epochSeconds(*j.runAt), Member: payload})
 			continue
 		}
-		vals, seen := s.byQ[j.queue]
-		if !seen {
-			s.queues = append(s.queues, j.queue)
-		}
-		s.byQ[j.queue] = append(vals, payload)
+		g := s.group(j.queue)
+		g.ids = append(g.ids, j.id)
+		g.payloads = append(g.payloads, payload)
 	}
-	if len(res.pushed) == 0 {
+	if len(s.queues) == 0 && len(s.sched.ids) == 0 {
 		return res, nil
 	}
 
 	_, err := s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		for _, q := range s.queues {
-			p.SAdd(ctx, s.keys.queues(), q)
-			p.LPush(ctx, s.keys.queue(q), s.byQ[q]...)
+		for i := range s.queues {
+			g := &s.queues[i]
+			p.SAdd(ctx, s.keys.queues(), g.name)
+			g.cmd = p.LPush(ctx, s.keys.queue(g.name), g.payloads...)
 		}
-		if len(s.zs) > 0 {
-			p.ZAdd(ctx, s.keys.schedule(), s.zs...)
+		if len(s.sched.ids) > 0 {
+			s.sched.cmd = p.ZAdd(ctx, s.keys.schedule(), s.sched.zs...)
 		}
 		return nil
 	})
-	if err != nil {
+	var replyErr redis.Error
+	if err != nil && !errors.As(err, &replyErr) {
 		return pushResult{}, fmt.Errorf("push batch: %w", err)
 	}
+	// The transaction ran; each command succeeded or failed on its own.
+	// SADD queues only feeds Sidekiq's UI: a job is pushed when its LPUSH is.
+	collect := func(ids []int64, cmd *redis.IntCmd) {
+		if cmd == nil {
+			return
+		}
+		if err := cmd.Err(); err != nil {
+			for _, id := range ids {
+				res.refused = append(res.refused, rejectedJob{id: id, reason: err.Error()})
+			}
+			return
+		}
+		res.pushed = append(res.pushed, ids...)
+	}
+	for _, g := range s.queues {
+		collect(g.ids, g.cmd)
+	}
+	collect(s.sched.ids, s.sched.cmd)
+	if len(res.pushed) == 0 {
+		return pushResult{}, fmt.Errorf("push batch: Redis refused all %d jobs: %w", len(res.refused), err)
+	}
 	return res, nil
+}
+
+// group returns the queue group for name, adding it on first use.
+func (s *sidekiqSink) group(name string) *queueGroup {
+	i, ok := s.queueAt[name]
+	if !ok {
+		i = len(s.queues)
+		s.queueAt[name] = i
+		if i < cap(s.queues) {
+			s.queues = s.queues[:i+1] // reuse the slices of an earlier batch
+			g := &s.queues[i]
+			g.name, g.ids, g.payloads, g.cmd = name, g.ids[:0], g.payloads[:0], nil
+		} else {
+			s.queues = append(s.queues, queueGroup{name: name})
+		}
+	}
+	return &s.queues[i]
+}
+
+func (s *sidekiqSink) reset() {
+	s.buf = s.buf[:0]
+	s.queues = s.queues[:0]
+	clear(s.queueAt)
+	s.sched.ids, s.sched.zs, s.sched.cmd = s.sched.ids[:0], s.sched.zs[:0], nil
+}
+
+// queueNames lists the batch's immediate queues, for a log line.
+func (s *sidekiqSink) queueNames() []string {
+	names := make([]string, len(s.queues))
+	for i, g := range s.queues {
+		names[i] = g.name
+	}
+	return names
 }
 
 func isScheduled(j *stagedJob, now time.Time) bool {
