@@ -146,3 +146,18 @@ func BenchmarkSidekiqPayload(b *testing.B) {
 		}
 	}
 }
+
+// appendTimestamp writes the same number as the float Sidekiq would.
+func TestAppendTimestampSeconds(t *testing.T) {
+	for _, us := range []int64{0, 1, 999_999, 1_000_000, 1795953600_500000, 1795953600_000001, 1795953600_123450, -1, -1_500_000} {
+		tm := time.UnixMicro(us)
+		got := string(appendTimestamp(nil, tm, TimestampSeconds))
+		var f float64
+		if err := json.Unmarshal([]byte(got), &f); err != nil || !strings.Contains(got, ".") {
+			t.Fatalf("appendTimestamp(%d µs) = %q: want a JSON number with a decimal point", us, got)
+		}
+		if want := float64(us) / 1e6; f != want {
+			t.Fatalf("appendTimestamp(%d µs) = %q = %v, want %v", us, got, f, want)
+		}
+	}
+}
