@@ -66,7 +66,10 @@ func New(cfg Config) (*Relay, error) {
 // releases leadership and returns nil. Lost connections to PostgreSQL or
 // Redis are logged and retried with capped exponential backoff; Run returns
 // an error only for what waiting cannot fix: rejected credentials, a missing
-// database, or a schema with no staged_jobs table (run Migrate).
+// database, or a schema with no staged_jobs table (ErrNotMigrated).
+//
+// A Relay runs one Run at a time; to run standbys, create more Relays (in
+// other processes, normally).
 func (r *Relay) Run(ctx context.Context) error {
 	r.log.Info("starting",
 		zap.String("schema", r.cfg.Schema),
