@@ -25,6 +25,7 @@ type commonFlags struct {
 }
 
 func (c *commonFlags) register(f *flagSet) {
+	defer f.required("database-url", "schema", "log-format", "log-level")
 	f.fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL connection `URL` (required; never logged)")
 	f.env("database-url", "DATABASE_URL")
 	f.fs.StringVar(&c.schema, "schema", "public", "PostgreSQL `schema` of the staged_jobs table")
@@ -35,12 +36,12 @@ func (c *commonFlags) register(f *flagSet) {
 	f.env("log-level", "STAGEDRAIN_LOG_LEVEL")
 }
 
-func (c *commonFlags) check(cmd string) error {
+func (c *commonFlags) check(f *flagSet) error {
 	if c.databaseURL == "" {
-		return usagef("%s: --database-url or $DATABASE_URL is required", cmd)
+		return usagef("%s: --database-url or $DATABASE_URL is required", f.cmd)
 	}
 	if err := relay.CheckDatabaseURL(c.databaseURL); err != nil {
-		return usagef("%s: --database-url: %s", cmd, err)
+		return usagef("%s: %s: %s", f.cmd, f.source("database-url"), err)
 	}
 	return nil
 }
@@ -78,7 +79,7 @@ func migrateCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	if err := f.parse(args, stdout); err != nil {
 		return err
 	}
-	if err := c.check("migrate"); err != nil {
+	if err := c.check(f); err != nil {
 		return err
 	}
 	log, err := c.logger("migrate", stdout)
@@ -152,28 +153,29 @@ func runCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	f.env("shutdown-timeout", "STAGEDRAIN_SHUTDOWN_TIMEOUT")
 	f.fs.BoolVar(&c.migrate, "migrate", false, "run migrate before draining (retried until PostgreSQL answers)")
 	f.env("migrate", "STAGEDRAIN_MIGRATE")
+	f.required("redis-url", "timestamp-format")
 	if err := f.parse(args, stdout); err != nil {
 		return err
 	}
-	if err := c.check("run"); err != nil {
+	if err := c.check(f); err != nil {
 		return err
 	}
 	// relay.Config reads 0 as "the default"; on the command line 0 is a
 	// mistake, so say so instead.
 	if c.batchSize < 1 {
-		return usagef("run: --batch-size must be between 1 and 100000, got %d", c.batchSize)
+		return usagef("run: %s must be between 1 and 100000, got %d", f.source("batch-size"), c.batchSize)
 	}
 	for name, d := range map[string]time.Duration{
 		"poll-interval": c.pollInterval, "leader-interval": c.leaderInterval,
 		"max-backoff": c.maxBackoff, "shutdown-timeout": c.shutdownTimeout,
 	} {
 		if d <= 0 {
-			return usagef("run: --%s must be positive, got %s", name, d)
+			return usagef("run: %s must be positive, got %s", f.source(name), d)
 		}
 	}
 	ropts, err := redis.ParseURL(c.redisURL)
 	if err != nil {
-		return usagef("run: --redis-url cannot be parsed (want redis://[user:password@]host:port/db)")
+		return usagef("run: %s cannot be parsed (want redis://[user:password@]host:port/db)", f.source("redis-url"))
 	}
 	ropts.ClientName = "stagedrain"
 	ropts.DisableIdentity = true // CLIENT SETINFO is unknown to Redis < 7.2
@@ -189,7 +191,6 @@ func runCmd(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	defer log.Sync() //nolint:errcheck // stdout
-	redis.SetLogger(redisLogger{log.Named("redis")})
 
 	rdb := redis.NewClient(ropts)
 	defer rdb.Close()
@@ -209,13 +210,16 @@ func runCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		var fe *relay.FieldError
 		if errors.As(err, &fe) && flagOfField[fe.Field] != "" {
-			return usagef("run: %s %s", flagFor(flagOfField[fe.Field]), fe.Reason)
+			return usagef("run: %s %s", f.source(flagOfField[fe.Field]), fe.Reason)
 		}
 		return err
 	}
 	if c.migrate {
 		if err := migrateWithRetry(ctx, c.databaseURL, c.schema, c.maxBackoff, log); err != nil {
 			return err
+		}
+		if ctx.Err() != nil {
+			return nil // stopped while waiting for PostgreSQL
 		}
 	}
 	return r.Run(ctx)
@@ -242,12 +246,4 @@ func migrateWithRetry(ctx context.Context, databaseURL, schema string, maxBackof
 		}
 		wait = min(2*wait, maxBackoff)
 	}
-}
-
-// redisLogger sends go-redis's own messages (dial failures it retries) to
-// the debug log instead of unstructured lines on stderr.
-type redisLogger struct{ log *zap.Logger }
-
-func (l redisLogger) Printf(_ context.Context, format string, v ...any) {
-	l.log.Debug("redis client", zap.String("detail", fmt.Sprintf(format, v...)))
 }

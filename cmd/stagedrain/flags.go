@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"strings"
 )
 
@@ -13,16 +14,19 @@ var errHelp = errors.New("help shown")
 
 // flagSet is a command's flags, each bound to an environment variable.
 type flagSet struct {
-	fs   *flag.FlagSet
-	cmd  string
-	envs map[string]string // flag name -> environment variable
-	desc string
+	fs       *flag.FlagSet
+	cmd      string
+	desc     string
+	envs     map[string]string // flag name -> environment variable
+	fromEnv  map[string]bool   // flags whose value came from the environment
+	nonEmpty map[string]bool   // string flags that may not be set to ""
 }
 
 func newFlagSet(cmd, desc string) *flagSet {
 	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // errors are reported once, by run
-	return &flagSet{fs: fs, cmd: cmd, envs: make(map[string]string), desc: desc}
+	return &flagSet{fs: fs, cmd: cmd, desc: desc,
+		envs: make(map[string]string), fromEnv: make(map[string]bool), nonEmpty: make(map[string]bool)}
 }
 
 // env records that flag name takes its value from variable env when it is
@@ -33,6 +37,26 @@ func (f *flagSet) env(name, env string) {
 	fl.Usage += " [$" + env + "]"
 }
 
+// required marks string flags that may not be set to "" (which would
+// otherwise quietly mean the default).
+func (f *flagSet) required(names ...string) {
+	for _, n := range names {
+		f.nonEmpty[n] = true
+	}
+}
+
+// source names where flag name's value came from, for a message:
+// "--name", or "$ENV (--name)" when it came from the environment.
+func (f *flagSet) source(name string) string {
+	if f.fromEnv[name] {
+		return "$" + f.envs[name] + " (--" + name + ")"
+	}
+	return "--" + name
+}
+
+// singleDash matches the "-name" the flag package writes in its errors.
+var singleDash = regexp.MustCompile(`(^|[\s:])-([a-zA-Z])`)
+
 // parse parses args, then fills each flag not given from its environment
 // variable. --help prints the flags to stdout and returns errHelp.
 func (f *flagSet) parse(args []string, stdout io.Writer) error {
@@ -41,7 +65,8 @@ func (f *flagSet) parse(args []string, stdout io.Writer) error {
 			f.printHelp(stdout)
 			return errHelp
 		}
-		return usagef("%s: %s (see 'stagedrain %s --help')", f.cmd, err, f.cmd)
+		msg := singleDash.ReplaceAllString(err.Error(), "$1--$2")
+		return usagef("%s: %s (see 'stagedrain %s --help')", f.cmd, msg, f.cmd)
 	}
 	if f.fs.NArg() > 0 {
 		return usagef("%s: unexpected argument %q (see 'stagedrain %s --help')", f.cmd, f.fs.Arg(0), f.cmd)
@@ -61,13 +86,29 @@ func (f *flagSet) parse(args []string, stdout io.Writer) error {
 		if e := fl.Value.Set(v); e != nil {
 			// Never echo the value: it may be a URL with a password.
 			err = usagef("%s: invalid value in $%s for --%s: %s", f.cmd, env, fl.Name, e)
+			return
+		}
+		f.fromEnv[fl.Name] = true
+	})
+	if err != nil {
+		return err
+	}
+	f.fs.VisitAll(func(fl *flag.Flag) {
+		if err == nil && given[fl.Name] && f.nonEmpty[fl.Name] && fl.Value.String() == "" {
+			err = usagef("%s: --%s must not be empty", f.cmd, fl.Name)
 		}
 	})
 	return err
 }
 
 func (f *flagSet) printHelp(w io.Writer) {
-	fmt.Fprintf(w, "Usage: stagedrain %s [flags]\n\n%s\n\nFlags:\n", f.cmd, f.desc)
+	fmt.Fprintf(w, "Usage: stagedrain %s [flags]\n\n%s\n", f.cmd, f.desc)
+	n := 0
+	f.fs.VisitAll(func(*flag.Flag) { n++ })
+	if n == 0 {
+		return
+	}
+	fmt.Fprint(w, "\nFlags:\n")
 	f.fs.VisitAll(func(fl *flag.Flag) {
 		name, usage := flag.UnquoteUsage(fl)
 		line := "  --" + fl.Name
@@ -82,6 +123,3 @@ func (f *flagSet) printHelp(w io.Writer) {
 		fmt.Fprintf(w, "        %s%s\n", strings.ReplaceAll(usage, "\n", "\n        "), def)
 	})
 }
-
-// flagFor names a flag in a message: --name.
-func flagFor(name string) string { return "--" + name }

@@ -20,11 +20,21 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+
+	"github.com/redis/go-redis/v9"
 )
 
 func main() {
+	// go-redis prints its own unstructured lines to stderr when a dial
+	// fails; the relay already logs each failed push with its error and
+	// retry, so they would only break the JSON log stream.
+	redis.SetLogger(silentRedisLog{})
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
+
+type silentRedisLog struct{}
+
+func (silentRedisLog) Printf(context.Context, string, ...any) {}
 
 // usageError is a bad command line: exit 2.
 type usageError struct{ msg string }

@@ -1,0 +1,387 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/stagedrain/stagedrain/relay"
+)
+
+// result is what one run() call did.
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+func runCLI(args ...string) result {
+	var stdout, stderr bytes.Buffer
+	code := run(args, &stdout, &stderr)
+	return result{code: code, stdout: stdout.String(), stderr: stderr.String()}
+}
+
+// checkUsageError checks that r is a bad command line: exit 2, nothing on
+// stdout, and one line on stderr that contains every string of want.
+func checkUsageError(t *testing.T, r result, want ...string) {
+	t.Helper()
+	checkOneLineError(t, r, 2, want...)
+	if r.stdout != "" {
+		t.Errorf("stdout = %q, want nothing", r.stdout)
+	}
+}
+
+// checkOneLineError checks the exit code and that stderr is exactly one
+// line "stagedrain: ..." containing every string of want.
+func checkOneLineError(t *testing.T, r result, code int, want ...string) {
+	t.Helper()
+	if r.code != code {
+		t.Errorf("exit code = %d, want %d (stderr %q)", r.code, code, r.stderr)
+	}
+	if got := lines(r.stderr); len(got) != 1 || !strings.HasSuffix(r.stderr, "\n") {
+		t.Fatalf("stderr = %q, want exactly one line", r.stderr)
+	}
+	if !strings.HasPrefix(r.stderr, "stagedrain: ") {
+		t.Errorf("stderr = %q, want it to start with %q", r.stderr, "stagedrain: ")
+	}
+	for _, w := range want {
+		if !strings.Contains(r.stderr, w) {
+			t.Errorf("stderr = %q, want it to contain %q", r.stderr, w)
+		}
+	}
+}
+
+// Every bad command line exits 2 with one line on stderr that names what is
+// wrong, and runs nothing.
+func TestUsageErrors(t *testing.T) {
+	t.Parallel()
+	// A database that does not exist: should a check be missing, run and
+	// migrate fail at once with exit 1 instead of draining or hanging.
+	db := noDatabaseURL(t)
+	tests := []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"no command", nil, []string{"a command is required"}},
+		{"unknown command", []string{"frob"}, []string{`unknown command "frob"`}},
+		{"unknown command like a flag", []string{"--database-url", db}, []string{`unknown command "--database-url"`}},
+		{"bad flag of run", []string{"run", "--database-url", db, "--bogus"}, []string{"-bogus", "stagedrain run --help"}},
+		{"bad flag of migrate", []string{"migrate", "--database-url", db, "--nope"}, []string{"-nope", "stagedrain migrate --help"}},
+		{"bad flag of version", []string{"version", "--short"}, []string{"-short"}},
+		{"argument after flags", []string{"migrate", "--database-url", db, "extra"}, []string{`unexpected argument "extra"`}},
+		{"argument of version", []string{"version", "now"}, []string{`unexpected argument "now"`}},
+		{"flag without value", []string{"run", "--database-url"}, []string{"database-url"}},
+
+		{"missing database url, run", []string{"run"}, []string{"--database-url", "$DATABASE_URL"}},
+		{"missing database url, migrate", []string{"migrate"}, []string{"--database-url", "$DATABASE_URL"}},
+		{"unparsable database url, run", []string{"run", "--database-url", "postgres://h:badport/x"}, []string{"--database-url"}},
+		{"unparsable database url, migrate", []string{"migrate", "--database-url", "postgres://h/x?sslmode=sometimes"}, []string{"--database-url"}},
+
+		{"batch size 0", []string{"run", "--database-url", db, "--batch-size", "0"}, []string{"--batch-size", "got 0"}},
+		{"batch size negative", []string{"run", "--database-url", db, "--batch-size", "-5"}, []string{"--batch-size"}},
+		{"batch size too big", []string{"run", "--database-url", db, "--batch-size", "100001"}, []string{"--batch-size", "100001"}},
+		{"batch size not a number", []string{"run", "--database-url", db, "--batch-size", "many"}, []string{"-batch-size"}},
+
+		{"bad timestamp format", []string{"run", "--database-url", db, "--timestamp-format", "nanos"}, []string{"--timestamp-format", "nanos"}},
+		{"bad log level, run", []string{"run", "--database-url", db, "--log-level", "loud"}, []string{"--log-level", "loud"}},
+		{"bad log level, migrate", []string{"migrate", "--database-url", db, "--log-level", "loud"}, []string{"--log-level", "loud"}},
+		{"bad log format", []string{"migrate", "--database-url", db, "--log-format", "xml"}, []string{"--log-format", "xml"}},
+		{"bad redis url", []string{"run", "--database-url", db, "--redis-url", "http://127.0.0.1:6379"}, []string{"--redis-url"}},
+
+		{"duration without unit", []string{"run", "--database-url", db, "--poll-interval", "5"}, []string{"-poll-interval"}},
+		{"duration not a duration", []string{"run", "--database-url", db, "--shutdown-timeout", "soon"}, []string{"-shutdown-timeout"}},
+		{"duration zero", []string{"run", "--database-url", db, "--leader-interval", "0s"}, []string{"--leader-interval", "positive"}},
+		{"duration negative", []string{"run", "--database-url", db, "--max-backoff", "-1s"}, []string{"--max-backoff", "positive"}},
+		{"poll interval too short", []string{"run", "--database-url", db, "--poll-interval", "1ms"}, []string{"--poll-interval", "10ms"}},
+		{"leader interval too short", []string{"run", "--database-url", db, "--leader-interval", "5ms"}, []string{"--leader-interval", "10ms"}},
+		{"max backoff too short", []string{"run", "--database-url", db, "--max-backoff", "50ms"}, []string{"--max-backoff", "100ms"}},
+
+		// "" would otherwise quietly mean the default.
+		{"empty schema", []string{"run", "--database-url", db, "--schema", ""}, []string{"--schema", "must not be empty"}},
+		{"empty timestamp format", []string{"run", "--database-url", db, "--timestamp-format="}, []string{"--timestamp-format", "must not be empty"}},
+		{"empty schema, migrate", []string{"migrate", "--database-url", db, "--schema="}, []string{"--schema", "must not be empty"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			checkUsageError(t, runCLI(tt.args...), tt.want...)
+		})
+	}
+}
+
+// A bad value in an environment variable exits 2 naming the variable,
+// without echoing the value.
+func TestEnvUsageErrors(t *testing.T) {
+	// Not parallel: t.Setenv.
+	db := noDatabaseURL(t)
+	tests := []struct {
+		name, env, value string
+		args             []string
+		want             []string
+	}{
+		{"batch size", "STAGEDRAIN_BATCH_SIZE", "abc-xyz", []string{"run", "--database-url", db}, []string{"$STAGEDRAIN_BATCH_SIZE", "--batch-size"}},
+		{"duration", "STAGEDRAIN_POLL_INTERVAL", "five-xyz", []string{"run", "--database-url", db}, []string{"$STAGEDRAIN_POLL_INTERVAL", "--poll-interval"}},
+		{"bool", "STAGEDRAIN_MIGRATE", "perhaps-xyz", []string{"run", "--database-url", db}, []string{"$STAGEDRAIN_MIGRATE", "--migrate"}},
+		{"zero batch size", "STAGEDRAIN_BATCH_SIZE", "0", []string{"run", "--database-url", db}, []string{"--batch-size"}},
+		{"log level", "STAGEDRAIN_LOG_LEVEL", "loud", []string{"migrate", "--database-url", db}, []string{"--log-level"}},
+		{"database url", "DATABASE_URL", "postgres://u:s3cretpw@h:badport/x", []string{"migrate"}, []string{"--database-url"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Setenv(tt.env, tt.value)
+			r := runCLI(tt.args...)
+			checkUsageError(t, r, tt.want...)
+			if strings.HasSuffix(tt.value, "-xyz") && strings.Contains(r.stderr, "xyz") {
+				t.Errorf("stderr = %q echoes the value of $%s", r.stderr, tt.env)
+			}
+			if strings.Contains(r.stderr, "s3cretpw") {
+				t.Errorf("stderr = %q shows the password of $%s", r.stderr, tt.env)
+			}
+		})
+	}
+}
+
+// A password in --database-url never reaches stdout or stderr, whatever
+// the outcome.
+func TestPasswordNeverShown(t *testing.T) {
+	t.Parallel()
+	const password = "s3cretpw"
+	tests := []struct {
+		name string
+		args []string
+		code int
+		want []string
+	}{
+		{"bad port, migrate", []string{"migrate", "--database-url", "postgres://u:s3cretpw@127.0.0.1:badport/x"}, 2, []string{"--database-url"}},
+		{"bad port, run", []string{"run", "--database-url", "postgres://u:s3cretpw@127.0.0.1:badport/x"}, 2, []string{"--database-url"}},
+		{"bad escape in password", []string{"migrate", "--database-url", "postgres://u:s3cretpw%zz@127.0.0.1:1/x"}, 2, []string{"--database-url"}},
+		{"bad option", []string{"run", "--database-url", "postgres://u:s3cretpw@127.0.0.1:1/x?sslmode=sometimes"}, 2, []string{"--database-url"}},
+		{"key=value form", []string{"migrate", "--database-url", "host=127.0.0.1 user=u password=s3cretpw port=badport"}, 2, []string{"--database-url"}},
+		{"bad log level", []string{"migrate", "--database-url", "postgres://u:s3cretpw@127.0.0.1:1/x", "--log-level", "loud"}, 2, []string{"--log-level"}},
+		// Nothing listens on port 1: the connection is refused.
+		{"connection refused", []string{"migrate", "--database-url", "postgres://u:s3cretpw@127.0.0.1:1/x"}, 1, []string{"connect", "u@127.0.0.1:1/x"}},
+		{"connection refused, key=value form", []string{"migrate", "--database-url", "host=127.0.0.1 port=1 user=u password=s3cretpw dbname=x"}, 1, []string{"connect"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			r := runCLI(tt.args...)
+			checkOneLineError(t, r, tt.code, tt.want...)
+			if strings.Contains(r.stdout, password) || strings.Contains(r.stderr, password) {
+				t.Errorf("the password shows: stdout %q, stderr %q", r.stdout, r.stderr)
+			}
+		})
+	}
+}
+
+// --help on each command exits 0 and lists every flag with its environment
+// variable, and nothing else.
+func TestHelp(t *testing.T) {
+	t.Parallel()
+	common := map[string]string{
+		"database-url": "DATABASE_URL",
+		"schema":       "STAGEDRAIN_SCHEMA",
+		"log-format":   "STAGEDRAIN_LOG_FORMAT",
+		"log-level":    "STAGEDRAIN_LOG_LEVEL",
+	}
+	runFlags := map[string]string{
+		"redis-url":        "REDIS_URL",
+		"redis-namespace":  "STAGEDRAIN_REDIS_NAMESPACE",
+		"batch-size":       "STAGEDRAIN_BATCH_SIZE",
+		"poll-interval":    "STAGEDRAIN_POLL_INTERVAL",
+		"timestamp-format": "STAGEDRAIN_TIMESTAMP_FORMAT",
+		"leader-interval":  "STAGEDRAIN_LEADER_INTERVAL",
+		"max-backoff":      "STAGEDRAIN_MAX_BACKOFF",
+		"shutdown-timeout": "STAGEDRAIN_SHUTDOWN_TIMEOUT",
+		"migrate":          "STAGEDRAIN_MIGRATE",
+	}
+	for k, v := range common {
+		runFlags[k] = v
+	}
+	tests := []struct {
+		cmd   string
+		flags map[string]string // flag -> environment variable
+	}{
+		{"migrate", common},
+		{"run", runFlags},
+		{"version", nil},
+	}
+	for _, tt := range tests {
+		for _, help := range []string{"--help", "-h"} {
+			t.Run(tt.cmd+" "+help, func(t *testing.T) {
+				t.Parallel()
+				r := runCLI(tt.cmd, help)
+				if r.code != 0 || r.stderr != "" {
+					t.Fatalf("exit code %d, stderr %q; want 0 and nothing", r.code, r.stderr)
+				}
+				if want := "Usage: stagedrain " + tt.cmd + " [flags]\n"; !strings.HasPrefix(r.stdout, want) {
+					t.Errorf("help starts %q, want %q", firstLine(r.stdout), want)
+				}
+				got := helpFlags(r.stdout)
+				var gotNames, wantNames []string
+				for name := range got {
+					gotNames = append(gotNames, name)
+				}
+				for name, env := range tt.flags {
+					wantNames = append(wantNames, name)
+					usage, ok := got[name]
+					if !ok {
+						continue
+					}
+					if !strings.Contains(usage, "[$"+env+"]") {
+						t.Errorf("--%s: usage %q does not name [$%s]", name, usage, env)
+					}
+				}
+				slices.Sort(gotNames)
+				slices.Sort(wantNames)
+				if !slices.Equal(gotNames, wantNames) {
+					t.Errorf("help lists flags %v, want %v; help:\n%s", gotNames, wantNames, r.stdout)
+				}
+			})
+		}
+	}
+	for _, args := range [][]string{{"--help"}, {"-h"}, {"help"}} {
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			t.Parallel()
+			r := runCLI(args...)
+			if r.code != 0 || r.stderr != "" {
+				t.Fatalf("exit code %d, stderr %q; want 0 and nothing", r.code, r.stderr)
+			}
+			for _, cmd := range []string{"stagedrain migrate", "stagedrain run", "stagedrain version"} {
+				if !strings.Contains(r.stdout, cmd) {
+					t.Errorf("usage does not mention %q:\n%s", cmd, r.stdout)
+				}
+			}
+		})
+	}
+}
+
+// helpFlags maps each flag of a command's help to its usage text: the help
+// lists "  --name [value]" lines, each followed by its indented usage.
+func helpFlags(help string) map[string]string {
+	flags := make(map[string]string)
+	ls := lines(help)
+	for i, l := range ls {
+		rest, ok := strings.CutPrefix(l, "  --")
+		if !ok {
+			continue
+		}
+		name, _, _ := strings.Cut(rest, " ")
+		usage := ""
+		if i+1 < len(ls) {
+			usage = strings.TrimSpace(ls[i+1])
+		}
+		flags[name] = usage
+	}
+	return flags
+}
+
+func firstLine(s string) string {
+	l, _, _ := strings.Cut(s, "\n")
+	return l
+}
+
+func TestVersion(t *testing.T) {
+	t.Parallel()
+	r := runCLI("version")
+	if r.code != 0 || r.stderr != "" {
+		t.Fatalf("exit code %d, stderr %q; want 0 and nothing", r.code, r.stderr)
+	}
+	if !regexp.MustCompile(`^stagedrain \S+\n$`).MatchString(r.stdout) {
+		t.Fatalf("stdout = %q, want one line \"stagedrain <version>\"", r.stdout)
+	}
+}
+
+// migrate creates the schema and its staged_jobs table, logs "migrated",
+// and running it again changes nothing and still succeeds.
+func TestMigrate(t *testing.T) {
+	t.Parallel()
+	schema := testSchema(t)
+	conn := testConn(t)
+	args := []string{"migrate", "--database-url", testDatabaseURL(), "--schema", schema}
+
+	first := checkMigrated(t, runCLI(args...), schema)
+	if !tableExists(t, conn, schema, "staged_jobs") {
+		t.Fatalf("%s.staged_jobs does not exist after migrate", schema)
+	}
+	applied, _ := first["applied"].([]any)
+	if !slices.Contains(applied, any("001_staged_jobs.sql")) {
+		t.Errorf("first migrate applied %v, want it to include 001_staged_jobs.sql", first["applied"])
+	}
+	// The table works: the relay's staging API can write to it.
+	if _, err := relay.NewStager(schema).Stage(context.Background(), conn, relay.Job{Name: "ProbeJob"}); err != nil {
+		t.Fatalf("stage into the migrated table: %v", err)
+	}
+
+	second := checkMigrated(t, runCLI(args...), schema)
+	if applied, ok := second["applied"].([]any); !ok || len(applied) != 0 {
+		t.Errorf("second migrate applied %v, want []", second["applied"])
+	}
+	if first["version"] != second["version"] {
+		t.Errorf("version %v after the second migrate, want %v as after the first", second["version"], first["version"])
+	}
+	if n := stagedCount(t, conn, schema); n != 1 {
+		t.Errorf("%d rows staged after the second migrate, want the 1 staged before it", n)
+	}
+}
+
+// checkMigrated checks that a migrate run succeeded and logged one JSON
+// line "migrated" for schema, and returns that line's fields.
+func checkMigrated(t *testing.T, r result, schema string) map[string]any {
+	t.Helper()
+	if r.code != 0 || r.stderr != "" {
+		t.Fatalf("migrate: exit code %d, stderr %q; want 0 and nothing", r.code, r.stderr)
+	}
+	var found map[string]any
+	for _, l := range lines(r.stdout) {
+		var fields map[string]any
+		if err := json.Unmarshal([]byte(l), &fields); err != nil {
+			t.Fatalf("migrate logged a line that is not JSON: %q (%v)", l, err)
+		}
+		if fields["msg"] == "migrated" {
+			if found != nil {
+				t.Fatalf("migrate logged \"migrated\" twice:\n%s", r.stdout)
+			}
+			found = fields
+		}
+	}
+	if found == nil {
+		t.Fatalf("migrate logged no \"migrated\" line; stdout:\n%s", r.stdout)
+	}
+	if found["schema"] != schema || found["level"] != "info" || found["logger"] != "stagedrain" {
+		t.Errorf("migrated line = %v, want schema %s, level info, logger stagedrain", found, schema)
+	}
+	return found
+}
+
+// A flag on the command line wins over its environment variable, and the
+// variable counts when the flag is not given.
+func TestFlagWinsOverEnv(t *testing.T) {
+	// Not parallel: t.Setenv.
+	conn := testConn(t)
+	envSchema, flagSchema := testSchema(t), testSchema(t)
+	t.Setenv("STAGEDRAIN_SCHEMA", envSchema)
+	t.Setenv("DATABASE_URL", testDatabaseURL())
+	t.Setenv("STAGEDRAIN_LOG_LEVEL", "error") // would hide the info line "migrated"
+
+	r := runCLI("migrate", "--schema", flagSchema, "--log-level", "info")
+	checkMigrated(t, r, flagSchema)
+	if !tableExists(t, conn, flagSchema, "staged_jobs") {
+		t.Errorf("migrate --schema %s did not create %s.staged_jobs", flagSchema, flagSchema)
+	}
+	if schemaExists(t, conn, envSchema) {
+		t.Errorf("migrate --schema %s created schema %s of $STAGEDRAIN_SCHEMA", flagSchema, envSchema)
+	}
+
+	r = runCLI("migrate")
+	if r.code != 0 || r.stderr != "" || r.stdout != "" {
+		t.Errorf("migrate with $STAGEDRAIN_LOG_LEVEL=error: exit code %d, stdout %q, stderr %q; want 0 and nothing logged", r.code, r.stdout, r.stderr)
+	}
+	if !tableExists(t, conn, envSchema, "staged_jobs") {
+		t.Errorf("migrate without --schema did not create %s.staged_jobs of $STAGEDRAIN_SCHEMA", envSchema)
+	}
+}

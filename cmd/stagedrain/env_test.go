@@ -1,0 +1,173 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+)
+
+// The helpers below mirror relay/internal/testenv, which Go's internal rule
+// keeps out of reach of this package: each test gets a fresh schema of the
+// shared PostgreSQL and a key namespace of the shared Redis, and waits on
+// conditions with a deadline instead of sleeping.
+
+// testDatabaseURL is the shared test database: $TEST_DATABASE_URL, or the
+// PostgreSQL on 127.0.0.1:5432.
+func testDatabaseURL() string {
+	if u := os.Getenv("TEST_DATABASE_URL"); u != "" {
+		return u
+	}
+	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+}
+
+// testRedisURL is the shared test Redis: $TEST_REDIS_URL or 127.0.0.1:6379 DB 0.
+func testRedisURL() string {
+	if u := os.Getenv("TEST_REDIS_URL"); u != "" {
+		return u
+	}
+	return "redis://127.0.0.1:6379/0"
+}
+
+// freshName returns prefix + 12 random lowercase hex characters.
+func freshName(prefix string) string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}
+
+// testConn opens a connection to the shared test database, closed when the
+// test ends.
+func testConn(t testing.TB) *pgx.Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, testDatabaseURL())
+	if err != nil {
+		t.Fatalf("connect to test database: %v", err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+// testSchema returns the name of a schema no other test uses (it does not
+// create it), dropped with everything in it when the test ends.
+func testSchema(t testing.TB) string {
+	t.Helper()
+	schema := freshName("sdcli_")
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, testDatabaseURL())
+		if err != nil {
+			t.Errorf("drop test schema: %v", err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+			t.Errorf("drop test schema %s: %v", schema, err)
+		}
+	})
+	return schema
+}
+
+// testRedis returns a client of the shared test Redis and a namespace no
+// other test uses; keys under "<namespace>:" are deleted when the test ends.
+func testRedis(t testing.TB) (*redis.Client, string) {
+	t.Helper()
+	opts, err := redis.ParseURL(testRedisURL())
+	if err != nil {
+		t.Fatalf("parse test redis URL: %v", err)
+	}
+	opts.DisableIdentity = true
+	rdb := redis.NewClient(opts)
+	ns := freshName("sdcli_")
+	t.Cleanup(func() {
+		ctx := context.Background()
+		iter := rdb.Scan(ctx, 0, ns+":*", 1000).Iterator()
+		for iter.Next(ctx) {
+			rdb.Del(ctx, iter.Val())
+		}
+		_ = rdb.Close()
+	})
+	return rdb, ns
+}
+
+// waitFor polls cond every 10ms until it returns true, and fails the test
+// with what cond last said if that takes longer than timeout.
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, seen := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("waited %s for %s; last seen: %s", timeout, what, seen)
+		}
+		time.Sleep(10 * time.Millisecond) // polling a condition, not waiting for readiness
+	}
+}
+
+// tableExists reports whether schema.table exists.
+func tableExists(t testing.TB, conn *pgx.Conn, schema, table string) bool {
+	t.Helper()
+	var exists bool
+	err := conn.QueryRow(context.Background(), `SELECT to_regclass($1) IS NOT NULL`,
+		pgx.Identifier{schema, table}.Sanitize()).Scan(&exists)
+	if err != nil {
+		t.Fatalf("look up %s.%s: %v", schema, table, err)
+	}
+	return exists
+}
+
+// schemaExists reports whether schema exists.
+func schemaExists(t testing.TB, conn *pgx.Conn, schema string) bool {
+	t.Helper()
+	var exists bool
+	err := conn.QueryRow(context.Background(), `SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)`, schema).Scan(&exists)
+	if err != nil {
+		t.Fatalf("look up schema %s: %v", schema, err)
+	}
+	return exists
+}
+
+// stagedCount counts the rows left in schema.staged_jobs.
+func stagedCount(t testing.TB, conn *pgx.Conn, schema string) int {
+	t.Helper()
+	var n int
+	err := conn.QueryRow(context.Background(), "SELECT count(*) FROM "+pgx.Identifier{schema, "staged_jobs"}.Sanitize()).Scan(&n)
+	if err != nil {
+		t.Fatalf("count staged_jobs: %v", err)
+	}
+	return n
+}
+
+// lines splits output into its lines, without the final newline.
+func lines(s string) []string {
+	s = strings.TrimSuffix(s, "\n")
+	if s == "" {
+		return nil
+	}
+	return strings.Split(s, "\n")
+}
+
+// noDatabaseURL is a URL of the shared server naming a database that does
+// not exist: a command that gets past its checks by mistake fails at once
+// (exit 1) instead of retrying forever.
+func noDatabaseURL(t testing.TB) string {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(testDatabaseURL())
+	if err != nil {
+		t.Fatalf("parse test database URL: %v", err)
+	}
+	return fmt.Sprintf("postgres://%s@%s:%d/stagedrain_no_such_database?sslmode=disable", cfg.User, cfg.Host, cfg.Port)
+}

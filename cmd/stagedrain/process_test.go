@@ -1,0 +1,316 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/stagedrain/stagedrain/relay"
+)
+
+var jidRE = regexp.MustCompile(`^[0-9a-f]{24}$`)
+
+// Log lines the process tests wait for, as logger and message.
+const (
+	rootLogger   = "stagedrain"
+	drainLogger  = "stagedrain.drain"
+	listenLogger = "stagedrain.listener"
+)
+
+// relayEnv is one test's schema (migrated) and Redis namespace.
+type relayEnv struct {
+	t      *testing.T
+	schema string
+	ns     string
+	rdb    *redis.Client
+	conn   *pgx.Conn
+}
+
+func newRelayEnv(t *testing.T) *relayEnv {
+	t.Helper()
+	e := &relayEnv{t: t, schema: testSchema(t), conn: testConn(t)}
+	e.rdb, e.ns = testRedis(t)
+	if _, err := relay.Migrate(context.Background(), e.conn, e.schema); err != nil {
+		t.Fatalf("migrate %s: %v", e.schema, err)
+	}
+	return e
+}
+
+// startRelay starts `stagedrain run` on the test's schema and namespace.
+func (e *relayEnv) startRelay(name string, args ...string) *proc {
+	e.t.Helper()
+	args = append([]string{"run", "--schema", e.schema, "--redis-namespace", e.ns}, args...)
+	return startProc(e.t, name, childEnv(), args...)
+}
+
+// stage INSERTs n jobs named name with plain SQL in one transaction, and
+// returns their jids.
+func (e *relayEnv) stage(name string, n int) []string {
+	e.t.Helper()
+	rows, err := e.conn.Query(context.Background(),
+		"INSERT INTO "+pgx.Identifier{e.schema, "staged_jobs"}.Sanitize()+
+			" (job_name, job_args) SELECT $1, jsonb_build_array(g) FROM generate_series(1, $2) g RETURNING jid",
+		name, n)
+	if err != nil {
+		e.t.Fatalf("stage %d jobs: %v", n, err)
+	}
+	jids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || len(jids) != n {
+		e.t.Fatalf("stage %d jobs: got jids %v, %v", n, jids, err)
+	}
+	return jids
+}
+
+func (e *relayEnv) queueKey() string { return e.ns + ":queue:default" }
+
+// waitDelivered waits until queue:default holds n jobs and staged_jobs is
+// empty.
+func (e *relayEnv) waitDelivered(n int64) {
+	e.t.Helper()
+	waitFor(e.t, 15*time.Second, fmt.Sprintf("%d jobs in %s and none staged", n, e.queueKey()), func() (bool, string) {
+		got, err := e.rdb.LLen(context.Background(), e.queueKey()).Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return false, err.Error()
+		}
+		staged := stagedCount(e.t, e.conn, e.schema)
+		return got == n && staged == 0, fmt.Sprintf("%d jobs in Redis, %d rows staged", got, staged)
+	})
+}
+
+// queue returns the decoded payloads of queue:default.
+func (e *relayEnv) queue() []map[string]any {
+	e.t.Helper()
+	raw, err := e.rdb.LRange(context.Background(), e.queueKey(), 0, -1).Result()
+	if err != nil {
+		e.t.Fatalf("LRANGE %s: %v", e.queueKey(), err)
+	}
+	jobs := make([]map[string]any, len(raw))
+	for i, s := range raw {
+		if err := json.Unmarshal([]byte(s), &jobs[i]); err != nil {
+			e.t.Fatalf("payload is not JSON: %v: %s", err, s)
+		}
+	}
+	return jobs
+}
+
+// checkAllJSON checks that every line p wrote to stdout is a JSON object
+// with a level, a time, a logger and a message.
+func checkAllJSON(t *testing.T, p *proc) {
+	t.Helper()
+	for _, l := range p.stdout.snapshot() {
+		if l.fields == nil || l.str("level") == "" || l.str("logger") == "" || l.str("msg") == "" {
+			t.Errorf("%s: stdout line is not a JSON log line: %s", p.name, l.raw)
+			continue
+		}
+		if _, err := l.time(); err != nil {
+			t.Errorf("%s: log line time: %v: %s", p.name, err, l.raw)
+		}
+	}
+}
+
+// run refuses, with exit 1 and one line, a schema that was never migrated.
+func TestRunNotMigrated(t *testing.T) {
+	t.Parallel()
+	schema := testSchema(t)
+	_, ns := testRedis(t)
+	p := startProc(t, "relay", childEnv(), "run", "--schema", schema, "--redis-namespace", ns)
+	if code := p.wait(15 * time.Second); code != 1 {
+		t.Fatalf("exit code %d, want 1; output:\n%s", code, p.output())
+	}
+	stderr := p.stderr.snapshot()
+	if len(stderr) != 1 || !strings.Contains(stderr[0].raw, "stagedrain migrate") || !strings.Contains(stderr[0].raw, schema) {
+		t.Fatalf("stderr = %q, want one line naming schema %s and 'stagedrain migrate'", p.output(), schema)
+	}
+	if p.count(rootLogger, "became leader") != 0 {
+		t.Errorf("the relay became leader of a schema without staged_jobs")
+	}
+}
+
+// A relay delivers a job INSERTed with plain SQL, and on SIGTERM releases
+// leadership and exits 0.
+func TestRunDeliversAndStopsOnSIGTERM(t *testing.T) {
+	t.Parallel()
+	e := newRelayEnv(t)
+	p := e.startRelay("relay", "--log-level", "debug")
+	p.waitLog(rootLogger, "became leader", 15*time.Second)
+	p.waitLog(listenLogger, "listening", 15*time.Second)
+
+	var jid string
+	err := e.conn.QueryRow(context.Background(),
+		"INSERT INTO "+pgx.Identifier{e.schema, "staged_jobs"}.Sanitize()+
+			" (job_name, job_args) VALUES ('WelcomeEmailJob', '[42]') RETURNING jid").Scan(&jid)
+	if err != nil {
+		t.Fatalf("stage: %v", err)
+	}
+	e.waitDelivered(1)
+	job := e.queue()[0]
+	if job["class"] != "WelcomeEmailJob" || job["queue"] != "default" || job["jid"] != jid {
+		t.Errorf("payload = %v, want class WelcomeEmailJob, queue default, jid %s", job, jid)
+	}
+	if args, _ := job["args"].([]any); len(args) != 1 || args[0] != float64(42) {
+		t.Errorf("payload args = %#v, want [42]", job["args"])
+	}
+	if s, _ := job["jid"].(string); !jidRE.MatchString(s) {
+		t.Errorf("payload jid = %#v, want 24 lowercase hex characters", job["jid"])
+	}
+	if _, ok := job["enqueued_at"].(float64); !ok {
+		t.Errorf("payload enqueued_at = %#v, want float epoch seconds", job["enqueued_at"])
+	}
+	drained := p.waitLog(drainLogger, "batch drained", 5*time.Second)
+	if drained.str("level") != "debug" || drained.fields["count"] != float64(1) {
+		t.Errorf("batch drained line = %s, want level debug and count 1", drained.raw)
+	}
+
+	p.signal(syscall.SIGTERM)
+	if code := p.wait(15 * time.Second); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM, want 0; output:\n%s", code, p.output())
+	}
+	released := p.waitLog(rootLogger, "released leadership", 0)
+	stopped := p.waitLog(rootLogger, "stopped", 0)
+	if released.index > stopped.index {
+		t.Errorf("\"stopped\" logged before \"released leadership\"; output:\n%s", p.output())
+	}
+	if s := p.stderr.snapshot(); len(s) != 0 {
+		t.Errorf("stderr = %q, want nothing after a clean stop", p.output())
+	}
+	checkAllJSON(t, p)
+}
+
+// run --migrate migrates a fresh schema, then drains it.
+func TestRunMigrateFlag(t *testing.T) {
+	t.Parallel()
+	schema := testSchema(t)
+	rdb, ns := testRedis(t)
+	conn := testConn(t)
+	p := startProc(t, "relay", childEnv(), "run", "--migrate", "--schema", schema, "--redis-namespace", ns)
+	migrated := p.waitLog(rootLogger, "migrated", 15*time.Second)
+	if migrated.str("schema") != schema {
+		t.Errorf("migrated line = %s, want schema %s", migrated.raw, schema)
+	}
+	p.waitLog(rootLogger, "became leader", 15*time.Second)
+	if !tableExists(t, conn, schema, "staged_jobs") {
+		t.Fatalf("run --migrate did not create %s.staged_jobs", schema)
+	}
+	jid, err := relay.NewStager(schema).Stage(context.Background(), conn, relay.Job{Name: "MigratedJob"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 15*time.Second, "the job in queue:default", func() (bool, string) {
+		got, err := rdb.LRange(context.Background(), ns+":queue:default", 0, -1).Result()
+		return len(got) == 1 && strings.Contains(got[0], jid), fmt.Sprint(got, err)
+	})
+	p.signal(syscall.SIGTERM)
+	if code := p.wait(15 * time.Second); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM, want 0", code)
+	}
+}
+
+// While PostgreSQL cannot be reached, run logs and retries; neither its
+// logs nor its exit show the password of the URL.
+func TestRunNeverLogsPassword(t *testing.T) {
+	t.Parallel()
+	_, ns := testRedis(t)
+	const password = "s3cretpw"
+	// Nothing listens on port 1: every connection is refused.
+	env := append(childEnv(), "DATABASE_URL=postgres://u:"+password+"@127.0.0.1:1/x")
+	p := startProc(t, "relay", env, "run", "--redis-namespace", ns, "--max-backoff", "100ms")
+	starting := p.waitLog(rootLogger, "starting", 15*time.Second)
+	if got := starting.str("database"); got != "u@127.0.0.1:1/x" {
+		t.Errorf("starting line names database %q, want u@127.0.0.1:1/x", got)
+	}
+	// Two failures: the error is logged, and so is a retry of it.
+	if _, err := p.stdout.wait(15*time.Second, func(l logLine) bool {
+		return l.is(rootLogger, "database session failed, retrying") && l.fields["attempt"] == float64(2)
+	}); err != nil {
+		t.Fatalf("second \"database session failed, retrying\": %v; output:\n%s", err, p.output())
+	}
+	p.signal(syscall.SIGTERM)
+	if code := p.wait(15 * time.Second); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM, want 0", code)
+	}
+	if out := p.output(); strings.Contains(out, password) {
+		t.Fatalf("the password shows in the output:\n%s", out)
+	}
+}
+
+// Two relays on one schema: one drains, the other waits; when the leader is
+// SIGKILLed, the standby takes over within 2s and delivers what follows,
+// every job exactly once.
+func TestFailover(t *testing.T) {
+	t.Parallel()
+	e := newRelayEnv(t)
+	a := e.startRelay("relay A", "--log-level", "debug")
+	a.waitLog(rootLogger, "became leader", 15*time.Second)
+	a.waitLog(listenLogger, "listening", 15*time.Second)
+	b := e.startRelay("relay B", "--log-level", "debug")
+	b.waitLog(rootLogger, "standby: another relay is draining this schema", 15*time.Second)
+
+	jids := e.stage("FailoverJob", 5)
+	e.waitDelivered(5)
+	a.waitLog(drainLogger, "batch drained", 5*time.Second)
+	if n := b.count(drainLogger, "batch drained"); n != 0 {
+		t.Fatalf("standby B logged %d \"batch drained\" lines, want 0; output:\n%s", n, b.output())
+	}
+	if n := b.count(rootLogger, "became leader"); n != 0 {
+		t.Fatalf("B became leader while A led; output:\n%s", b.output())
+	}
+
+	killed := time.Now()
+	if err := a.cmd.Process.Kill(); err != nil {
+		t.Fatalf("SIGKILL A: %v", err)
+	}
+	if code := a.wait(10 * time.Second); code != -1 {
+		t.Fatalf("A exited with code %d, want death by SIGKILL", code)
+	}
+	leader := b.waitLog(rootLogger, "became leader", 15*time.Second)
+	at, err := leader.time()
+	if err != nil {
+		t.Fatalf("B's \"became leader\" line: %v", err)
+	}
+	failover := at.Sub(killed)
+	t.Logf("failover: B became leader %s after A was killed (seen by the test after %s)", failover, leader.seen.Sub(killed))
+	if failover <= 0 || failover > 2*time.Second {
+		t.Errorf("B became leader %s after A was killed, want within 2s", failover)
+	}
+
+	jids = append(jids, e.stage("FailoverJob", 5)...)
+	e.waitDelivered(10)
+	b.waitLog(drainLogger, "batch drained", 5*time.Second)
+	seen := make(map[string]int)
+	for _, j := range e.queue() {
+		jid, _ := j["jid"].(string)
+		seen[jid]++
+		if j["class"] != "FailoverJob" {
+			t.Errorf("payload %v, want class FailoverJob", j)
+		}
+	}
+	for _, jid := range jids {
+		if seen[jid] != 1 {
+			t.Errorf("job %s is in the queue %d times, want once", jid, seen[jid])
+		}
+	}
+	if len(seen) != len(jids) {
+		t.Errorf("queue holds jids %v, want exactly %v", keys(seen), jids)
+	}
+	checkAllJSON(t, a)
+	checkAllJSON(t, b)
+}
+
+func keys(m map[string]int) []string {
+	var ks []string
+	for k := range m {
+		ks = append(ks, k)
+	}
+	slices.Sort(ks)
+	return ks
+}
