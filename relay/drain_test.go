@@ -228,10 +228,7 @@ func TestCrashBetweenPushAndDeleteRedelivers(t *testing.T) {
 	h.run(r)
 
 	h.waitQueueLen("default", 4, 15*time.Second)
-	testenv.WaitFor(t, 10*time.Second, "staged_jobs to empty", func() (bool, string) {
-		n := h.staged()
-		return n == 0, testenv.Fields("staged", n)
-	})
+	h.waitStaged(0)
 	var got []string
 	for _, j := range h.queue("default") {
 		got = append(got, j.jid())
@@ -278,10 +275,7 @@ func TestRefusedQueueDoesNotBlockOthers(t *testing.T) {
 	h.waitQueueLen("default", 1, 10*time.Second)
 	h.waitQueueLen("other", 1, 10*time.Second)
 	h.waitLog("job refused by Redis, left staged", 1)
-	testenv.WaitFor(t, 10*time.Second, "only the refused job to stay staged", func() (bool, string) {
-		n := h.staged()
-		return n == 1, testenv.Fields("staged", n)
-	})
+	h.waitStaged(1) // only the refused job
 
 	if err := h.rdb.Del(ctx, h.key("queue:broken")).Err(); err != nil {
 		t.Fatal(err)

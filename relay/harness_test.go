@@ -174,6 +174,15 @@ func (h *harness) staged() int {
 	return n
 }
 
+// waitStaged waits until staged_jobs holds n rows.
+func (h *harness) waitStaged(n int) {
+	h.t.Helper()
+	testenv.WaitFor(h.t, 10*time.Second, fmt.Sprintf("%d rows in staged_jobs", n), func() (bool, string) {
+		got := h.staged()
+		return got == n, fmt.Sprintf("%d rows", got)
+	})
+}
+
 // stage commits one job in its own transaction and returns its jid.
 func (h *harness) stage(job relay.Job) string {
 	h.t.Helper()

@@ -34,10 +34,7 @@ func TestRedisDownAtStartAndMidRun(t *testing.T) {
 
 	srv.Start()
 	h.waitQueueLen("default", 2, 15*time.Second)
-	testenv.WaitFor(t, 10*time.Second, "staged_jobs to empty", func() (bool, string) {
-		n := h.staged()
-		return n == 0, testenv.Fields("staged", n)
-	})
+	h.waitStaged(0)
 	h.waitLog("batch succeeded after retries", 1)
 
 	// Down again mid-run.
@@ -53,8 +50,5 @@ func TestRedisDownAtStartAndMidRun(t *testing.T) {
 	if got := h.queue("default")[0].jid(); got != second {
 		t.Fatalf("after restart delivered %s, want %s (first batch was %v)", got, second, first)
 	}
-	testenv.WaitFor(t, 10*time.Second, "staged_jobs to empty", func() (bool, string) {
-		n := h.staged()
-		return n == 0, testenv.Fields("staged", n)
-	})
+	h.waitStaged(0)
 }

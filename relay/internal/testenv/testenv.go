@@ -8,10 +8,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"fmt"
 	"net"
 	"os"
-	"strings"
 	"testing"
 	"time"
 
@@ -131,15 +129,6 @@ func FreePort(t testing.TB) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
-}
-
-// Fields renders a few values for a failure message.
-func Fields(kv ...any) string {
-	var b strings.Builder
-	for i := 0; i+1 < len(kv); i += 2 {
-		fmt.Fprintf(&b, "%v=%v ", kv[i], kv[i+1])
-	}
-	return strings.TrimSpace(b.String())
 }
 
 // RedisOptions sets opts up as stagedrain's command does: the relay retries
