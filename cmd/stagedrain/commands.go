@@ -130,10 +130,11 @@ var flagOfField = map[string]string{
 	"ShutdownTimeout": "shutdown-timeout",
 }
 
-func runCmd(ctx context.Context, args []string, stdout io.Writer) error {
+// newRunFlags declares run's flags.
+func newRunFlags() (*flagSet, *runFlags) {
 	f := newFlagSet("run", "Drain committed staged jobs into Redis until SIGINT or SIGTERM. One relay per\n"+
 		"schema drains; more wait as standbys and take over when it dies.")
-	var c runFlags
+	c := new(runFlags)
 	c.register(f)
 	f.fs.StringVar(&c.redisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis `URL` (password never logged)")
 	f.env("redis-url", "REDIS_URL")
@@ -154,6 +155,11 @@ func runCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	f.fs.BoolVar(&c.migrate, "migrate", false, "run migrate before draining (retried until PostgreSQL answers)")
 	f.env("migrate", "STAGEDRAIN_MIGRATE")
 	f.required("redis-url", "timestamp-format")
+	return f, c
+}
+
+func runCmd(ctx context.Context, args []string, stdout io.Writer) error {
+	f, c := newRunFlags()
 	if err := f.parse(args, stdout); err != nil {
 		return err
 	}
