@@ -53,7 +53,10 @@ type MigrateResult struct {
 // trigger, applying each migration of sql/ not yet recorded in the schema's
 // stagedrain_migrations table, all in one transaction. It is idempotent, and
 // safe to run from several processes at once: a transaction-level advisory
-// lock serializes them, and the later ones find nothing left to do.
+// lock serializes them, and the later ones find nothing left to do. A
+// statement that waits more than 5s for a table lock (an app transaction
+// holding staged_jobs) fails the migration instead of stalling the app's
+// writes queued behind it; run it again when the table is quiet.
 func Migrate(ctx context.Context, conn *pgx.Conn, schema string) (MigrateResult, error) {
 	var res MigrateResult
 	if err := validateSchemaName(schema); err != nil {
@@ -82,6 +85,11 @@ func Migrate(ctx context.Context, conn *pgx.Conn, schema string) (MigrateResult,
 		}
 		if _, err := tx.Exec(ctx, `SET LOCAL search_path TO `+quoted); err != nil {
 			return fmt.Errorf("set search_path: %w", err)
+		}
+		// An ALTER TABLE that waits for a lock makes every INSERT of the
+		// app queue behind it: rather fail than stall the app.
+		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '5s'`); err != nil {
+			return fmt.Errorf("set lock_timeout: %w", err)
 		}
 		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS stagedrain_migrations (
 			version    INT PRIMARY KEY,

@@ -179,3 +179,39 @@ func TestAwkwardSchemaNames(t *testing.T) {
 		})
 	}
 }
+
+// A migration that would wait on an app transaction's lock gives up after
+// its lock timeout instead of queueing the app's writes behind it.
+func TestMigrateGivesUpOnBusyTable(t *testing.T) {
+	t.Parallel()
+	h := &harness{t: t, schema: testenv.Schema(t)}
+	h.conn = testenv.Conn(t, testenv.DatabaseURL())
+	ctx := context.Background()
+	schema := pgx.Identifier{h.schema}.Sanitize()
+	for _, q := range []string{
+		`CREATE SCHEMA ` + schema,
+		`CREATE TABLE ` + schema + `.staged_jobs (id BIGSERIAL PRIMARY KEY, job_name TEXT NOT NULL, job_args JSONB NOT NULL)`,
+	} {
+		if _, err := h.conn.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// An app transaction that has written to the seed table and stays open.
+	app, err := testenv.Conn(t, testenv.DatabaseURL()).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Rollback(ctx)
+	if _, err := app.Exec(ctx, `INSERT INTO `+schema+`.staged_jobs (job_name, job_args) VALUES ('J', '[]')`); err != nil {
+		t.Fatal(err)
+	}
+	// Without a lock timeout Migrate would wait as long as the app's
+	// transaction stays open: here, until this deadline.
+	mctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	_, err = relay.Migrate(mctx, h.conn, h.schema)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
+		t.Fatalf("Migrate on a busy table = %v, want a lock timeout (55P03)", err)
+	}
+}
