@@ -290,3 +290,48 @@ func TestRefusedQueueDoesNotBlockOthers(t *testing.T) {
 		}
 	}
 }
+
+// While one batch is pushed the next is already claimed; when the first
+// fails, the claimed one is rolled back too, and every job still arrives, in
+// order, the failed batch's twice and the others once.
+func TestFailureWithNextBatchClaimed(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	cfg := h.config()
+	cfg.BatchSize = 2
+	r, err := relay.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int32
+	relay.SetAfterPush(r, func(context.Context) error {
+		if calls.Add(1) == 1 {
+			return errors.New("injected crash after push")
+		}
+		return nil
+	})
+	ctx := context.Background()
+	var jobs []relay.Job
+	for i := range 7 {
+		jobs = append(jobs, relay.Job{Name: "Pipelined", Args: []any{i}})
+	}
+	var jids []string
+	if err := pgx.BeginFunc(ctx, h.conn, func(tx pgx.Tx) error {
+		jids, err = h.stager.StageMany(ctx, tx, jobs)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	h.run(r)
+
+	h.waitQueueLen("default", 9, 15*time.Second)
+	h.waitStaged(0)
+	var got []string
+	for _, j := range h.queue("default") {
+		got = append(got, j.jid())
+	}
+	want := append([]string{jids[0], jids[1]}, jids...)
+	if !slices.Equal(got, want) {
+		t.Fatalf("delivered\n %v\nwant\n %v", got, want)
+	}
+}
