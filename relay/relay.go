@@ -84,7 +84,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		return fmt.Errorf("pool config: %w", err)
 	}
 	poolCfg.ConnConfig = r.connConfig("drain")
-	poolCfg.MaxConns = 2 // one batch pushed while the next is claimed
+	poolCfg.MaxConns = 2                             // one batch pushed while the next is claimed
 	pool, err := pgxpool.NewWithConfig(ctx, poolCfg) // connects lazily
 	if err != nil {
 		return fmt.Errorf("pool: %w", err)
