@@ -33,7 +33,10 @@ type Config struct {
 	DatabaseURL string
 
 	// Redis is the client jobs are pushed through. Required. The relay does
-	// not close it.
+	// not close it. The relay retries failed batches itself, with logged
+	// backoff; a client with DialerRetries: 1 and MaxRetries: 1 (as
+	// stagedrain run uses) reports a dead Redis at once instead of spending
+	// seconds on its own retries first.
 	Redis redis.UniversalClient
 
 	// Schema is the PostgreSQL schema holding staged_jobs. Default "public".

@@ -175,8 +175,8 @@ func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (pushedA
 		ce.Write(
 			zap.Int("count", len(res.pushed)),
 			zap.Int("left_staged", len(res.rejected)+len(res.refused)),
-			zap.Strings("queues", r.sink.queueNames()),
-			zap.Int("scheduled", len(r.sink.sched.ids)),
+			zap.Strings("queues", res.queues),
+			zap.Int("scheduled", res.scheduled),
 			zap.Duration("duration", time.Since(b.start)),
 		)
 	}

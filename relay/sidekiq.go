@@ -56,9 +56,11 @@ type rejectedJob struct {
 
 // pushResult says which rows of a batch went to Redis.
 type pushResult struct {
-	pushed   []int64
-	rejected []rejectedJob // no worker could run them: not sent
-	refused  []rejectedJob // sent, and Redis answered with an error
+	pushed    []int64
+	rejected  []rejectedJob // no worker could run them: not sent
+	refused   []rejectedJob // sent, and Redis answered with an error
+	queues    []string      // the queues of the immediate jobs, for the log
+	scheduled int           // how many jobs were scheduled, for the log
 }
 
 func newSidekiqSink(rdb redis.UniversalClient, namespace string, ts TimestampFormat) *sidekiqSink {
@@ -130,6 +132,11 @@ func (s *sidekiqSink) push(ctx context.Context, batch []stagedJob, now time.Time
 		collect(g.ids, g.cmd)
 	}
 	collect(s.sched.ids, s.sched.cmd)
+	res.queues = make([]string, len(s.queues))
+	for i, g := range s.queues {
+		res.queues[i] = g.name
+	}
+	res.scheduled = len(s.sched.ids)
 	if len(res.pushed) == 0 {
 		return pushResult{}, fmt.Errorf("push batch: Redis refused all %d jobs: %w", len(res.refused), err)
 	}
@@ -158,15 +165,6 @@ func (s *sidekiqSink) reset() {
 	s.queues = s.queues[:0]
 	clear(s.queueAt)
 	s.sched.ids, s.sched.zs, s.sched.cmd = s.sched.ids[:0], s.sched.zs[:0], nil
-}
-
-// queueNames lists the batch's immediate queues, for a log line.
-func (s *sidekiqSink) queueNames() []string {
-	names := make([]string, len(s.queues))
-	for i, g := range s.queues {
-		names[i] = g.name
-	}
-	return names
 }
 
 func isScheduled(j *stagedJob, now time.Time) bool {
