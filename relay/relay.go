@@ -24,6 +24,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
 )
 
 // Relay drains one schema's staged_jobs into Redis. Create it with New and
@@ -119,32 +120,14 @@ func (r *Relay) Run(ctx context.Context) error {
 // fails (an error): the listener, the fallback poll, the drain loop, and a
 // watch on the lock connection.
 func (r *Relay) lead(ctx context.Context, lockConn *pgx.Conn, pool *pgxpool.Pool) error {
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
+	g, ctx := errgroup.WithContext(ctx)
 	wake := make(chan struct{}, 1)
 	wake <- struct{}{} // drain at start
-
-	done := make(chan error, 4)
-	run := func(f func() error) {
-		go func() {
-			err := f()
-			if err != nil {
-				cancel(err)
-			}
-			done <- err
-		}()
-	}
-	run(func() error { return r.listen(ctx, wake) })
-	run(func() error { poll(ctx, r.cfg.PollInterval, wake); return nil })
-	run(func() error { return r.drainLoop(ctx, pool, wake) })
-	run(func() error { return r.keepLock(ctx, lockConn) })
-	var first error
-	for range 4 {
-		if err := <-done; err != nil && first == nil {
-			first = err
-		}
-	}
-	return first
+	g.Go(func() error { return r.listen(ctx, wake) })
+	g.Go(func() error { poll(ctx, r.cfg.PollInterval, wake); return nil })
+	g.Go(func() error { return r.drainLoop(ctx, pool, wake) })
+	g.Go(func() error { return r.keepLock(ctx, lockConn) })
+	return g.Wait()
 }
 
 // connConfig is a copy of the database config for one role, named so a DBA
