@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/stagedrain/stagedrain/relay"
 	"github.com/stagedrain/stagedrain/relay/internal/testenv"
 )
@@ -134,5 +136,58 @@ func TestPostgresDownAtStartAndMidRun(t *testing.T) {
 	h.waitQueueLen("default", 2, 15*time.Second)
 	if jobs := h.queue("default"); jobs[0].jid() != first || jobs[1].jid() != second {
 		t.Fatalf("delivered %v, want %s then %s", jobs, first, second)
+	}
+}
+
+// With no NOTIFY at all (the trigger dropped), the fallback poll still
+// delivers.
+func TestFallbackPollDeliversWithoutNotify(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	if _, err := h.conn.Exec(context.Background(), "DROP TRIGGER stagedrain_notify ON "+pgx.Identifier{h.schema, "staged_jobs"}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	cfg := h.config()
+	cfg.PollInterval = 100 * time.Millisecond
+	h.start(cfg)
+	h.waitLog("listening", 1)
+	// The first job may ride on the drains at start and after LISTEN;
+	// once it has arrived, only the poll is left to deliver the second.
+	first := h.stage(relay.Job{Name: "Polled"})
+	h.waitQueueLen("default", 1, 10*time.Second)
+	second := h.stage(relay.Job{Name: "Polled"})
+	h.waitQueueLen("default", 2, 10*time.Second)
+	if jobs := h.queue("default"); jobs[0].jid() != first || jobs[1].jid() != second {
+		t.Fatalf("delivered %s, %s; want %s, %s", jobs[0].jid(), jobs[1].jid(), first, second)
+	}
+}
+
+// When the leader's lock connection dies (and the lock with it), the relay
+// stops draining, takes the lock again and goes on.
+func TestLockConnectionLostAndRegained(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.start(h.config())
+	h.waitLog("became leader", 1)
+	ctx := context.Background()
+
+	var pid int32
+	err := h.conn.QueryRow(ctx, `SELECT pid FROM pg_locks
+		WHERE locktype = 'advisory' AND objsubid = 1 AND granted
+		  AND (classid::bigint << 32 | objid::bigint) = hashtextextended($1, 0)`,
+		"stagedrain:"+h.schema).Scan(&pid)
+	if err != nil {
+		t.Fatalf("find the leader's lock: %v", err)
+	}
+	var ok bool
+	if err := h.conn.QueryRow(ctx, `SELECT pg_terminate_backend($1)`, pid).Scan(&ok); err != nil || !ok {
+		t.Fatalf("pg_terminate_backend(%d) = %v, %v", pid, ok, err)
+	}
+	h.waitLog("stepped down", 1)
+	h.waitLog("became leader", 2)
+	jid := h.stage(relay.Job{Name: "AfterRelock"})
+	h.waitQueueLen("default", 1, 10*time.Second)
+	if got := h.queue("default")[0].jid(); got != jid {
+		t.Fatalf("delivered %s, want %s", got, jid)
 	}
 }
