@@ -205,13 +205,7 @@ func TestCrashBetweenPushAndDeleteRedelivers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var calls atomic.Int32
-	relay.SetAfterPush(r, func(context.Context) error {
-		if calls.Add(1) == 1 {
-			return errors.New("injected crash after push")
-		}
-		return nil
-	})
+	calls := failFirstPush(r)
 
 	ctx := context.Background()
 	tx, err := h.conn.Begin(ctx)
@@ -303,13 +297,7 @@ func TestFailureWithNextBatchClaimed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var calls atomic.Int32
-	relay.SetAfterPush(r, func(context.Context) error {
-		if calls.Add(1) == 1 {
-			return errors.New("injected crash after push")
-		}
-		return nil
-	})
+	failFirstPush(r)
 	ctx := context.Background()
 	var jobs []relay.Job
 	for i := range 7 {
@@ -334,4 +322,17 @@ func TestFailureWithNextBatchClaimed(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("delivered\n %v\nwant\n %v", got, want)
 	}
+}
+
+// failFirstPush makes r's first batch fail between its push and its delete,
+// as a crash there would, and counts the batches that got that far.
+func failFirstPush(r *relay.Relay) *atomic.Int32 {
+	var calls atomic.Int32
+	relay.SetAfterPush(r, func(context.Context) error {
+		if calls.Add(1) == 1 {
+			return errors.New("injected crash after push")
+		}
+		return nil
+	})
+	return &calls
 }

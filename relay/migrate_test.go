@@ -120,15 +120,9 @@ func TestMigrateUpgradesSeedTable(t *testing.T) {
 	h.rdb, h.ns = testenv.Redis(t)
 	h.conn = testenv.Conn(t, testenv.DatabaseURL())
 	ctx := context.Background()
-	schema := pgx.Identifier{h.schema}.Sanitize()
-	for _, q := range []string{
-		`CREATE SCHEMA ` + schema,
-		`CREATE TABLE ` + schema + `.staged_jobs (id BIGSERIAL PRIMARY KEY, job_name TEXT NOT NULL, job_args JSONB NOT NULL)`,
-		`INSERT INTO ` + schema + `.staged_jobs (job_name, job_args) VALUES ('OldJob', '[1]'), ('OldJob', '[2]')`,
-	} {
-		if _, err := h.conn.Exec(ctx, q); err != nil {
-			t.Fatal(err)
-		}
+	schema := createSeedTable(t, h.conn, h.schema)
+	if _, err := h.conn.Exec(ctx, `INSERT INTO `+schema+`.staged_jobs (job_name, job_args) VALUES ('OldJob', '[1]'), ('OldJob', '[2]')`); err != nil {
+		t.Fatal(err)
 	}
 	if _, err := relay.Migrate(ctx, h.conn, h.schema); err != nil {
 		t.Fatalf("migrate the seed table: %v", err)
@@ -187,15 +181,7 @@ func TestMigrateGivesUpOnBusyTable(t *testing.T) {
 	h := &harness{t: t, schema: testenv.Schema(t)}
 	h.conn = testenv.Conn(t, testenv.DatabaseURL())
 	ctx := context.Background()
-	schema := pgx.Identifier{h.schema}.Sanitize()
-	for _, q := range []string{
-		`CREATE SCHEMA ` + schema,
-		`CREATE TABLE ` + schema + `.staged_jobs (id BIGSERIAL PRIMARY KEY, job_name TEXT NOT NULL, job_args JSONB NOT NULL)`,
-	} {
-		if _, err := h.conn.Exec(ctx, q); err != nil {
-			t.Fatal(err)
-		}
-	}
+	schema := createSeedTable(t, h.conn, h.schema)
 	// An app transaction that has written to the seed table and stays open.
 	app, err := testenv.Conn(t, testenv.DatabaseURL()).Begin(ctx)
 	if err != nil {
@@ -214,4 +200,20 @@ func TestMigrateGivesUpOnBusyTable(t *testing.T) {
 	if !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
 		t.Fatalf("Migrate on a busy table = %v, want a lock timeout (55P03)", err)
 	}
+}
+
+// createSeedTable creates schema with the seed article's three-column
+// staged_jobs table, and returns the quoted schema name.
+func createSeedTable(t *testing.T, conn *pgx.Conn, schema string) string {
+	t.Helper()
+	quoted := pgx.Identifier{schema}.Sanitize()
+	for _, q := range []string{
+		`CREATE SCHEMA ` + quoted,
+		`CREATE TABLE ` + quoted + `.staged_jobs (id BIGSERIAL PRIMARY KEY, job_name TEXT NOT NULL, job_args JSONB NOT NULL)`,
+	} {
+		if _, err := conn.Exec(context.Background(), q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return quoted
 }
