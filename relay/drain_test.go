@@ -184,10 +184,7 @@ func TestListenerReconnectDrainsBacklog(t *testing.T) {
 
 	h.waitLog("listener reconnected", 1)
 	h.waitQueueLen("default", 3, 15*time.Second)
-	var got []string
-	for _, j := range h.queue("default") {
-		got = append(got, j.jid())
-	}
+	got := h.queueJIDs("default")
 	if !slices.Equal(got, jids) {
 		t.Fatalf("delivered %v, want %v in that order", got, jids)
 	}
@@ -204,27 +201,12 @@ func TestCrashBetweenPushAndDeleteRedelivers(t *testing.T) {
 		t.Fatal(err)
 	}
 	calls := failFirstPush(r)
-
-	ctx := context.Background()
-	tx, err := h.conn.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	jids, err := h.stager.StageMany(ctx, tx, []relay.Job{{Name: "A"}, {Name: "B"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
+	jids := h.stageMany(relay.Job{Name: "A"}, relay.Job{Name: "B"})
 	h.run(r)
 
 	h.waitQueueLen("default", 4, 15*time.Second)
 	h.waitStaged(0)
-	var got []string
-	for _, j := range h.queue("default") {
-		got = append(got, j.jid())
-	}
+	got := h.queueJIDs("default")
 	want := append(slices.Clone(jids), jids...)
 	if !slices.Equal(got, want) {
 		t.Fatalf("delivered %v, want %v: each job twice, same jid", got, want)
@@ -245,21 +227,11 @@ func TestRefusedQueueDoesNotBlockOthers(t *testing.T) {
 	if err := h.rdb.Set(ctx, h.key("queue:broken"), "not a list", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	tx, err := h.conn.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	jids, err := h.stager.StageMany(ctx, tx, []relay.Job{
-		{Name: "Stuck", Queue: "broken"},
-		{Name: "Fine", Queue: "default"},
-		{Name: "AlsoFine", Queue: "other"},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
+	jids := h.stageMany(
+		relay.Job{Name: "Stuck", Queue: "broken"},
+		relay.Job{Name: "Fine", Queue: "default"},
+		relay.Job{Name: "AlsoFine", Queue: "other"},
+	)
 	cfg := h.config()
 	cfg.PollInterval = 50 * time.Millisecond
 	h.start(cfg)
@@ -296,26 +268,16 @@ func TestFailureWithNextBatchClaimed(t *testing.T) {
 		t.Fatal(err)
 	}
 	failFirstPush(r)
-	ctx := context.Background()
 	var jobs []relay.Job
 	for i := range 7 {
 		jobs = append(jobs, relay.Job{Name: "Pipelined", Args: []any{i}})
 	}
-	var jids []string
-	if err := pgx.BeginFunc(ctx, h.conn, func(tx pgx.Tx) error {
-		jids, err = h.stager.StageMany(ctx, tx, jobs)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	jids := h.stageMany(jobs...)
 	h.run(r)
 
 	h.waitQueueLen("default", 9, 15*time.Second)
 	h.waitStaged(0)
-	var got []string
-	for _, j := range h.queue("default") {
-		got = append(got, j.jid())
-	}
+	got := h.queueJIDs("default")
 	want := append([]string{jids[0], jids[1]}, jids...)
 	if !slices.Equal(got, want) {
 		t.Fatalf("delivered\n %v\nwant\n %v", got, want)

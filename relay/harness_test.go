@@ -174,6 +174,31 @@ func (h *harness) staged() int {
 	return n
 }
 
+// stageMany commits jobs in one transaction and returns their jids.
+func (h *harness) stageMany(jobs ...relay.Job) []string {
+	h.t.Helper()
+	var jids []string
+	err := pgx.BeginFunc(context.Background(), h.conn, func(tx pgx.Tx) error {
+		var err error
+		jids, err = h.stager.StageMany(context.Background(), tx, jobs)
+		return err
+	})
+	if err != nil {
+		h.t.Fatalf("stage %d jobs: %v", len(jobs), err)
+	}
+	return jids
+}
+
+// queueJIDs returns the jids in queue:<q>, in the order workers take them.
+func (h *harness) queueJIDs(q string) []string {
+	h.t.Helper()
+	var jids []string
+	for _, j := range h.queue(q) {
+		jids = append(jids, j.jid())
+	}
+	return jids
+}
+
 // waitStaged waits until staged_jobs holds n rows.
 func (h *harness) waitStaged(n int) {
 	h.t.Helper()
