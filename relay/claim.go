@@ -32,11 +32,11 @@ func newTableSQL(schema string) tableSQL {
 	table := pgx.Identifier{schema, "staged_jobs"}.Sanitize()
 	return tableSQL{
 		// Committed rows only (READ COMMITTED sees nothing uncommitted), oldest
-		// id first. FOR UPDATE SKIP LOCKED keeps the rows locked while they
+		// id first, but for the ids in $2 (rows this drain left staged). FOR UPDATE SKIP LOCKED keeps the rows locked while they
 		// are pushed, so even two relays that both think they lead never
 		// claim the same row.
 		claim: `SELECT id, job_name, job_args, queue, run_at, jid, created_at, options FROM ` + table +
-			` ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`,
+			` WHERE id <> ALL($2) ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`,
 		// Exactly the pushed ids: never "id <= max", which under READ
 		// COMMITTED would delete a lower id committed after the claim.
 		delete: `DELETE FROM ` + table + ` WHERE id = ANY($1)`,
@@ -46,8 +46,11 @@ func newTableSQL(schema string) tableSQL {
 
 // claimBatch reads up to limit committed rows into dst[:0] and locks them
 // for the rest of tx.
-func claimBatch(ctx context.Context, tx pgx.Tx, sql string, limit int, dst []stagedJob) ([]stagedJob, error) {
-	rows, err := tx.Query(ctx, sql, limit)
+func claimBatch(ctx context.Context, tx pgx.Tx, sql string, limit int, skip []int64, dst []stagedJob) ([]stagedJob, error) {
+	if skip == nil {
+		skip = []int64{} // an empty array: NULL would make "id <> ALL" NULL
+	}
+	rows, err := tx.Query(ctx, sql, limit, skip)
 	if err != nil {
 		return dst, fmt.Errorf("claim batch: %w", err)
 	}

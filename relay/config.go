@@ -55,6 +55,12 @@ type Config struct {
 	// even when no notification arrives. Default 1s.
 	PollInterval time.Duration
 
+	// PollOnly makes the relay neither LISTEN nor mark itself awake for the
+	// wake trigger: it drains on the fallback poll alone, every
+	// PollInterval. For a DatabaseURL that goes through PgBouncer in
+	// transaction pooling mode, where LISTEN does not work. Default false.
+	PollOnly bool
+
 	// TimestampFormat is how created_at and enqueued_at are written.
 	// Default TimestampSeconds.
 	TimestampFormat TimestampFormat

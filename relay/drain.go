@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -10,27 +11,35 @@ import (
 	"go.uber.org/zap"
 )
 
-// drainLoop drains every time it is woken, until a batch comes back short,
-// and retries after a failure with capped exponential backoff. It returns
-// nil when ctx ends, or an error retrying cannot fix.
-func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan struct{}) error {
+// drainLoop drains every time it is woken, until a claim comes back empty
+// with the relay idle, and retries after a failure with capped exponential
+// backoff. It returns nil when ctx ends, or an error retrying cannot fix.
+func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan struct{}, g *gate) error {
 	log := r.log.Named("drain")
 	var bufs [2][]stagedJob
+	if g != nil {
+		// A leader that died awake left commits that did not notify; wait
+		// for them before the drain at start, which then sees their rows.
+		if _, err := g.barrier(ctx, false); err != nil {
+			return err
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-wake:
 		}
+		listens := r.listens.Load()
 		for attempt := 0; ; {
-			err := r.drain(ctx, pool, &bufs, log)
+			err := r.drain(ctx, pool, &bufs, g, log)
 			if err == nil {
 				if attempt > 0 {
 					log.Info("batch succeeded after retries", zap.Int("attempts", attempt+1))
 				}
 				break
 			}
-			if isFatal(err) {
+			if isFatal(err) || errors.Is(err, errLostLock) {
 				return err
 			}
 			if ctx.Err() != nil {
@@ -43,6 +52,9 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 				return nil
 			}
 		}
+		if r.hooks.idle != nil {
+			r.hooks.idle(listens)
+		}
 	}
 }
 
@@ -53,18 +65,49 @@ type claimed struct {
 	start time.Time
 }
 
-// drain drains batch after batch until one comes back short (or partly
-// unpushed, as its rows would only be claimed again at once). PostgreSQL
-// is the bottleneck, so while one batch is pushed, deleted and committed,
-// the next is already being claimed on a second connection: its claim skips
-// the rows the first batch holds locked. Batches are still pushed one after
-// another, in id order.
-func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]stagedJob, log *zap.Logger) error {
-	cur, err := r.claim(ctx, pool, &bufs[0])
+// drain drains batch after batch until a claim finds nothing while the
+// relay is idle.
+//
+// From the second batch on, the relay marks itself awake (see gate): jobs
+// are flowing, and commits need not NOTIFY while it keeps claiming. When a
+// claim comes back empty it goes idle, waits for the commits that saw it
+// awake, and claims once more; only an empty claim after that ends the
+// drain.
+//
+// PostgreSQL is the bottleneck, so while a full batch is pushed, deleted and
+// committed, the next is already being claimed on a second connection: its
+// claim skips the rows the first batch holds locked. Batches are still
+// pushed one after another, in id order. Rows a batch left staged (refused
+// by Redis) are skipped by the rest of this drain and retried on the next.
+func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]stagedJob, g *gate, log *zap.Logger) error {
+	var skip []int64
+	cur, err := r.claim(ctx, pool, &bufs[0], skip)
 	if err != nil {
 		return err
 	}
-	for i := 1; cur.tx != nil; i++ {
+	for i := 1; ; i++ {
+		if cur.tx == nil {
+			if g == nil || !g.awake {
+				return nil
+			}
+			timedOut, err := g.sleep(ctx)
+			if err != nil {
+				return err
+			}
+			if timedOut {
+				log.Debug("a commit held the wake barrier past its timeout; its jobs come with the next poll")
+			}
+			if cur, err = r.claim(ctx, pool, &bufs[i%2], skip); err != nil {
+				return err
+			}
+			continue
+		}
+		if i > 1 {
+			if err := g.wake(ctx); err != nil {
+				cur.rollback(ctx)
+				return err
+			}
+		}
 		full := len(cur.jobs) == r.cfg.BatchSize
 		var next claimed
 		var nextErr error
@@ -72,12 +115,12 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 		if full {
 			go func() {
 				defer close(claimedNext)
-				next, nextErr = r.claim(ctx, pool, &bufs[i%2])
+				next, nextErr = r.claim(ctx, pool, &bufs[i%2], skip)
 			}()
 		} else {
 			close(claimedNext)
 		}
-		pushedAll, err := r.finish(ctx, cur, log)
+		left, err := r.finish(ctx, cur, log)
 		<-claimedNext
 		switch {
 		case err != nil:
@@ -85,25 +128,30 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 			return err
 		case nextErr != nil:
 			return nextErr
-		case !full || !pushedAll || ctx.Err() != nil:
+		case ctx.Err() != nil:
 			next.rollback(ctx) // claimed, not pushed: its rows stay staged
 			return nil
 		}
+		skip = append(skip, left...)
+		if !full {
+			if next, err = r.claim(ctx, pool, &bufs[i%2], skip); err != nil {
+				return err
+			}
+		}
 		cur = next
 	}
-	return nil
 }
 
 // claim begins a transaction and claims up to BatchSize committed rows into
 // (*buf)[:0]. When there are none it ends the transaction and returns a
 // claimed with a nil tx.
-func (r *Relay) claim(ctx context.Context, pool *pgxpool.Pool, buf *[]stagedJob) (claimed, error) {
+func (r *Relay) claim(ctx context.Context, pool *pgxpool.Pool, buf *[]stagedJob, skip []int64) (claimed, error) {
 	c := claimed{start: time.Now()}
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		return c, fmt.Errorf("begin: %w", err)
 	}
-	*buf, err = claimBatch(ctx, tx, r.sql.claim, r.cfg.BatchSize, *buf)
+	*buf, err = claimBatch(ctx, tx, r.sql.claim, r.cfg.BatchSize, skip, *buf)
 	if err != nil {
 		_ = withTimeout(ctx, time.Second, tx.Rollback)
 		return c, err
@@ -124,12 +172,12 @@ func (c claimed) rollback(ctx context.Context) {
 // finish pushes a claimed batch, deletes exactly the pushed ids and commits.
 // Any failure rolls the transaction back: the rows stay staged, and a push
 // that did reach Redis is repeated later with the same jids (at least once).
-// pushedAll reports that every row of the batch was pushed.
+// left lists the rows it left staged (not pushed, and logged).
 //
 // Once claimed, a batch is not cut short by ctx: when ctx ends it gets
 // ShutdownTimeout to finish, so a stop between push and delete does not
 // cause a duplicate.
-func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (pushedAll bool, err error) {
+func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (left []int64, err error) {
 	bctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	stop := context.AfterFunc(ctx, func() {
@@ -150,26 +198,28 @@ func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (pushedA
 
 	res, err := r.sink.push(bctx, b.jobs, time.Now())
 	if err != nil {
-		return false, err
+		return nil, err
 	}
 	for _, rj := range res.rejected {
 		log.Error("job rejected, left staged", zap.Int64("id", rj.id), zap.String("reason", rj.reason))
+		left = append(left, rj.id)
 	}
 	for _, rj := range res.refused {
 		log.Error("job refused by Redis, left staged", zap.Int64("id", rj.id), zap.String("reason", rj.reason))
+		left = append(left, rj.id)
 	}
-	if r.afterPush != nil {
-		if err := r.afterPush(bctx); err != nil {
-			return false, fmt.Errorf("after push: %w", err)
+	if r.hooks.afterPush != nil {
+		if err := r.hooks.afterPush(bctx); err != nil {
+			return nil, fmt.Errorf("after push: %w", err)
 		}
 	}
 	if len(res.pushed) > 0 {
 		if _, err := b.tx.Exec(bctx, r.sql.delete, res.pushed); err != nil {
-			return false, fmt.Errorf("delete pushed: %w", err)
+			return nil, fmt.Errorf("delete pushed: %w", err)
 		}
 	}
 	if err := b.tx.Commit(bctx); err != nil {
-		return false, fmt.Errorf("commit: %w", err)
+		return nil, fmt.Errorf("commit: %w", err)
 	}
 	if ce := log.Check(zap.DebugLevel, "batch drained"); ce != nil {
 		ce.Write(
@@ -180,5 +230,5 @@ func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (pushedA
 			zap.Duration("duration", time.Since(b.start)),
 		)
 	}
-	return len(res.pushed) == len(b.jobs), nil
+	return left, nil
 }

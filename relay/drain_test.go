@@ -69,9 +69,7 @@ func TestCommitGatesDelivery(t *testing.T) {
 			t.Fatalf("rolled-back job %s was delivered", doomedJID)
 		}
 	}
-	if n := h.staged(); n != 0 {
-		t.Fatalf("%d rows left staged, want 0", n)
-	}
+	h.waitStaged(0) // the last batch's delete commits just after its push
 	members, err := h.rdb.SMembers(ctx, h.key("queues")).Result()
 	if err != nil || !slices.Equal(members, []string{"default"}) {
 		t.Fatalf("SMEMBERS queues = %v (%v), want [default]", members, err)
@@ -131,10 +129,10 @@ func TestNotifyWakesRelay(t *testing.T) {
 	h := newHarness(t)
 	cfg := h.config()
 	cfg.PollInterval = time.Minute
-	h.start(cfg)
-	h.waitLog("listening", 1)
-	// The drain at start has run (or will find nothing): from here on only
-	// a notification or the poll, a minute away, can wake the relay.
+	_, idle := h.startSignaled(cfg)
+	h.waitIdleAfterListen(idle)
+	// From here on only a notification or the poll, a minute away, can
+	// wake the relay.
 	jid := h.stage(relay.Job{Name: "WakeJob"})
 	h.waitQueueLen("default", 1, 10*time.Second)
 	if got := h.queue("default")[0].jid(); got != jid {

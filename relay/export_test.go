@@ -1,7 +1,23 @@
 package relay
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // SetAfterPush makes r run f between each batch's push and its delete; an
 // error from f fails the batch there, as a crash at that point would.
-func SetAfterPush(r *Relay, f func(ctx context.Context) error) { r.afterPush = f }
+func SetAfterPush(r *Relay, f func(ctx context.Context) error) { r.hooks.afterPush = f }
+
+// SetOnIdle makes r call f each time its drain loop goes idle, with the
+// number of LISTENs completed before its last drain began.
+func SetOnIdle(r *Relay, f func(listens int64)) { r.hooks.idle = f }
+
+// SetGateTimeout sets how long r's gate waits for commits (default 200ms).
+func SetGateTimeout(r *Relay, d time.Duration) { r.gateTimeout = d }
+
+// AwakeLockName and BarrierLockName are the gate's advisory lock names.
+var (
+	AwakeLockName   = awakeLockName
+	BarrierLockName = barrierLockName
+)

@@ -50,6 +50,44 @@ func newHarness(t *testing.T) *harness {
 	return h
 }
 
+// startSignaled runs a relay like start, and returns a channel that
+// receives, each time its drain loop goes idle, how many LISTENs had
+// completed before its last drain began.
+func (h *harness) startSignaled(cfg relay.Config) (*relay.Relay, <-chan int64) {
+	h.t.Helper()
+	r, err := relay.New(cfg)
+	if err != nil {
+		h.t.Fatalf("relay.New: %v", err)
+	}
+	idle := make(chan int64, 1000)
+	relay.SetOnIdle(r, func(listens int64) {
+		select {
+		case idle <- listens:
+		default:
+		}
+	})
+	h.run(r)
+	return r, idle
+}
+
+// waitIdleAfterListen waits until the relay has gone idle after a drain
+// that began once its listener was LISTENing: from then on, only a
+// notification (or the poll) can wake it.
+func (h *harness) waitIdleAfterListen(idle <-chan int64) {
+	h.t.Helper()
+	timeout := time.After(15 * time.Second)
+	for {
+		select {
+		case n := <-idle:
+			if n >= 1 {
+				return
+			}
+		case <-timeout:
+			h.t.Fatalf("the relay did not go idle after LISTENing within 15s; logs: %v", messages(h.logs))
+		}
+	}
+}
+
 // config is a relay config for this harness; change fields before start.
 func (h *harness) config() relay.Config {
 	core, logs := observer.New(zapcore.DebugLevel)

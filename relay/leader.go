@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -27,7 +29,11 @@ var errLostLock = errors.New("lock connection lost")
 // leads until ctx ends or the connection fails. connected reports whether
 // the lock connection was established, so the caller restarts its backoff.
 func (r *Relay) campaign(ctx context.Context, pool *pgxpool.Pool) (connected bool, err error) {
-	conn, err := pgx.ConnectConfig(ctx, r.connConfig("leader"))
+	cc := r.connConfig("leader")
+	// The gate's lock waits (wake.go) give up after this; no other
+	// statement on this connection waits for a lock.
+	cc.RuntimeParams["lock_timeout"] = strconv.FormatInt(r.gateTimeout.Milliseconds(), 10)
+	conn, err := pgx.ConnectConfig(ctx, cc)
 	if err != nil {
 		return false, fmt.Errorf("connect: %w", err)
 	}
@@ -81,10 +87,12 @@ func (r *Relay) campaign(ctx context.Context, pool *pgxpool.Pool) (connected boo
 // keepLock checks the lock connection every LeaderInterval and returns
 // errLostLock when it fails: the lock went with it, a standby may take over,
 // and this relay must stop draining.
-func (r *Relay) keepLock(ctx context.Context, conn *pgx.Conn) error {
+func (r *Relay) keepLock(ctx context.Context, conn *pgx.Conn, mu *sync.Mutex) error {
 	timeout := max(2*time.Second, 4*r.cfg.LeaderInterval)
 	for sleep(ctx, jitter(r.cfg.LeaderInterval)) {
+		mu.Lock()
 		err := withTimeout(ctx, timeout, conn.Ping)
+		mu.Unlock()
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil

@@ -144,7 +144,7 @@ func TestPostgresDownAtStartAndMidRun(t *testing.T) {
 func TestFallbackPollDeliversWithoutNotify(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
-	if _, err := h.conn.Exec(context.Background(), "DROP TRIGGER stagedrain_notify ON "+pgx.Identifier{h.schema, "staged_jobs"}.Sanitize()); err != nil {
+	if _, err := h.conn.Exec(context.Background(), "DROP TRIGGER stagedrain_wake ON "+pgx.Identifier{h.schema, "staged_jobs"}.Sanitize()); err != nil {
 		t.Fatal(err)
 	}
 	cfg := h.config()

@@ -31,6 +31,7 @@ type wakeHandler struct {
 	log      *zap.Logger
 	connects atomic.Int64 // LISTENs that succeeded
 	failures atomic.Int64 // connect attempts failed in a row
+	listens  *atomic.Int64 // the Relay's count of LISTENs, for testHooks.idle
 	channel  string
 }
 
@@ -43,6 +44,7 @@ func (h *wakeHandler) HandleNotification(context.Context, *pgconn.Notification, 
 // committed while nobody listened is drained now.
 func (h *wakeHandler) HandleBacklog(context.Context, string, *pgx.Conn) error {
 	h.failures.Store(0)
+	h.listens.Add(1)
 	if n := h.connects.Add(1); n == 1 {
 		h.log.Info("listening", zap.String("channel", h.channel))
 	} else {
@@ -57,7 +59,7 @@ func (h *wakeHandler) HandleBacklog(context.Context, string, *pgx.Conn) error {
 // replaced by the shortest step of that backoff.
 func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) error {
 	log := r.log.Named("listener")
-	h := &wakeHandler{wake: wake, log: log, channel: ChannelName(r.cfg.Schema)}
+	h := &wakeHandler{wake: wake, log: log, listens: &r.listens, channel: ChannelName(r.cfg.Schema)}
 	l := &pgxlisten.Listener{
 		Connect: func(ctx context.Context) (*pgx.Conn, error) {
 			if n := h.failures.Load(); n > 0 && !sleep(ctx, backoff(int(n), r.cfg.MaxBackoff)) {

@@ -18,6 +18,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -37,9 +39,27 @@ type Relay struct {
 	sink    *sidekiqSink
 	lockKey string
 
-	// afterPush, when set (by tests), runs between a batch's push and its
-	// delete; an error it returns fails the batch there.
+	// Test hooks (export_test.go); nil outside tests.
+	hooks testHooks
+	// listens counts the listener's completed LISTENs, for hooks.idle.
+	listens atomic.Int64
+
+	// gateTimeout is the lock_timeout of the leader's lock connection: the
+	// longest the gate waits for commits when the relay goes awake or idle.
+	gateTimeout time.Duration
+}
+
+// testHooks are called at points tests synchronize on, in the manner of
+// River's testsignal: a test waits on the exact code point, not on a log
+// line written near it.
+type testHooks struct {
+	// afterPush runs between a batch's push and its delete; an error it
+	// returns fails the batch there.
 	afterPush func(ctx context.Context) error
+	// idle runs when the drain loop has drained and gone idle (the gate
+	// released, the last drain empty). listens is how many LISTENs had
+	// completed before that last drain began.
+	idle func(listens int64)
 }
 
 // New checks cfg and returns a Relay. It starts nothing and connects to
@@ -60,6 +80,8 @@ func New(cfg Config) (*Relay, error) {
 		sql:     newTableSQL(cfg.Schema),
 		sink:    newSidekiqSink(cfg.Redis, cfg.RedisNamespace, cfg.TimestampFormat),
 		lockKey: "stagedrain:" + cfg.Schema,
+
+		gateTimeout: defaultGateTimeout,
 	}, nil
 }
 
@@ -78,6 +100,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		zap.String("channel", ChannelName(r.cfg.Schema)),
 		zap.Int("batch_size", r.cfg.BatchSize),
 		zap.Duration("poll_interval", r.cfg.PollInterval),
+		zap.Bool("poll_only", r.cfg.PollOnly),
 		zap.String("timestamp_format", string(r.cfg.TimestampFormat)),
 	)
 	poolCfg, err := pgxpool.ParseConfig("")
@@ -123,10 +146,16 @@ func (r *Relay) lead(ctx context.Context, lockConn *pgx.Conn, pool *pgxpool.Pool
 	g, ctx := errgroup.WithContext(ctx)
 	wake := make(chan struct{}, 1)
 	wake <- struct{}{} // drain at start
-	g.Go(func() error { return r.listen(ctx, wake) })
+	var lockMu sync.Mutex
+	var gt *gate
+	if !r.cfg.PollOnly {
+		gt = &gate{mu: &lockMu, conn: lockConn,
+			awakeKey: awakeLockName(r.cfg.Schema), barrierKey: barrierLockName(r.cfg.Schema)}
+		g.Go(func() error { return r.listen(ctx, wake) })
+	}
 	g.Go(func() error { poll(ctx, r.cfg.PollInterval, wake); return nil })
-	g.Go(func() error { return r.drainLoop(ctx, pool, wake) })
-	g.Go(func() error { return r.keepLock(ctx, lockConn) })
+	g.Go(func() error { return r.drainLoop(ctx, pool, wake, gt) })
+	g.Go(func() error { return r.keepLock(ctx, lockConn, &lockMu) })
 	return g.Wait()
 }
 
@@ -140,6 +169,12 @@ func (r *Relay) connConfig(role string) *pgx.ConnConfig {
 	}
 	return c
 }
+
+// defaultGateTimeout bounds how long a commit that runs the wake trigger can
+// be held up by the relay going awake or idle (see wake.go): only commits
+// that check the gate in that very instant wait, and only for the commits
+// in flight before them.
+const defaultGateTimeout = 200 * time.Millisecond
 
 // ErrNotMigrated is returned by Run when the schema has no staged_jobs
 // table: run Migrate (stagedrain migrate) first.

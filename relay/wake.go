@@ -2,7 +2,13 @@ package relay
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"sync"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // A wake-up is a token in a channel of capacity 1: any number of
@@ -21,4 +27,94 @@ func poll(ctx context.Context, interval time.Duration, wake chan<- struct{}) {
 	for sleep(ctx, jitter(interval)) {
 		trySendWakeup(wake)
 	}
+}
+
+// gate tells committing transactions whether to NOTIFY (see
+// sql/003_wake_gate.sql): while the relay holds the schema's "awake"
+// advisory lock, commits do not notify, since the relay is draining and will
+// find their rows by itself. Notifying commits are serialized by
+// PostgreSQL's notify lock; a relay that stays awake while jobs flow keeps
+// that cost off the app.
+//
+// Going idle, the relay releases "awake", then takes and releases "barrier",
+// which waits for every commit that saw it awake (they hold "barrier" shared
+// until their COMMIT is done), and then drains once more: no commit is left
+// without either a notification or a drain that sees it.
+//
+// The locks live on the leader's lock connection, so they go when
+// leadership goes. A nil *gate (poll-only mode) does nothing.
+type gate struct {
+	mu         *sync.Mutex // guards conn, shared with keepLock
+	conn       *pgx.Conn
+	awakeKey   string
+	barrierKey string
+	awake      bool
+}
+
+const (
+	gateLockSQL   = `SELECT pg_advisory_lock(hashtextextended($1, 0))`
+	gateUnlockSQL = `SELECT pg_advisory_unlock(hashtextextended($1, 0))`
+)
+
+func awakeLockName(schema string) string   { return "stagedrain-awake:" + schema }
+func barrierLockName(schema string) string { return "stagedrain-barrier:" + schema }
+
+// wake marks the relay awake. If commits that decided to notify still hold
+// "awake" shared past the lock connection's lock_timeout, the relay stays
+// idle for now (they notify; it is only the cost that remains): not an
+// error.
+func (g *gate) wake(ctx context.Context) error {
+	if g == nil || g.awake {
+		return nil
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	_, err := g.conn.Exec(ctx, gateLockSQL, g.awakeKey)
+	if isLockTimeout(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("%w: mark awake: %w", errLostLock, err)
+	}
+	g.awake = true
+	return nil
+}
+
+// sleep marks the relay idle and waits (at most lock_timeout) until every
+// commit that saw it awake is done, so that the drain the caller runs next
+// sees their rows. timedOut reports that the wait gave up: a commit holds
+// the barrier for longer (it ran the trigger early, under SET CONSTRAINTS
+// ALL IMMEDIATE), and its rows come with the fallback poll.
+func (g *gate) sleep(ctx context.Context) (timedOut bool, err error) {
+	if g == nil || !g.awake {
+		return false, nil
+	}
+	g.awake = false
+	return g.barrier(ctx, true)
+}
+
+// barrier waits for the commits that saw the relay awake, releasing
+// "awake" first when unlock is set; all in one round trip.
+func (g *gate) barrier(ctx context.Context, unlock bool) (timedOut bool, err error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	b := &pgx.Batch{}
+	if unlock {
+		b.Queue(gateUnlockSQL, g.awakeKey)
+	}
+	b.Queue(gateLockSQL, g.barrierKey)
+	b.Queue(gateUnlockSQL, g.barrierKey)
+	err = g.conn.SendBatch(ctx, b).Close()
+	if isLockTimeout(err) {
+		return true, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("%w: mark idle: %w", errLostLock, err)
+	}
+	return false, nil
+}
+
+func isLockTimeout(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03" // lock_not_available
 }

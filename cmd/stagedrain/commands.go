@@ -114,6 +114,7 @@ type runFlags struct {
 	leaderInterval  time.Duration
 	maxBackoff      time.Duration
 	shutdownTimeout time.Duration
+	pollOnly        bool
 	migrate         bool
 }
 
@@ -152,6 +153,8 @@ func newRunFlags() (*flagSet, *runFlags) {
 	f.env("max-backoff", "STAGEDRAIN_MAX_BACKOFF")
 	f.fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long the batch in flight at SIGTERM may take to finish before it is rolled back")
 	f.env("shutdown-timeout", "STAGEDRAIN_SHUTDOWN_TIMEOUT")
+	f.fs.BoolVar(&c.pollOnly, "poll-only", false, "drain on the fallback poll alone: no LISTEN, no wake-up gate (for PgBouncer in transaction pooling mode; pair with a short --poll-interval)")
+	f.env("poll-only", "STAGEDRAIN_POLL_ONLY")
 	f.fs.BoolVar(&c.migrate, "migrate", false, "run migrate before draining (retried until PostgreSQL answers)")
 	f.env("migrate", "STAGEDRAIN_MIGRATE")
 	f.required("redis-url", "timestamp-format")
@@ -211,6 +214,7 @@ func runCmd(ctx context.Context, args []string, stdout io.Writer) error {
 		LeaderInterval:  c.leaderInterval,
 		MaxBackoff:      c.maxBackoff,
 		ShutdownTimeout: c.shutdownTimeout,
+		PollOnly:        c.pollOnly,
 		Logger:          log,
 	})
 	if err != nil {
