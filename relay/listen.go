@@ -29,8 +29,8 @@ func ChannelName(schema string) string {
 type wakeHandler struct {
 	wake     chan<- struct{}
 	log      *zap.Logger
-	connects atomic.Int64 // LISTENs that succeeded
-	failures atomic.Int64 // connect attempts failed in a row
+	connects atomic.Int64  // LISTENs that succeeded
+	failures atomic.Int64  // connect attempts failed in a row
 	listens  *atomic.Int64 // the Relay's count of LISTENs, for testHooks.idle
 	channel  string
 }
