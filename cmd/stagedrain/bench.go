@@ -72,7 +72,7 @@ func newBenchFlags() (*flagSet, *benchFlags) {
 	f.env("writers", "STAGEDRAIN_BENCH_WRITERS")
 	f.fs.StringVar(&c.scenarios, "scenarios", strings.Join(benchScenarios, ","), "comma-separated `list` of scenarios to run: tps, latency, idle, backlog")
 	f.env("scenarios", "STAGEDRAIN_BENCH_SCENARIOS")
-	f.fs.BoolVar(&c.quick, "quick", false, "a smoke run: 1s scenarios, a 2s idle window, a 20,000-job backlog\n(flags given explicitly still win)")
+	f.fs.BoolVar(&c.quick, "quick", false, "a smoke run: 500ms scenarios, a 1s idle window, a 10,000-job backlog (an explicit --duration or --backlog wins)")
 	f.env("quick", "STAGEDRAIN_BENCH_QUICK")
 	f.required("database-url", "redis-url", "scenarios")
 	return f, c
@@ -100,12 +100,12 @@ func (c *benchFlags) config(f *flagSet) (benchConfig, error) {
 		backlog: c.backlog, writers: c.writers, run: make(map[string]bool),
 	}
 	if c.quick {
-		cfg.idleWarmup, cfg.idleWindow = time.Second, 2*time.Second
+		cfg.idleWarmup, cfg.idleWindow = 500*time.Millisecond, time.Second
 		if !set["duration"] {
-			cfg.tpsDuration, cfg.latencyDuration = time.Second, time.Second
+			cfg.tpsDuration, cfg.latencyDuration = 500*time.Millisecond, 500*time.Millisecond
 		}
 		if !set["backlog"] {
-			cfg.backlog = 20_000
+			cfg.backlog = 10_000
 		}
 	}
 	if c.duration <= 0 {
