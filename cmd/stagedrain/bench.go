@@ -261,17 +261,19 @@ func (b *bench) setup(ctx context.Context, name string) error {
 
 	// A database of its own makes pg_stat_database count only the relay's
 	// transactions in the idle scenario.
-	b.created = true
+	// Set before the attempt: an interrupted CREATE DATABASE may still
+	// have created it, and cleanup drops it IF EXISTS.
+	b.created, b.scratchDB = true, name
 	_, err = admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
 	var pgErr *pgconn.PgError
 	switch {
 	case err == nil:
-		b.scratchDB = name
 		if b.dbURL, err = withDatabase(b.baseURL, name); err != nil {
 			return err
 		}
 		b.database = name
 	case errors.As(err, &pgErr) && pgErr.Code == "42501": // insufficient_privilege
+		b.scratchDB = ""
 		b.progress("cannot CREATE DATABASE (%s): using a scratch schema of %s; the idle figure then counts every session of that database", pgErr.Message, relay.DescribeDatabase(b.baseURL))
 		b.dbURL = b.baseURL
 		if err := admin.QueryRow(ctx, "SELECT current_database()").Scan(&b.database); err != nil {
@@ -481,9 +483,13 @@ func (p *relayProc) peakRSS() (int64, error) {
 func (b *bench) stopRelay() (int64, error) {
 	p := b.relay
 	b.relay = nil
-	rss, rssErr := p.peakRSS()
-	b.peakRSS = max(b.peakRSS, rss)
+	var rss int64
+	var rssErr error
+	// It may have stopped already: a Ctrl-C in a terminal signals the
+	// whole process group.
 	if p.exited() == nil {
+		rss, rssErr = p.peakRSS()
+		b.peakRSS = max(b.peakRSS, rss)
 		_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	}
 	select {
