@@ -208,6 +208,15 @@ func TestHelp(t *testing.T) {
 	}{
 		{"migrate", common},
 		{"run", runFlags},
+		{"bench", map[string]string{
+			"database-url": "DATABASE_URL",
+			"redis-url":    "REDIS_URL",
+			"duration":     "STAGEDRAIN_BENCH_DURATION",
+			"backlog":      "STAGEDRAIN_BENCH_BACKLOG",
+			"writers":      "STAGEDRAIN_BENCH_WRITERS",
+			"scenarios":    "STAGEDRAIN_BENCH_SCENARIOS",
+			"quick":        "STAGEDRAIN_BENCH_QUICK",
+		}},
 		{"version", nil},
 	}
 	for _, tt := range tests {
@@ -251,7 +260,7 @@ func TestHelp(t *testing.T) {
 			if r.code != 0 || r.stderr != "" {
 				t.Fatalf("exit code %d, stderr %q; want 0 and nothing", r.code, r.stderr)
 			}
-			for _, cmd := range []string{"stagedrain migrate", "stagedrain run", "stagedrain version"} {
+			for _, cmd := range []string{"stagedrain migrate", "stagedrain run", "stagedrain bench", "stagedrain version"} {
 				if !strings.Contains(r.stdout, cmd) {
 					t.Errorf("usage does not mention %q:\n%s", cmd, r.stdout)
 				}

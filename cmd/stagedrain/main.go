@@ -3,6 +3,7 @@
 //
 //	stagedrain migrate   create or upgrade staged_jobs and its trigger
 //	stagedrain run       drain committed jobs into Redis until stopped
+//	stagedrain bench     measure the relay and its cost on this machine
 //	stagedrain version   print the version
 //
 // Every flag has an environment variable: DATABASE_URL, REDIS_URL, and
@@ -50,6 +51,7 @@ const usage = `stagedrain relays transactionally staged jobs from PostgreSQL to 
 Usage:
   stagedrain migrate [flags]   create or upgrade staged_jobs and its NOTIFY trigger
   stagedrain run [flags]       drain committed jobs into Redis until SIGINT/SIGTERM
+  stagedrain bench [flags]     measure latency, throughput and the relay's cost here
   stagedrain version           print the version
 
 Run 'stagedrain <command> --help' for a command's flags.
@@ -64,7 +66,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		stop() // a second signal kills at once
 	}()
 
-	err := dispatch(ctx, args, stdout)
+	err := dispatch(ctx, args, stdout, stderr)
 	switch {
 	case err == nil:
 		return 0
@@ -81,22 +83,24 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 }
 
-func dispatch(ctx context.Context, args []string, stdout io.Writer) error {
+func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return usagef("a command is required: migrate, run or version (see 'stagedrain --help')")
+		return usagef("a command is required: migrate, run, bench or version (see 'stagedrain --help')")
 	}
 	switch cmd, rest := args[0], args[1:]; cmd {
 	case "migrate":
 		return migrateCmd(ctx, rest, stdout)
 	case "run":
 		return runCmd(ctx, rest, stdout)
+	case "bench":
+		return benchCmd(ctx, rest, stdout, stderr)
 	case "version":
 		return versionCmd(rest, stdout)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return errHelp
 	default:
-		return usagef("unknown command %q: want migrate, run or version (see 'stagedrain --help')", cmd)
+		return usagef("unknown command %q: want migrate, run, bench or version (see 'stagedrain --help')", cmd)
 	}
 }
 

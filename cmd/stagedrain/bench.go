@@ -1,0 +1,546 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/stagedrain/stagedrain/relay"
+)
+
+// benchScenarios are the scenario groups of bench, in the order they run.
+var benchScenarios = []string{"tps", "latency", "idle", "backlog"}
+
+// benchFlags are bench's flags.
+type benchFlags struct {
+	databaseURL string
+	redisURL    string
+	duration    time.Duration
+	backlog     int
+	writers     int
+	scenarios   string
+	quick       bool
+}
+
+// benchConfig is what one bench run does, after --quick.
+type benchConfig struct {
+	tpsDuration     time.Duration // per app-TPS scenario
+	latencyDuration time.Duration // per latency rate
+	idleWarmup      time.Duration // relay running before the idle window opens
+	idleWindow      time.Duration // the idle measurement window
+	backlog         int           // jobs staged before the backlog drain
+	writers         int           // app writers of the TPS and the 5,000/s scenarios
+	run             map[string]bool
+}
+
+func newBenchFlags() (*flagSet, *benchFlags) {
+	f := newFlagSet("bench", "Measure stagedrain on this machine: the app's write throughput with and without\n"+
+		"the relay and its trigger, commit-to-Redis latency, the relay's idle load on\n"+
+		"PostgreSQL, and a backlog drain with the relay's peak memory. Works in a scratch\n"+
+		"database (or, without CREATEDB, a scratch schema) and Redis key namespace of its\n"+
+		"own, removed at the end and on SIGINT/SIGTERM. Progress goes to stderr, one\n"+
+		"table to stdout. The relay runs as a child process: this binary's 'run', with\n"+
+		"its default configuration.")
+	c := new(benchFlags)
+	f.fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL connection `URL` (required; never printed)")
+	f.env("database-url", "DATABASE_URL")
+	f.fs.StringVar(&c.redisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis `URL` (password never printed)")
+	f.env("redis-url", "REDIS_URL")
+	f.fs.DurationVar(&c.duration, "duration", 8*time.Second, "length of each app-TPS and latency scenario")
+	f.env("duration", "STAGEDRAIN_BENCH_DURATION")
+	f.fs.IntVar(&c.backlog, "backlog", 1_000_000, "jobs staged before the backlog drain")
+	f.env("backlog", "STAGEDRAIN_BENCH_BACKLOG")
+	f.fs.IntVar(&c.writers, "writers", 16, "concurrent app writers of the TPS and 5,000 jobs/s scenarios")
+	f.env("writers", "STAGEDRAIN_BENCH_WRITERS")
+	f.fs.StringVar(&c.scenarios, "scenarios", strings.Join(benchScenarios, ","), "comma-separated `list` of scenarios to run: tps, latency, idle, backlog")
+	f.env("scenarios", "STAGEDRAIN_BENCH_SCENARIOS")
+	f.fs.BoolVar(&c.quick, "quick", false, "a smoke run: 500ms scenarios, a 1s idle window, a 10,000-job backlog (an explicit --duration or --backlog wins)")
+	f.env("quick", "STAGEDRAIN_BENCH_QUICK")
+	f.required("database-url", "redis-url", "scenarios")
+	return f, c
+}
+
+// config checks the flags and applies --quick to those not given.
+func (c *benchFlags) config(f *flagSet) (benchConfig, error) {
+	if c.databaseURL == "" {
+		return benchConfig{}, usagef("bench: --database-url or $DATABASE_URL is required")
+	}
+	if err := relay.CheckDatabaseURL(c.databaseURL); err != nil {
+		return benchConfig{}, usagef("bench: %s: %s", f.source("database-url"), err)
+	}
+	if _, err := redis.ParseURL(c.redisURL); err != nil {
+		return benchConfig{}, usagef("bench: %s cannot be parsed (want redis://[user:password@]host:port/db)", f.source("redis-url"))
+	}
+	set := make(map[string]bool)
+	f.fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	for name := range f.fromEnv {
+		set[name] = true
+	}
+	cfg := benchConfig{
+		tpsDuration: c.duration, latencyDuration: c.duration,
+		idleWarmup: 10 * time.Second, idleWindow: 15 * time.Second,
+		backlog: c.backlog, writers: c.writers, run: make(map[string]bool),
+	}
+	if c.quick {
+		cfg.idleWarmup, cfg.idleWindow = 500*time.Millisecond, time.Second
+		if !set["duration"] {
+			cfg.tpsDuration, cfg.latencyDuration = 500*time.Millisecond, 500*time.Millisecond
+		}
+		if !set["backlog"] {
+			cfg.backlog = 10_000
+		}
+	}
+	if c.duration <= 0 {
+		return cfg, usagef("bench: %s must be positive, got %s", f.source("duration"), c.duration)
+	}
+	if c.backlog < 10 {
+		return cfg, usagef("bench: %s must be at least 10, got %d", f.source("backlog"), c.backlog)
+	}
+	if c.writers < 1 || c.writers > 1000 {
+		return cfg, usagef("bench: %s must be between 1 and 1000, got %d", f.source("writers"), c.writers)
+	}
+	for _, s := range strings.Split(c.scenarios, ",") {
+		s = strings.TrimSpace(s)
+		if !slices.Contains(benchScenarios, s) {
+			return cfg, usagef("bench: %s: unknown scenario %q, want some of %s", f.source("scenarios"), s, strings.Join(benchScenarios, ", "))
+		}
+		cfg.run[s] = true
+	}
+	return cfg, nil
+}
+
+func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	f, c := newBenchFlags()
+	if err := f.parse(args, stdout); err != nil {
+		return err
+	}
+	cfg, err := c.config(f)
+	if err != nil {
+		return err
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("bench: find this binary to run the relay: %w", err)
+	}
+	b := &bench{cfg: cfg, out: stderr, exe: exe, baseURL: c.databaseURL, redisURL: c.redisURL}
+	runErr := b.run(ctx)
+	if ctx.Err() != nil {
+		b.progress("interrupted: removing the scratch data")
+	}
+	cleanErr := b.cleanup(ctx)
+	if ctx.Err() != nil {
+		if cleanErr != nil {
+			return fmt.Errorf("bench: interrupted; cleanup: %w", cleanErr)
+		}
+		return errors.New("bench: interrupted; scratch data removed")
+	}
+	if runErr != nil {
+		if cleanErr != nil {
+			return fmt.Errorf("bench: %w (and cleanup: %v)", runErr, cleanErr)
+		}
+		return fmt.Errorf("bench: %w", runErr)
+	}
+	if cleanErr != nil {
+		return fmt.Errorf("bench: cleanup: %w", cleanErr)
+	}
+	b.printTable(stdout)
+	return nil
+}
+
+// bench is one run of the bench command.
+type bench struct {
+	cfg      benchConfig
+	out      io.Writer // progress
+	exe      string    // this binary, run as the relay
+	baseURL  string    // the user's database
+	redisURL string
+
+	dbURL     string // the database staged_jobs lives in: scratchDB's, or baseURL
+	scratchDB string // "" when the user may not CREATE DATABASE
+	database  string // the name of the database of dbURL
+	schema    string
+	ns        string
+	rdb       *redis.Client
+	pollOnly  bool       // run --help lists --poll-only
+	relay     *relayProc // the running relay, if any
+	created   bool       // the scratch schema (or database) may exist
+
+	machine []string
+	rows    []benchRow
+	peakRSS int64 // bytes, the highest VmHWM of every relay run
+}
+
+// benchRow is one line of the result table.
+type benchRow struct {
+	scenario, offered, achieved, p50, p99, max, target, result, note string
+}
+
+func (b *bench) progress(format string, args ...any) {
+	fmt.Fprintf(b.out, "bench: "+format+"\n", args...)
+}
+
+func (b *bench) run(ctx context.Context) error {
+	name := "stagedrain_bench_" + randomHex(6)
+	b.schema, b.ns = name, name
+	ropts, _ := redis.ParseURL(b.redisURL) // checked by config
+	ropts.ClientName = "stagedrain-bench"
+	ropts.DisableIdentity = true
+	b.rdb = redis.NewClient(ropts)
+	if err := b.setup(ctx, name); err != nil {
+		return err
+	}
+	b.progress("scratch database %s, schema %s, Redis namespace %s (removed at the end)", b.database, b.schema, b.ns)
+	if b.cfg.run["tps"] {
+		if err := b.benchTPS(ctx); err != nil {
+			return fmt.Errorf("app TPS: %w", err)
+		}
+	}
+	if b.cfg.run["latency"] {
+		if err := b.benchLatency(ctx); err != nil {
+			return fmt.Errorf("latency: %w", err)
+		}
+	}
+	if b.cfg.run["idle"] {
+		if err := b.benchIdle(ctx); err != nil {
+			return fmt.Errorf("idle: %w", err)
+		}
+	}
+	if b.cfg.run["backlog"] {
+		if err := b.benchBacklog(ctx); err != nil {
+			return fmt.Errorf("backlog: %w", err)
+		}
+	}
+	return nil
+}
+
+// setup creates the scratch database (or, without the privilege, uses the
+// user's), migrates the scratch schema in it, and records the machine.
+func (b *bench) setup(ctx context.Context, name string) error {
+	admin, err := pgx.Connect(ctx, b.baseURL)
+	if err != nil {
+		return fmt.Errorf("connect to %s: %w", relay.DescribeDatabase(b.baseURL), err)
+	}
+	defer admin.Close(context.WithoutCancel(ctx))
+	var pgVersion string
+	if err := admin.QueryRow(ctx, "SHOW server_version").Scan(&pgVersion); err != nil {
+		return fmt.Errorf("PostgreSQL version: %w", err)
+	}
+	info, err := b.rdb.Info(ctx, "server").Result()
+	if err != nil {
+		return fmt.Errorf("Redis version: %w", err)
+	}
+	redisVersion := "?"
+	for _, l := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(l), "redis_version:"); ok {
+			redisVersion = v
+		}
+	}
+	b.machine = []string{
+		fmt.Sprintf("machine: %d CPUs, GOMAXPROCS %d, %s %s/%s", runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version(), runtime.GOOS, runtime.GOARCH),
+		fmt.Sprintf("servers: PostgreSQL %s, Redis %s", pgVersion, redisVersion),
+		fmt.Sprintf("relay: stagedrain %s, default configuration", versionString()),
+	}
+
+	// A database of its own makes pg_stat_database count only the relay's
+	// transactions in the idle scenario.
+	// Set before the attempt: an interrupted CREATE DATABASE may still
+	// have created it, and cleanup drops it IF EXISTS.
+	b.created, b.scratchDB = true, name
+	_, err = admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil:
+		if b.dbURL, err = withDatabase(b.baseURL, name); err != nil {
+			return err
+		}
+		b.database = name
+	case errors.As(err, &pgErr) && pgErr.Code == "42501": // insufficient_privilege
+		b.scratchDB = ""
+		b.progress("cannot CREATE DATABASE (%s): using a scratch schema of %s; the idle figure then counts every session of that database", pgErr.Message, relay.DescribeDatabase(b.baseURL))
+		b.dbURL = b.baseURL
+		if err := admin.QueryRow(ctx, "SELECT current_database()").Scan(&b.database); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("create scratch database: %w", err)
+	}
+	conn, err := b.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := relay.Migrate(ctx, conn, b.schema); err != nil {
+		return err
+	}
+	out, err := exec.CommandContext(ctx, b.exe, "run", "--help").Output()
+	if err != nil {
+		return fmt.Errorf("%s run --help: %w", b.exe, err)
+	}
+	b.pollOnly = bytes.Contains(out, []byte("--poll-only"))
+	return nil
+}
+
+// withDatabase returns databaseURL with its database replaced by name.
+func withDatabase(databaseURL, name string) (string, error) {
+	if strings.HasPrefix(databaseURL, "postgres://") || strings.HasPrefix(databaseURL, "postgresql://") {
+		u, err := url.Parse(databaseURL)
+		if err != nil {
+			return "", errors.New("the database URL cannot be parsed") // never echo it
+		}
+		u.Path, u.RawPath = "/"+name, ""
+		return u.String(), nil
+	}
+	return databaseURL + " dbname=" + name, nil // key=value: the last one wins
+}
+
+// connect opens a connection to the database of staged_jobs.
+func (b *bench) connect(ctx context.Context) (*pgx.Conn, error) {
+	conn, err := pgx.Connect(ctx, b.dbURL)
+	if err != nil {
+		return nil, fmt.Errorf("connect to %s: %w", relay.DescribeDatabase(b.dbURL), err)
+	}
+	return conn, nil
+}
+
+func (b *bench) table() string { return pgx.Identifier{b.schema, "staged_jobs"}.Sanitize() }
+
+func (b *bench) queueKey(queue string) string { return b.ns + ":queue:" + queue }
+
+// reset empties staged_jobs and the scratch Redis keys between scenarios.
+func (b *bench) reset(ctx context.Context, conn *pgx.Conn) error {
+	if _, err := conn.Exec(ctx, "TRUNCATE "+b.table()); err != nil {
+		return fmt.Errorf("truncate staged_jobs: %w", err)
+	}
+	return b.deleteKeys(ctx)
+}
+
+// deleteKeys deletes every key of the scratch namespace.
+func (b *bench) deleteKeys(ctx context.Context) error {
+	iter := b.rdb.Scan(ctx, 0, b.ns+":*", 1000).Iterator()
+	var batch []string
+	for iter.Next(ctx) {
+		batch = append(batch, iter.Val())
+		if len(batch) == 1000 {
+			if err := b.rdb.Unlink(ctx, batch...).Err(); err != nil {
+				return fmt.Errorf("delete scratch keys: %w", err)
+			}
+			batch = batch[:0]
+		}
+	}
+	if err := iter.Err(); err != nil {
+		return fmt.Errorf("scan scratch keys: %w", err)
+	}
+	if len(batch) > 0 {
+		if err := b.rdb.Unlink(ctx, batch...).Err(); err != nil {
+			return fmt.Errorf("delete scratch keys: %w", err)
+		}
+	}
+	return nil
+}
+
+// cleanup stops the relay and removes everything the run created. It runs
+// after ctx may have ended, so it has a deadline of its own.
+func (b *bench) cleanup(parent context.Context) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), time.Minute)
+	defer cancel()
+	var errs []error
+	if b.relay != nil {
+		if _, err := b.stopRelay(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if b.created {
+		if err := b.dropScratch(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if b.rdb != nil {
+		if b.ns != "" {
+			if err := b.deleteKeys(ctx); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		_ = b.rdb.Close()
+	}
+	return errors.Join(errs...)
+}
+
+func (b *bench) dropScratch(ctx context.Context) error {
+	admin, err := pgx.Connect(ctx, b.baseURL)
+	if err != nil {
+		return fmt.Errorf("connect to %s: %w", relay.DescribeDatabase(b.baseURL), err)
+	}
+	defer admin.Close(ctx)
+	if b.scratchDB != "" {
+		// FORCE ends the sessions still connected (a killed relay's, say).
+		if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{b.scratchDB}.Sanitize()+" WITH (FORCE)"); err != nil {
+			return fmt.Errorf("drop scratch database: %w", err)
+		}
+		return nil
+	}
+	if _, err := admin.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{b.schema}.Sanitize()+" CASCADE"); err != nil {
+		return fmt.Errorf("drop scratch schema: %w", err)
+	}
+	return nil
+}
+
+// relayProc is a relay running as a child process.
+type relayProc struct {
+	cmd  *exec.Cmd
+	done chan struct{} // closed once Wait has returned
+	err  error         // Wait's result, set before done is closed
+}
+
+// startRelay starts `stagedrain run` on the scratch schema and namespace,
+// with the relay's default configuration: no STAGEDRAIN_* variable of this
+// process reaches it.
+func (b *bench) startRelay(pollOnly bool) (*relayProc, error) {
+	args := []string{"run", "--schema", b.schema, "--redis-namespace", b.ns, "--log-level", "warn"}
+	if pollOnly && b.pollOnly {
+		args = append(args, "--poll-only")
+	}
+	cmd := exec.Command(b.exe, args...)
+	for _, kv := range os.Environ() {
+		if name, _, _ := strings.Cut(kv, "="); !isStagedrainVar(name) {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	// The URLs go through the environment, not argv, where ps would show
+	// a password.
+	cmd.Env = append(cmd.Env, "DATABASE_URL="+b.dbURL, "REDIS_URL="+b.redisURL)
+	cmd.Stdout, cmd.Stderr = b.out, b.out // warnings and errors only
+	cmd.WaitDelay = 5 * time.Second
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start relay: %w", err)
+	}
+	p := &relayProc{cmd: cmd, done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
+	b.relay = p
+	b.progress("relay started (pid %d)", cmd.Process.Pid)
+	return p, nil
+}
+
+// isStagedrainVar reports whether the environment variable name configures
+// stagedrain.
+func isStagedrainVar(name string) bool {
+	return name == "DATABASE_URL" || name == "REDIS_URL" || strings.HasPrefix(name, "STAGEDRAIN_")
+}
+
+// exited reports the relay's exit, or nil while it runs.
+func (p *relayProc) exited() error {
+	select {
+	case <-p.done:
+		if p.err == nil {
+			return errors.New("relay exited with status 0")
+		}
+		return fmt.Errorf("relay exited: %w", p.err)
+	default:
+		return nil
+	}
+}
+
+// peakRSS is the relay's peak resident set so far (VmHWM), in bytes.
+func (p *relayProc) peakRSS() (int64, error) {
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+	if err != nil {
+		return 0, fmt.Errorf("read relay peak RSS: %w", err)
+	}
+	for _, l := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("parse VmHWM %q: %w", v, err)
+			}
+			return kb * 1024, nil
+		}
+	}
+	return 0, errors.New("no VmHWM in /proc/<pid>/status")
+}
+
+// stopRelay records the running relay's peak RSS, then stops it with
+// SIGTERM (SIGKILL if it has not exited 15s later). It returns the peak RSS.
+func (b *bench) stopRelay() (int64, error) {
+	p := b.relay
+	b.relay = nil
+	var rss int64
+	var rssErr error
+	// It may have stopped already: a Ctrl-C in a terminal signals the
+	// whole process group.
+	if p.exited() == nil {
+		rss, rssErr = p.peakRSS()
+		b.peakRSS = max(b.peakRSS, rss)
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	}
+	select {
+	case <-p.done:
+	case <-time.After(15 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+		return rss, errors.New("relay still running 15s after SIGTERM: killed")
+	}
+	if p.err != nil {
+		return rss, fmt.Errorf("relay: %w", p.err)
+	}
+	return rss, rssErr
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// printTable writes the machine lines and the result table.
+func (b *bench) printTable(w io.Writer) {
+	for _, l := range b.machine {
+		fmt.Fprintln(w, l)
+	}
+	fmt.Fprintln(w)
+	rows := append([]benchRow{{"scenario", "offered/s", "achieved/s", "p50", "p99", "max", "target", "result", "note"}}, b.rows...)
+	cells := func(r benchRow) []string {
+		cs := []string{r.scenario, r.offered, r.achieved, r.p50, r.p99, r.max, r.target, r.result, r.note}
+		for i, c := range cs {
+			if c == "" {
+				cs[i] = "-"
+			}
+		}
+		return cs
+	}
+	widths := make([]int, 9)
+	for _, r := range rows {
+		for i, c := range cells(r) {
+			widths[i] = max(widths[i], len(c))
+		}
+	}
+	for _, r := range rows {
+		var line strings.Builder
+		for i, c := range cells(r) {
+			if i > 0 {
+				line.WriteString(" | ")
+			}
+			line.WriteString(c + strings.Repeat(" ", widths[i]-len(c)))
+		}
+		fmt.Fprintln(w, strings.TrimRight(line.String(), " "))
+	}
+}

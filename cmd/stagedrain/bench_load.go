@@ -1,0 +1,689 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/errgroup"
+)
+
+// The scenarios of bench. Each starts from an empty staged_jobs and an
+// empty namespace, starts its own relay and stops it with SIGTERM.
+
+// benchTPS measures the app's write throughput: writers commit one staged
+// job per transaction, as fast as they can, (a) with no relay and the
+// table's triggers disabled, (b) with a polling relay and the triggers
+// disabled, (c) with the relay and its trigger, as users run it.
+func (b *bench) benchTPS(ctx context.Context) error {
+	conn, err := b.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	triggers := func(on bool) error {
+		verb := "DISABLE"
+		if on {
+			verb = "ENABLE"
+		}
+		if _, err := conn.Exec(ctx, "ALTER TABLE "+b.table()+" "+verb+" TRIGGER USER"); err != nil {
+			return fmt.Errorf("%s triggers: %w", strings.ToLower(verb), err)
+		}
+		return nil
+	}
+
+	if err := b.reset(ctx, conn); err != nil {
+		return err
+	}
+	if err := triggers(false); err != nil {
+		return err
+	}
+	noRelay, err := b.appTPS(ctx, "app TPS, no relay, triggers disabled")
+	if err != nil {
+		return err
+	}
+
+	if err := b.reset(ctx, conn); err != nil {
+		return err
+	}
+	pollingLabel := "app TPS, polling relay, triggers disabled"
+	if b.pollOnly {
+		pollingLabel += ", --poll-only"
+	}
+	polling, err := b.tpsWithRelay(ctx, pollingLabel, true)
+	if err != nil {
+		return err
+	}
+
+	if err := triggers(true); err != nil {
+		return err
+	}
+	if err := b.reset(ctx, conn); err != nil {
+		return err
+	}
+	withTrigger, err := b.tpsWithRelay(ctx, "app TPS, relay and trigger", false)
+	if err != nil {
+		return err
+	}
+
+	w := strconv.Itoa(b.cfg.writers)
+	ofPolling, ofNone := withTrigger/polling, withTrigger/noRelay
+	b.rows = append(b.rows,
+		benchRow{scenario: "app TPS, no relay, triggers disabled", offered: "closed loop", achieved: fmtRate(noRelay),
+			note: w + " writers, one job per transaction, " + b.cfg.tpsDuration.String()},
+		benchRow{scenario: pollingLabel, offered: "closed loop", achieved: fmtRate(polling),
+			note: fmt.Sprintf("%.0f%% of no relay", 100*polling/noRelay)},
+		benchRow{scenario: "app TPS, relay and trigger", offered: "closed loop", achieved: fmtRate(withTrigger),
+			target: ">= 90% of polling, >= 75% of no relay", result: passMiss(ofPolling >= 0.9 && ofNone >= 0.75),
+			note: fmt.Sprintf("%.0f%% of polling, %.0f%% of no relay", 100*ofPolling, 100*ofNone)},
+	)
+	return nil
+}
+
+// tpsWithRelay runs appTPS while a relay drains.
+func (b *bench) tpsWithRelay(ctx context.Context, label string, pollOnly bool) (float64, error) {
+	p, err := b.startRelay(pollOnly)
+	if err != nil {
+		return 0, err
+	}
+	if err := b.waitReady(ctx, p, !pollOnly); err != nil {
+		return 0, err
+	}
+	tps, err := b.appTPS(ctx, label)
+	if err != nil {
+		return 0, err
+	}
+	if err := p.exited(); err != nil {
+		return 0, err
+	}
+	_, err = b.stopRelay()
+	return tps, err
+}
+
+// appTPS runs the writers in a closed loop for the TPS duration and returns
+// the commits per second that returned within it. Each transaction is one
+// INSERT statement (autocommit), as pgbench runs a one-statement script.
+func (b *bench) appTPS(ctx context.Context, label string) (float64, error) {
+	insert := "INSERT INTO " + b.table() + " (job_name, job_args) VALUES ('BenchTPSJob', jsonb_build_array($1::bigint))"
+	conns, err := b.writerConns(ctx, b.cfg.writers, insert)
+	if err != nil {
+		return 0, err
+	}
+	defer closeAll(ctx, conns)
+	b.progress("%s: %d writers, %s ...", label, len(conns), b.cfg.tpsDuration)
+	counts := make([]int64, len(conns))
+	start := time.Now()
+	end := start.Add(b.cfg.tpsDuration)
+	g, gctx := errgroup.WithContext(ctx)
+	for w, conn := range conns {
+		g.Go(func() error {
+			for n := int64(0); time.Now().Before(end); n++ {
+				if _, err := conn.Exec(gctx, insert, n); err != nil {
+					return fmt.Errorf("stage: %w", err)
+				}
+				if time.Now().Before(end) {
+					counts[w]++
+				}
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return 0, err
+	}
+	var total int64
+	for _, n := range counts {
+		total += n
+	}
+	tps := float64(total) / b.cfg.tpsDuration.Seconds()
+	b.progress("%s: %.0f TPS", label, tps)
+	return tps, nil
+}
+
+// writerConns opens n connections to the scratch database, each with sql
+// prepared so that no round trip of the timed loop prepares it.
+func (b *bench) writerConns(ctx context.Context, n int, sql string) ([]*pgx.Conn, error) {
+	conns := make([]*pgx.Conn, 0, n)
+	for range n {
+		conn, err := b.connect(ctx)
+		if err != nil {
+			closeAll(ctx, conns)
+			return nil, err
+		}
+		conns = append(conns, conn)
+		if _, err := conn.Prepare(ctx, sql, sql); err != nil {
+			closeAll(ctx, conns)
+			return nil, fmt.Errorf("prepare: %w", err)
+		}
+	}
+	return conns, nil
+}
+
+func closeAll(ctx context.Context, conns []*pgx.Conn) {
+	for _, c := range conns {
+		c.Close(context.WithoutCancel(ctx))
+	}
+}
+
+// waitReady waits until the relay delivers a probe job; with fast, until
+// it delivers three in a row each within 100ms of its commit, so that its
+// wake-up, not the fallback poll (1s), is what delivers them.
+func (b *bench) waitReady(ctx context.Context, p *relayProc, fast bool) error {
+	conn, err := b.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	const timeout = 30 * time.Second
+	key := b.queueKey("bench_probe")
+	insert := "INSERT INTO " + b.table() + " (job_name, job_args, queue) VALUES ('BenchProbeJob', jsonb_build_array($1::bigint), 'bench_probe')"
+	want := 1
+	if fast {
+		want = 3
+	}
+	deadline := time.Now().Add(timeout)
+	for id, streak := int64(0), 0; streak < want; id++ {
+		if _, err := conn.Exec(ctx, insert, id); err != nil {
+			return fmt.Errorf("stage a probe job: %w", err)
+		}
+		committed := time.Now()
+		for delivered := false; !delivered; {
+			if err := p.exited(); err != nil {
+				return err
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("the relay did not deliver %d probe jobs in a row, each within 100ms, in %s", want, timeout)
+			}
+			res, err := b.rdb.BRPop(ctx, 500*time.Millisecond, key).Result()
+			if errors.Is(err, redis.Nil) {
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("BRPOP probe: %w", err)
+			}
+			got, ok := argID(res[1])
+			delivered = ok && got == id
+		}
+		if !fast || time.Since(committed) <= 100*time.Millisecond {
+			streak++
+		} else {
+			streak = 0
+		}
+	}
+	return nil
+}
+
+// argID reads the id of a bench job from its Sidekiq payload: the first
+// element of "args".
+func argID(payload string) (int64, bool) {
+	_, rest, ok := strings.Cut(payload, `"args":[`)
+	if !ok {
+		return 0, false
+	}
+	end := strings.IndexFunc(rest, func(r rune) bool { return r < '0' || r > '9' })
+	if end <= 0 {
+		return 0, false
+	}
+	id, err := strconv.ParseInt(rest[:end], 10, 64)
+	return id, err == nil
+}
+
+// latencyCase is one rate of the latency scenario.
+type latencyCase struct {
+	rate, writers int
+	p50, p99      time.Duration // targets; 0 means none
+}
+
+// benchLatency measures, at fixed offered rates, the time from COMMIT
+// returning in the app to the job being visible in Redis.
+func (b *bench) benchLatency(ctx context.Context) error {
+	conn, err := b.connect(ctx)
+	if err != nil {
+		return err
+	}
+	err = b.reset(ctx, conn)
+	conn.Close(context.WithoutCancel(ctx))
+	if err != nil {
+		return err
+	}
+	p, err := b.startRelay(false)
+	if err != nil {
+		return err
+	}
+	if err := b.waitReady(ctx, p, true); err != nil {
+		return err
+	}
+	for _, c := range []latencyCase{
+		{rate: 100, writers: 4, p50: time.Millisecond, p99: 5 * time.Millisecond},
+		{rate: 1000, writers: 4, p50: time.Millisecond, p99: 5 * time.Millisecond},
+		{rate: 5000, writers: b.cfg.writers, p99: 10 * time.Millisecond},
+	} {
+		row, err := b.latency(ctx, p, c)
+		if err != nil {
+			return err
+		}
+		b.rows = append(b.rows, row)
+	}
+	_, err = b.stopRelay()
+	return err
+}
+
+// latency runs one latency case. Writers commit job i at base + i/rate
+// (open loop; a writer that falls behind commits its next job at once) and
+// record when each COMMIT returned; consumers in this process BRPOP the
+// queue and record when each job arrived, on the same monotonic clock. A
+// job that arrives before its writer saw the COMMIT return counts as 0.
+//
+// The arrival time is when the consumer's BRPOP (or its RPOP of the jobs
+// that arrived with it) returned, so each figure includes one loopback
+// round trip to Redis (about 0.1ms) and, for a job that lands while its
+// consumer handles the previous reply, that handling (microseconds).
+func (b *bench) latency(ctx context.Context, p *relayProc, c latencyCase) (benchRow, error) {
+	d := b.cfg.latencyDuration
+	n := max(1, int(float64(c.rate)*d.Seconds()))
+	interval := time.Second / time.Duration(c.rate)
+	queue := "latency" + strconv.Itoa(c.rate)
+	key := b.queueKey(queue)
+	label := fmt.Sprintf("latency, %s jobs/s offered by %d writers", fmtInt(int64(c.rate)), c.writers)
+	insert := "INSERT INTO " + b.table() + " (job_name, job_args, queue) VALUES ('BenchLatencyJob', jsonb_build_array($1::bigint), $2)"
+	conns, err := b.writerConns(ctx, c.writers, insert)
+	if err != nil {
+		return benchRow{}, err
+	}
+	defer closeAll(ctx, conns)
+	b.progress("%s: %s ...", label, d)
+
+	// Times are nanoseconds since base, plus 1 so that 0 means "not yet".
+	committed := make([]atomic.Int64, n)
+	arrived := make([]atomic.Int64, n)
+	var arrivals atomic.Int64
+	record := func(payload string, at time.Duration) {
+		id, ok := argID(payload)
+		if !ok || id < 0 || id >= int64(n) {
+			return
+		}
+		if arrived[id].CompareAndSwap(0, int64(at)+1) {
+			arrivals.Add(1)
+		}
+	}
+
+	base := time.Now()
+	stop := make(chan struct{})
+	var consumers errgroup.Group
+	for range 2 {
+		consumers.Go(func() error {
+			for {
+				select {
+				case <-stop:
+					return nil
+				default:
+				}
+				res, err := b.rdb.BRPop(ctx, 200*time.Millisecond, key).Result()
+				if errors.Is(err, redis.Nil) {
+					continue
+				}
+				if err != nil {
+					return fmt.Errorf("BRPOP: %w", err)
+				}
+				record(res[1], time.Since(base))
+				// The relay pushes a batch at once: take the rest of it in
+				// one round trip rather than one BRPOP each.
+				more, err := b.rdb.RPopCount(ctx, key, 1000).Result()
+				if err != nil && !errors.Is(err, redis.Nil) {
+					return fmt.Errorf("RPOP: %w", err)
+				}
+				at := time.Since(base)
+				for _, m := range more {
+					record(m, at)
+				}
+			}
+		})
+	}
+	finish := func() error {
+		close(stop)
+		return consumers.Wait()
+	}
+
+	// A writer that has fallen so far behind that its next job would start
+	// after the scenario's end stops there: those jobs count as offered,
+	// not committed, and the achieved rate shows the shortfall.
+	end := base.Add(d)
+	writers, wctx := errgroup.WithContext(ctx)
+	for w, conn := range conns {
+		writers.Go(func() error {
+			for i := w; i < n && time.Now().Before(end); i += len(conns) {
+				if err := sleepCtx(wctx, time.Until(base.Add(time.Duration(i)*interval))); err != nil {
+					return err
+				}
+				if _, err := conn.Exec(wctx, insert, int64(i), queue); err != nil {
+					return fmt.Errorf("stage: %w", err)
+				}
+				committed[i].Store(int64(time.Since(base)) + 1)
+			}
+			return nil
+		})
+	}
+	if err := writers.Wait(); err != nil {
+		_ = finish()
+		return benchRow{}, err
+	}
+	var commits int64
+	for i := range committed {
+		if committed[i].Load() != 0 {
+			commits++
+		}
+	}
+	// Wait (up to 10s) for the committed jobs to arrive.
+	for wait := time.Now().Add(10 * time.Second); arrivals.Load() < commits && time.Now().Before(wait); {
+		if sleepCtx(ctx, time.Millisecond) != nil {
+			break
+		}
+	}
+	if err := finish(); err != nil {
+		return benchRow{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return benchRow{}, err
+	}
+	if err := p.exited(); err != nil {
+		return benchRow{}, err
+	}
+
+	lats := make([]time.Duration, 0, n)
+	for i := range n {
+		if a, c := arrived[i].Load(), committed[i].Load(); a != 0 && c != 0 {
+			lats = append(lats, max(0, time.Duration(a-c)))
+		}
+	}
+	slices.Sort(lats)
+	achieved := float64(commits) / d.Seconds()
+	row := benchRow{scenario: label, offered: fmtInt(int64(c.rate)), achieved: fmtRate(achieved)}
+	missing := commits - int64(len(lats))
+	note := fmt.Sprintf("%s of %s jobs committed in %s", fmtInt(commits), fmtInt(int64(n)), d)
+	if missing > 0 {
+		note += fmt.Sprintf("; %s committed jobs never arrived (10s wait)", fmtInt(missing))
+	}
+	row.note = note
+	var targets []string
+	ok := missing == 0 && commits == int64(n)
+	if len(lats) > 0 {
+		p50, p99, worst := percentile(lats, 0.50), percentile(lats, 0.99), lats[len(lats)-1]
+		row.p50, row.p99, row.max = fmtDuration(p50), fmtDuration(p99), fmtDuration(worst)
+		if c.p50 > 0 {
+			targets = append(targets, "p50 <= "+c.p50.String())
+			ok = ok && p50 <= c.p50
+		}
+		targets = append(targets, "p99 <= "+c.p99.String())
+		ok = ok && p99 <= c.p99
+		b.progress("%s: p50 %s, p99 %s, max %s, %.0f jobs/s committed", label, row.p50, row.p99, row.max, achieved)
+	}
+	row.target = strings.Join(targets, ", ")
+	row.result = passMiss(ok)
+	return row, nil
+}
+
+// percentile returns the q-quantile of sorted (nearest rank).
+func percentile(sorted []time.Duration, q float64) time.Duration {
+	i := int(math.Ceil(q*float64(len(sorted)))) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+// benchIdle measures the PostgreSQL transactions per second a relay with
+// nothing to do causes: the growth of xact_commit + xact_rollback in
+// pg_stat_database over a window.
+//
+// In a scratch database the relay is its only client during the window
+// (the probe session has disconnected, which flushes its counts, and the
+// snapshots are read from the user's database), so nothing needs
+// subtracting. PostgreSQL 15 backends flush their counts when idle, at most
+// once a second (and within 10s), so the window's edges can each move up
+// to about a second of the relay's transactions in or out (the warm-up
+// keeps its start-up transactions out); an autovacuum worker visiting the
+// database would add its own. Without a scratch database the counts are
+// those of every session of the user's database: an upper bound.
+func (b *bench) benchIdle(ctx context.Context) error {
+	conn, err := b.connect(ctx)
+	if err != nil {
+		return err
+	}
+	err = b.reset(ctx, conn)
+	conn.Close(context.WithoutCancel(ctx))
+	if err != nil {
+		return err
+	}
+	p, err := b.startRelay(false)
+	if err != nil {
+		return err
+	}
+	if err := b.waitReady(ctx, p, true); err != nil {
+		return err
+	}
+	b.progress("idle: relay running, nothing staged: %s warm-up, then a %s window ...", b.cfg.idleWarmup, b.cfg.idleWindow)
+	if err := sleepCtx(ctx, b.cfg.idleWarmup); err != nil {
+		return err
+	}
+	admin, err := pgx.Connect(ctx, b.baseURL)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer admin.Close(context.WithoutCancel(ctx))
+	xacts := func() (int64, time.Time, error) {
+		var n int64
+		err := admin.QueryRow(ctx, "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = $1", b.database).Scan(&n)
+		return n, time.Now(), err
+	}
+	n0, t0, err := xacts()
+	if err != nil {
+		return fmt.Errorf("read pg_stat_database: %w", err)
+	}
+	if err := sleepCtx(ctx, b.cfg.idleWindow); err != nil {
+		return err
+	}
+	n1, t1, err := xacts()
+	if err != nil {
+		return fmt.Errorf("read pg_stat_database: %w", err)
+	}
+	if err := p.exited(); err != nil {
+		return err
+	}
+	if _, err := b.stopRelay(); err != nil {
+		return err
+	}
+	own := int64(0)
+	note := fmt.Sprintf("pg_stat_database of scratch database %s over %s after %s; edges +-1s of relay activity", b.database, b.cfg.idleWindow, b.cfg.idleWarmup)
+	if b.scratchDB == "" {
+		own = 1 // the first snapshot's own transaction
+		note = fmt.Sprintf("pg_stat_database of %s over %s: counts ALL its sessions (no CREATEDB), an upper bound", b.database, b.cfg.idleWindow)
+	}
+	rate := float64(n1-n0-own) / t1.Sub(t0).Seconds()
+	b.progress("idle: %.2f transactions/s", rate)
+	b.rows = append(b.rows, benchRow{scenario: "idle relay: PostgreSQL transactions", offered: "0",
+		achieved: fmt.Sprintf("%.2f xact/s", rate), target: "<= 2/s", result: passMiss(rate <= 2), note: note})
+	return nil
+}
+
+// backlogQueues is how many queues the backlog's jobs are spread over.
+const backlogQueues = 4
+
+// benchBacklog stages the backlog while no relay runs, then starts one and
+// watches Redis (LLEN of the queues, every 5ms) as it drains.
+func (b *bench) benchBacklog(ctx context.Context) error {
+	total := int64(b.cfg.backlog)
+	conn, err := b.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if err := b.reset(ctx, conn); err != nil {
+		return err
+	}
+	b.progress("backlog: staging %s jobs ...", fmtInt(total))
+	const chunk = 100_000
+	for lo := int64(1); lo <= total; lo += chunk {
+		hi := min(total, lo+chunk-1)
+		if _, err := conn.Exec(ctx, "INSERT INTO "+b.table()+" (job_name, job_args, queue)"+
+			" SELECT 'BenchBacklogJob', jsonb_build_array(g), 'backlog' || (g % "+strconv.Itoa(backlogQueues)+")"+
+			" FROM generate_series($1::bigint, $2::bigint) g", lo, hi); err != nil {
+			return fmt.Errorf("stage the backlog: %w", err)
+		}
+		if hi%500_000 == 0 && hi < total {
+			b.progress("backlog: %s staged", fmtInt(hi))
+		}
+	}
+	// Autovacuum would analyze a table that grew so much; do it now so the
+	// relay's claims are planned as they would be.
+	if _, err := conn.Exec(ctx, "ANALYZE "+b.table()); err != nil {
+		return fmt.Errorf("analyze: %w", err)
+	}
+	keys := make([]string, backlogQueues)
+	for i := range keys {
+		keys[i] = b.queueKey("backlog" + strconv.Itoa(i))
+	}
+	inRedis := func() (int64, error) {
+		cmds, err := b.rdb.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+			for _, k := range keys {
+				pipe.LLen(ctx, k)
+			}
+			return nil
+		})
+		if err != nil {
+			return 0, fmt.Errorf("LLEN: %w", err)
+		}
+		var n int64
+		for _, c := range cmds {
+			n += c.(*redis.IntCmd).Val()
+		}
+		return n, nil
+	}
+
+	b.progress("backlog: draining %s jobs ...", fmtInt(total))
+	p, err := b.startRelay(false)
+	if err != nil {
+		return err
+	}
+	started := time.Now()
+	deadline := started.Add(time.Minute + time.Duration(total)*50*time.Microsecond)
+	// Every observation from the first job in Redis on: the tenths are
+	// measured between observations, whatever a batch's size.
+	type mark struct {
+		at time.Time
+		n  int64
+	}
+	var seen []mark
+	lastProgress := started
+	for {
+		if err := p.exited(); err != nil {
+			return err
+		}
+		n, err := inRedis()
+		if err != nil {
+			return err
+		}
+		now := time.Now()
+		if n > 0 {
+			seen = append(seen, mark{now, n})
+		}
+		if n >= total {
+			break
+		}
+		if now.After(deadline) {
+			return fmt.Errorf("%s of %s jobs in Redis after %s", fmtInt(n), fmtInt(total), now.Sub(started).Round(time.Second))
+		}
+		if now.Sub(lastProgress) >= time.Second {
+			b.progress("backlog: %s of %s in Redis", fmtInt(n), fmtInt(total))
+			lastProgress = now
+		}
+		if err := sleepCtx(ctx, 5*time.Millisecond); err != nil {
+			return err
+		}
+	}
+	first, done := seen[0], seen[len(seen)-1]
+	tenth := done // the first observation a tenth of the jobs after the first
+	for _, m := range seen {
+		if m.n-first.n >= total/10 {
+			tenth = m
+			break
+		}
+	}
+	ninety := first // the last observation with at most nine tenths in Redis
+	for _, m := range seen {
+		if m.n <= total-total/10 {
+			ninety = m
+		}
+	}
+	rss, err := b.stopRelay()
+	if err != nil {
+		return err
+	}
+	rate := func(from, to mark) float64 {
+		return float64(to.n-from.n) / max(to.at.Sub(from.at), time.Millisecond).Seconds()
+	}
+	overall, firstTenth, lastTenth := rate(first, done), rate(first, tenth), rate(ninety, done)
+	b.progress("backlog: %.0f jobs/s overall, first tenth %.0f/s, last tenth %.0f/s, peak RSS %s", overall, firstTenth, lastTenth, fmtBytes(rss))
+	b.rows = append(b.rows,
+		benchRow{scenario: fmt.Sprintf("backlog drain, %s jobs over %d queues", fmtInt(total), backlogQueues),
+			offered: "backlog", achieved: fmtRate(overall), target: ">= 150,000/s", result: passMiss(overall >= 150_000),
+			note: fmt.Sprintf("from the first batch in Redis (%s after the relay started) to the last; LLEN every 5ms", first.at.Sub(started).Round(time.Millisecond))},
+		benchRow{scenario: "backlog drain, last tenth vs first tenth", offered: "backlog",
+			achieved: fmt.Sprintf("%.0f%%", 100*lastTenth/firstTenth), target: ">= 90%", result: passMiss(lastTenth >= 0.9*firstTenth),
+			note: fmt.Sprintf("first tenth %s/s, last tenth %s/s", fmtRate(firstTenth), fmtRate(lastTenth))},
+		benchRow{scenario: "relay peak RSS (VmHWM), backlog drain", achieved: fmtBytes(rss),
+			target: "<= 32 MiB", result: passMiss(rss <= 32<<20),
+			note: "highest of every relay run: " + fmtBytes(b.peakRSS)},
+	)
+	return nil
+}
+
+// sleepCtx waits for d, or returns ctx's error when it ends first.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+func passMiss(ok bool) string {
+	if ok {
+		return "PASS"
+	}
+	return "MISS"
+}
+
+func fmtRate(r float64) string { return fmtInt(int64(math.Round(r))) }
+
+// fmtInt writes n with thousands separators: 1,000,000.
+func fmtInt(n int64) string {
+	s := strconv.FormatInt(n, 10)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	if neg {
+		s = "-" + s
+	}
+	return s
+}
+
+func fmtDuration(d time.Duration) string {
+	return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 2, 64) + "ms"
+}
+
+func fmtBytes(n int64) string {
+	return strconv.FormatFloat(float64(n)/(1<<20), 'f', 1, 64) + " MiB"
+}

@@ -1,0 +1,176 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// benchScratchRE matches bench's progress line naming what it created.
+var benchScratchRE = regexp.MustCompile(`scratch database (\S+), schema (\S+), Redis namespace (\S+) `)
+
+// benchRelayRE matches bench's progress line for each relay it starts.
+var benchRelayRE = regexp.MustCompile(`relay started \(pid (\d+)\)`)
+
+// A quick bench prints the machine and a table with a row of figures for
+// every scenario, and leaves nothing behind: no scratch database, schema or
+// Redis key, and no relay process.
+func TestBenchQuick(t *testing.T) {
+	t.Parallel()
+	p := startProc(t, "bench", childEnv(), "bench", "--quick")
+	if code := p.wait(90 * time.Second); code != 0 {
+		t.Fatalf("exit code %d, want 0; output:\n%s", code, p.output())
+	}
+	out := p.stdout.snapshot()
+	var text []string
+	for _, l := range out {
+		text = append(text, l.raw)
+	}
+	all := strings.Join(text, "\n")
+	for _, want := range []string{"machine: ", "servers: PostgreSQL ", "relay: stagedrain "} {
+		if !strings.Contains(all, want) {
+			t.Errorf("stdout has no %q line:\n%s", want, all)
+		}
+	}
+
+	rows := make(map[string][]string) // scenario -> its cells
+	for _, l := range text {
+		cells := strings.Split(l, "|")
+		if len(cells) != 9 {
+			continue
+		}
+		for i := range cells {
+			cells[i] = strings.TrimSpace(cells[i])
+		}
+		rows[cells[0]] = cells
+	}
+	if h := rows["scenario"]; h == nil || h[2] != "achieved/s" || h[3] != "p50" || h[7] != "result" {
+		t.Fatalf("no table header \"scenario | offered/s | achieved/s | p50 | ...\" in stdout:\n%s", all)
+	}
+	row := func(prefix string) []string {
+		t.Helper()
+		for name, cells := range rows {
+			if strings.HasPrefix(name, prefix) {
+				return cells
+			}
+		}
+		t.Errorf("no %q row in the table:\n%s", prefix, all)
+		return nil
+	}
+	number := func(cells []string, i int) float64 {
+		t.Helper()
+		s := strings.ReplaceAll(strings.Fields(cells[i])[0], ",", "")
+		s = strings.TrimSuffix(strings.TrimSuffix(s, "ms"), "%")
+		v, err := strconv.ParseFloat(s, 64)
+		if err != nil {
+			t.Errorf("row %q column %d = %q, want a number", cells[0], i, cells[i])
+		}
+		return v
+	}
+	for _, prefix := range []string{
+		"app TPS, no relay", "app TPS, polling relay", "app TPS, relay and trigger",
+		"backlog drain, 10,000 jobs", "backlog drain, last tenth", "relay peak RSS",
+	} {
+		if cells := row(prefix); cells != nil && number(cells, 2) <= 0 {
+			t.Errorf("row %q: achieved %q, want a positive figure", prefix, cells[2])
+		}
+	}
+	if cells := row("idle relay"); cells != nil && number(cells, 2) < 0 {
+		t.Errorf("idle row: %q, want transactions per second >= 0", cells[2])
+	}
+	for _, prefix := range []string{"latency, 100 jobs/s", "latency, 1,000 jobs/s", "latency, 5,000 jobs/s"} {
+		cells := row(prefix)
+		if cells == nil {
+			continue
+		}
+		achieved, p50, p99, worst := number(cells, 2), number(cells, 3), number(cells, 4), number(cells, 5)
+		if achieved <= 0 || p50 <= 0 || p99 < p50 || worst < p99 {
+			t.Errorf("row %q: achieved %v/s, p50 %vms, p99 %vms, max %vms; want achieved > 0 and max >= p99 >= p50 > 0", prefix, achieved, p50, p99, worst)
+		}
+		if strings.Contains(cells[8], "never arrived") {
+			t.Errorf("row %q: %s; want every committed job in Redis", prefix, cells[8])
+		}
+	}
+	for name, cells := range rows {
+		if name != "scenario" && cells[6] != "-" && cells[7] != "PASS" && cells[7] != "MISS" {
+			t.Errorf("row %q has target %q and result %q, want PASS or MISS", name, cells[6], cells[7])
+		}
+	}
+	checkBenchLeftNothing(t, p)
+}
+
+// SIGINT in the middle of a scenario stops bench with exit 1, and it still
+// removes everything it created and stops its relay.
+func TestBenchInterrupted(t *testing.T) {
+	t.Parallel()
+	p := startProc(t, "bench", childEnv(), "bench", "--quick", "--scenarios", "latency", "--duration", "60s")
+	if _, err := p.stderr.wait(60*time.Second, func(l logLine) bool {
+		return strings.Contains(l.raw, "latency, 100 jobs/s offered by 4 writers: 1m0s ...")
+	}); err != nil {
+		t.Fatalf("the latency scenario's progress line: %v; output:\n%s", err, p.output())
+	}
+	p.signal(syscall.SIGINT)
+	if code := p.wait(60 * time.Second); code != 1 {
+		t.Fatalf("exit code %d after SIGINT, want 1; output:\n%s", code, p.output())
+	}
+	stderr := p.stderr.snapshot()
+	if last := stderr[len(stderr)-1].raw; last != "stagedrain: bench: interrupted; scratch data removed" {
+		t.Errorf("last stderr line %q, want \"stagedrain: bench: interrupted; scratch data removed\"", last)
+	}
+	if out := p.stdout.snapshot(); len(out) != 0 {
+		t.Errorf("stdout has %d lines after an interrupted run, want none: %s", len(out), out[0].raw)
+	}
+	checkBenchLeftNothing(t, p)
+}
+
+// checkBenchLeftNothing checks that the scratch database, schema and Redis
+// keys bench named on stderr are gone, and so is every relay it started.
+func checkBenchLeftNothing(t *testing.T, p *proc) {
+	t.Helper()
+	var db, schema, ns string
+	var pids []int
+	for _, l := range p.stderr.snapshot() {
+		if m := benchScratchRE.FindStringSubmatch(l.raw); m != nil {
+			db, schema, ns = m[1], m[2], m[3]
+		}
+		if m := benchRelayRE.FindStringSubmatch(l.raw); m != nil {
+			pid, _ := strconv.Atoi(m[1])
+			pids = append(pids, pid)
+		}
+	}
+	if db == "" || !strings.HasPrefix(ns, "stagedrain_bench_") {
+		t.Fatalf("stderr names no scratch database, schema and namespace; output:\n%s", p.output())
+	}
+	if len(pids) == 0 {
+		t.Fatalf("stderr names no relay process; output:\n%s", p.output())
+	}
+	ctx := context.Background()
+	conn := testConn(t)
+	var dbs int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_database WHERE datname = $1", db).Scan(&dbs); err != nil {
+		t.Fatal(err)
+	}
+	if dbs != 0 {
+		t.Errorf("scratch database %s still exists", db)
+		_, _ = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{db}.Sanitize()+" WITH (FORCE)")
+	}
+	if schemaExists(t, conn, schema) {
+		t.Errorf("scratch schema %s still exists in the test database", schema)
+	}
+	rdb, _ := testRedis(t)
+	if keys, err := rdb.Keys(ctx, ns+":*").Result(); err != nil || len(keys) != 0 {
+		t.Errorf("Redis keys %s:* left: %v (%v), want none", ns, keys, err)
+	}
+	for _, pid := range pids {
+		if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+			t.Errorf("relay pid %d: kill -0 = %v, want ESRCH (no such process)", pid, err)
+		}
+	}
+}
