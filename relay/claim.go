@@ -1,8 +1,10 @@
 package relay
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -23,48 +25,89 @@ type stagedJob struct {
 // tableSQL holds the statements of one schema's staged_jobs, with every
 // identifier quoted once, here.
 type tableSQL struct {
-	claim  string
-	delete string
-	exists string
+	claim    string
+	reinsert string
+	exists   string
 }
+
+// claimColumns are the columns a batch reads, in stagedJob's scan order.
+const claimColumns = `id, job_name, job_args, queue, run_at, jid, created_at, options`
 
 func newTableSQL(schema string) tableSQL {
 	table := pgx.Identifier{schema, "staged_jobs"}.Sanitize()
 	return tableSQL{
-		// Committed rows only (READ COMMITTED sees nothing uncommitted), oldest
-		// id first, but for the ids in $2 (rows this drain left staged). FOR UPDATE SKIP LOCKED keeps the rows locked while they
-		// are pushed, so even two relays that both think they lead never
-		// claim the same row.
-		claim: `SELECT id, job_name, job_args, queue, run_at, jid, created_at, options FROM ` + table +
-			` WHERE id <> ALL($2) ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`,
-		// Exactly the pushed ids: never "id <= max", which under READ
+		// Claim and delete in one statement: committed rows only (READ
+		// COMMITTED sees nothing uncommitted), oldest id first, but for the
+		// ids in $2 (rows this drain left staged). FOR UPDATE SKIP LOCKED
+		// keeps them locked until the batch's transaction ends, so even two
+		// relays that both think they lead never claim the same row; the
+		// delete is undone by a rollback if the push fails. It deletes
+		// exactly the claimed ids: never "id <= max", which under READ
 		// COMMITTED would delete a lower id committed after the claim.
-		delete: `DELETE FROM ` + table + ` WHERE id = ANY($1)`,
+		claim: `WITH b AS MATERIALIZED (SELECT id FROM ` + table +
+			` WHERE id <> ALL($2) ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)` +
+			` DELETE FROM ` + table + ` t USING b WHERE t.id = b.id RETURNING ` +
+			`t.id, t.job_name, t.job_args, t.queue, t.run_at, t.jid, t.created_at, t.options`,
+		// Puts back, unchanged, the rows of a batch that were not pushed.
+		reinsert: `INSERT INTO ` + table + ` (` + claimColumns + `)
+			SELECT id, job_name, job_args::jsonb, queue, run_at, jid, created_at, options::jsonb
+			FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::timestamptz[], $6::text[], $7::timestamptz[], $8::text[])
+				AS u(id, job_name, job_args, queue, run_at, jid, created_at, options)`,
 		exists: `SELECT to_regclass($1) IS NOT NULL`,
 	}
 }
 
-// claimBatch reads up to limit committed rows into dst[:0] and locks them
-// for the rest of tx.
-func claimBatch(ctx context.Context, tx pgx.Tx, sql string, limit int, skip []int64, dst []stagedJob) ([]stagedJob, error) {
+// claimBatch begins a transaction on conn and, in the same round trip,
+// claims (deletes) up to limit committed rows into dst[:0], sorted by id.
+// On success the transaction stays open: the caller commits what it pushed.
+func claimBatch(ctx context.Context, conn *pgx.Conn, sql string, limit int, skip []int64, dst []stagedJob) ([]stagedJob, error) {
 	if skip == nil {
 		skip = []int64{} // an empty array: NULL would make "id <> ALL" NULL
 	}
-	rows, err := tx.Query(ctx, sql, limit, skip)
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(sql, limit, skip)
+	br := conn.SendBatch(ctx, b)
+	dst = dst[:0]
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close()
+		return dst, fmt.Errorf("begin: %w", err)
+	}
+	rows, err := br.Query()
 	if err != nil {
+		_ = br.Close()
 		return dst, fmt.Errorf("claim batch: %w", err)
 	}
-	defer rows.Close()
-	dst = dst[:0]
 	for rows.Next() {
 		dst = append(dst, stagedJob{})
 		j := &dst[len(dst)-1]
 		if err := rows.Scan(&j.id, &j.name, &j.args, &j.queue, &j.runAt, &j.jid, &j.createdAt, &j.options); err != nil {
+			rows.Close()
+			_ = br.Close()
 			return dst, fmt.Errorf("claim batch: scan row: %w", err)
 		}
 	}
+	rows.Close()
 	if err := rows.Err(); err != nil {
+		_ = br.Close()
 		return dst, fmt.Errorf("claim batch: %w", err)
 	}
+	if err := br.Close(); err != nil {
+		return dst, fmt.Errorf("claim batch: %w", err)
+	}
+	// RETURNING follows no order; jobs of a queue are pushed in id order.
+	slices.SortFunc(dst, func(a, b stagedJob) int { return cmp.Compare(a.id, b.id) })
 	return dst, nil
+}
+
+// reinsertArgs are the columns of jobs as arrays, for tableSQL.reinsert.
+func reinsertArgs(jobs []stagedJob) []any {
+	n := len(jobs)
+	ids, names, args, queues := make([]int64, n), make([]string, n), make([]string, n), make([]string, n)
+	runAts, jids, createdAts, options := make([]*time.Time, n), make([]string, n), make([]time.Time, n), make([]string, n)
+	for i, j := range jobs {
+		ids[i], names[i], args[i], queues[i] = j.id, j.name, string(j.args), j.queue
+		runAts[i], jids[i], createdAts[i], options[i] = j.runAt, j.jid, j.createdAt, string(j.options)
+	}
+	return []any{ids, names, args, queues, runAts, jids, createdAts, options}
 }

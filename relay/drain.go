@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -58,9 +59,9 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 	}
 }
 
-// claimed is a batch of rows locked by its open transaction.
+// claimed is a batch of rows deleted by its open transaction, on conn.
 type claimed struct {
-	tx    pgx.Tx // nil when the claim found nothing (and committed)
+	conn  *pgxpool.Conn // nil when the claim found nothing (and committed)
 	jobs  []stagedJob
 	start time.Time
 }
@@ -86,7 +87,7 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 		return err
 	}
 	for i := 1; ; i++ {
-		if cur.tx == nil {
+		if cur.conn == nil {
 			if g == nil || !g.awake {
 				return nil
 			}
@@ -143,35 +144,45 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 }
 
 // claim begins a transaction and claims up to BatchSize committed rows into
-// (*buf)[:0]. When there are none it ends the transaction and returns a
-// claimed with a nil tx.
+// (*buf)[:0], in one round trip. When there are none it ends the
+// transaction and returns a claimed with a nil conn.
 func (r *Relay) claim(ctx context.Context, pool *pgxpool.Pool, buf *[]stagedJob, skip []int64) (claimed, error) {
 	c := claimed{start: time.Now()}
-	tx, err := pool.Begin(ctx)
+	conn, err := pool.Acquire(ctx)
 	if err != nil {
-		return c, fmt.Errorf("begin: %w", err)
+		return c, fmt.Errorf("claim batch: %w", err)
 	}
-	*buf, err = claimBatch(ctx, tx, r.sql.claim, r.cfg.BatchSize, skip, *buf)
+	*buf, err = claimBatch(ctx, conn.Conn(), r.sql.claim, r.cfg.BatchSize, skip, *buf)
 	if err != nil {
-		_ = withTimeout(ctx, time.Second, tx.Rollback)
+		claimed{conn: conn}.rollback(ctx)
 		return c, err
 	}
 	if len(*buf) == 0 {
-		return c, tx.Commit(ctx)
+		_, err := conn.Exec(ctx, "COMMIT")
+		conn.Release()
+		return c, err
 	}
-	c.tx, c.jobs = tx, *buf
+	c.conn, c.jobs = conn, *buf
 	return c, nil
 }
 
+// rollback ends the batch's transaction, which puts its rows back, and
+// releases its connection (the pool drops a connection left in a
+// transaction, so a failed rollback leaks nothing).
 func (c claimed) rollback(ctx context.Context) {
-	if c.tx != nil {
-		_ = withTimeout(ctx, time.Second, c.tx.Rollback)
+	if c.conn != nil {
+		_ = withTimeout(ctx, time.Second, func(ctx context.Context) error {
+			_, err := c.conn.Exec(ctx, "ROLLBACK")
+			return err
+		})
+		c.conn.Release()
 	}
 }
 
-// finish pushes a claimed batch, deletes exactly the pushed ids and commits.
-// Any failure rolls the transaction back: the rows stay staged, and a push
-// that did reach Redis is repeated later with the same jids (at least once).
+// finish pushes a claimed batch, puts back the rows it did not push, and
+// commits, which makes the claim's delete of the pushed rows final. Any
+// failure rolls the transaction back: the rows stay staged, and a push that
+// did reach Redis is repeated later with the same jids (at least once).
 // left lists the rows it left staged (not pushed, and logged).
 //
 // Once claimed, a batch is not cut short by ctx: when ctx ends it gets
@@ -213,14 +224,16 @@ func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (left []
 			return nil, fmt.Errorf("after push: %w", err)
 		}
 	}
-	if len(res.pushed) > 0 {
-		if _, err := b.tx.Exec(bctx, r.sql.delete, res.pushed); err != nil {
-			return nil, fmt.Errorf("delete pushed: %w", err)
-		}
+	// Put back what was not pushed and commit, in one round trip.
+	batch := &pgx.Batch{}
+	if len(left) > 0 {
+		batch.Queue(r.sql.reinsert, reinsertArgs(unpushed(b.jobs, left))...)
 	}
-	if err := b.tx.Commit(bctx); err != nil {
+	batch.Queue("COMMIT")
+	if err := b.conn.SendBatch(bctx, batch).Close(); err != nil {
 		return nil, fmt.Errorf("commit: %w", err)
 	}
+	b.conn.Release()
 	if ce := log.Check(zap.DebugLevel, "batch drained"); ce != nil {
 		ce.Write(
 			zap.Int("count", len(res.pushed)),
@@ -231,4 +244,15 @@ func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (left []
 		)
 	}
 	return left, nil
+}
+
+// unpushed returns the jobs whose ids are in left.
+func unpushed(jobs []stagedJob, left []int64) []stagedJob {
+	var out []stagedJob
+	for _, j := range jobs {
+		if slices.Contains(left, j.id) {
+			out = append(out, j)
+		}
+	}
+	return out
 }
