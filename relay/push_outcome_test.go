@@ -77,7 +77,9 @@ func TestTxOutcome(t *testing.T) {
 		{"NOAUTH on MULTI, stamped on every command", stamped(noAuth), noAuth, nil, "NOAUTH"},
 		{"EXECABORT", stamped(execAbort), execAbort, nil, "EXECABORT"},
 		{"timeout before any reply", stamped(timeout), timeout, nil, "i/o timeout"},
-		{"timeout after some replies", with(func(b *batch) { b.lpush2, b.zadd, b.ping = intCmd("lpush", 0, timeout), intCmd("zadd", 0, timeout), pingErr(timeout) }), timeout, nil, "i/o timeout"},
+		{"timeout after some replies", with(func(b *batch) {
+			b.lpush2, b.zadd, b.ping = intCmd("lpush", 0, timeout), intCmd("zadd", 0, timeout), pingErr(timeout)
+		}), timeout, nil, "i/o timeout"},
 		{"PING not answered though no error", with(func(b *batch) { b.ping = unexecutedPing() }), nil, nil, "no reply proves"},
 		{"PING answered, an error no command carries", ok(), selectRefused, nil, "DB index is out of range"},
 		{"PING answered, a transport error", ok(), timeout, nil, "i/o timeout"},
