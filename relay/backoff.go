@@ -7,15 +7,16 @@ import (
 )
 
 // backoff returns the wait before retry number attempt (1-based): 100ms
-// doubling up to max, with up to 25% jitter either way so that relays
-// restarted together do not retry in step.
+// doubling up to max, less up to 25% jitter so that relays restarted
+// together do not retry in step. The jitter only shortens the wait, so it
+// never exceeds max.
 func backoff(attempt int, max time.Duration) time.Duration {
 	d := minBackoff
 	for i := 1; i < attempt && d < max; i++ {
 		d *= 2
 	}
 	d = min(d, max)
-	return jitter(d)
+	return d - time.Duration(rand.Int64N(int64(d)/4+1))
 }
 
 // jitter returns d scaled by a random factor in [0.75, 1.25).

@@ -33,7 +33,10 @@ type Config struct {
 	DatabaseURL string
 
 	// Redis is the client jobs are pushed through. Required. The relay does
-	// not close it. The relay retries failed batches itself, with logged
+	// not close it. Run PINGs it before campaigning to lead: a refusal of
+	// its credentials or DB is returned then (mid-run it is retried), and an
+	// unreachable Redis is waited for. Logs and errors name it with
+	// DescribeRedis, never with its password. The relay retries failed batches itself, with logged
 	// backoff; a client with DialerRetries: 1 and MaxRetries: 1 (as
 	// stagedrain run uses) reports a dead Redis at once instead of spending
 	// seconds on its own retries first.
@@ -71,7 +74,8 @@ type Config struct {
 	LeaderInterval time.Duration
 
 	// MaxBackoff caps the exponential backoff between retries after a
-	// PostgreSQL or Redis failure. Retries start at 100ms. Default 5s.
+	// PostgreSQL or Redis failure. Retries start at 100ms; jitter only
+	// shortens a wait, so none exceeds MaxBackoff. Default 5s.
 	MaxBackoff time.Duration
 
 	// ShutdownTimeout bounds how long a batch in flight when the context

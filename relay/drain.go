@@ -48,7 +48,13 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 			}
 			attempt++
 			wait := backoff(attempt, r.cfg.MaxBackoff)
-			log.Warn("batch failed, retrying", zap.Error(err), zap.Int("attempt", attempt), zap.Duration("wait", wait))
+			level := zap.WarnLevel
+			if isRedisRefusal(err) {
+				level = zap.ErrorLevel // credentials or DB changed: needs an operator
+			}
+			if ce := log.Check(level, "batch failed, retrying"); ce != nil {
+				ce.Write(zap.Error(err), zap.Int("attempt", attempt), zap.Duration("wait", wait))
+			}
 			if !sleep(ctx, wait) {
 				return nil
 			}

@@ -26,17 +26,19 @@ const (
 var errLostLock = errors.New("lock connection lost")
 
 // campaign connects the lock connection, waits until it holds the lock, and
-// leads until ctx ends or the connection fails. connected reports whether
-// the lock connection was established, so the caller restarts its backoff.
-func (r *Relay) campaign(ctx context.Context, pool *pgxpool.Pool) (connected bool, err error) {
+// leads until ctx ends or the connection fails. connected is when the lock
+// connection was established (zero if it never was), so the caller can tell
+// a session that stayed healthy for a while from one that failed at once.
+func (r *Relay) campaign(ctx context.Context, pool *pgxpool.Pool) (connected time.Time, err error) {
 	cc := r.connConfig("leader")
 	// The gate's lock waits (wake.go) give up after this; no other
 	// statement on this connection waits for a lock.
 	cc.RuntimeParams["lock_timeout"] = strconv.FormatInt(r.gateTimeout.Milliseconds(), 10)
 	conn, err := pgx.ConnectConfig(ctx, cc)
 	if err != nil {
-		return false, fmt.Errorf("connect: %w", err)
+		return time.Time{}, fmt.Errorf("connect: %w", err)
 	}
+	connected = time.Now()
 	defer func() {
 		_ = withTimeout(ctx, time.Second, conn.Close)
 	}()
@@ -44,17 +46,17 @@ func (r *Relay) campaign(ctx context.Context, pool *pgxpool.Pool) (connected boo
 	var exists bool
 	table := pgx.Identifier{r.cfg.Schema, "staged_jobs"}.Sanitize()
 	if err := conn.QueryRow(ctx, r.sql.exists, table).Scan(&exists); err != nil {
-		return true, fmt.Errorf("check table: %w", err)
+		return connected, fmt.Errorf("check table: %w", err)
 	}
 	if !exists {
-		return true, fmt.Errorf("%w in schema %q: run 'stagedrain migrate' first", ErrNotMigrated, r.cfg.Schema)
+		return connected, fmt.Errorf("%w in schema %q: run 'stagedrain migrate' first", ErrNotMigrated, r.cfg.Schema)
 	}
 
 	standby := false
 	for {
 		var got bool
 		if err := conn.QueryRow(ctx, tryLockSQL, r.lockKey).Scan(&got); err != nil {
-			return true, fmt.Errorf("try leader lock: %w", err)
+			return connected, fmt.Errorf("try leader lock: %w", err)
 		}
 		if got {
 			break
@@ -64,7 +66,7 @@ func (r *Relay) campaign(ctx context.Context, pool *pgxpool.Pool) (connected boo
 			standby = true
 		}
 		if !sleep(ctx, jitter(r.cfg.LeaderInterval)) {
-			return true, ctx.Err()
+			return connected, ctx.Err()
 		}
 	}
 
@@ -78,10 +80,10 @@ func (r *Relay) campaign(ctx context.Context, pool *pgxpool.Pool) (connected boo
 			return err
 		})
 		r.log.Info("released leadership")
-		return true, ctx.Err()
+		return connected, ctx.Err()
 	}
 	r.log.Warn("stepped down", zap.Error(err))
-	return true, err
+	return connected, err
 }
 
 // keepLock checks the lock connection every LeaderInterval and returns

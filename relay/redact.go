@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/redis/go-redis/v9"
 )
 
 // redactErr removes the connection string from a connection-string parse
@@ -47,4 +48,52 @@ func CheckDatabaseURL(connString string) error {
 		return redactErr(err)
 	}
 	return nil
+}
+
+// DescribeRedis returns host:port/db for the server behind rdb, without its
+// user or password, for log lines and errors: the address and DB of a
+// *redis.Client, the seed addresses of a *redis.ClusterClient.
+func DescribeRedis(rdb redis.UniversalClient) string {
+	switch c := rdb.(type) {
+	case *redis.Client:
+		o := c.Options()
+		if o.Network == "unix" {
+			return fmt.Sprintf("unix:%s/%d", o.Addr, o.DB)
+		}
+		return fmt.Sprintf("%s/%d", o.Addr, o.DB)
+	case *redis.ClusterClient:
+		return "cluster " + strings.Join(c.Options().Addrs, ",")
+	default:
+		return fmt.Sprintf("(%T)", rdb)
+	}
+}
+
+// isRedisRefusal reports whether err carries Redis's refusal of the
+// connection's credentials or DB: waiting will not fix it, an operator
+// must. Redis answers an unknown user or a wrong password with WRONGPASS
+// (before 6.0, "ERR invalid password"), a missing one with NOAUTH, and a
+// SELECT of a DB it does not have with "ERR DB index is out of range".
+func isRedisRefusal(err error) bool {
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return false
+	}
+	msg := re.Error()
+	for _, prefix := range []string{"WRONGPASS", "NOAUTH"} {
+		if strings.HasPrefix(msg, prefix) {
+			return true
+		}
+	}
+	for _, s := range []string{
+		"DB index is out of range",
+		"invalid DB index",
+		"invalid password",
+		"without any password configured", // AUTH with a password, server has none (6.0+)
+		"no password is set",              // the same before 6.0
+	} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return false
 }

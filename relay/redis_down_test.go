@@ -11,8 +11,9 @@ import (
 	"github.com/stagedrain/stagedrain/relay/internal/testenv"
 )
 
-// Redis down when the relay starts, and again mid-run: rows stay staged,
-// failures are logged and retried, and everything drains when Redis is back.
+// Redis down when the relay starts (it waits before leading), and again
+// mid-run: rows stay staged, failures are logged and retried, and
+// everything drains when Redis is back.
 func TestRedisDownAtStartAndMidRun(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
@@ -27,15 +28,18 @@ func TestRedisDownAtStartAndMidRun(t *testing.T) {
 	h.start(cfg)
 
 	first := []string{h.stage(relay.Job{Name: "A"}), h.stage(relay.Job{Name: "B"})}
-	h.waitLog("batch failed, retrying", 2)
+	// The relay waits for Redis before it campaigns to lead.
+	h.waitLog("redis unreachable, retrying", 2)
 	if n := h.staged(); n != 2 {
 		t.Fatalf("%d rows staged while Redis is down, want 2", n)
+	}
+	if n := h.logs.FilterMessage("became leader").Len(); n != 0 {
+		t.Fatalf("the relay became leader while Redis was unreachable")
 	}
 
 	srv.Start()
 	h.waitQueueLen("default", 2, 15*time.Second)
 	h.waitStaged(0)
-	h.waitLog("batch succeeded after retries", 1)
 
 	// Down again mid-run.
 	srv.Stop()
@@ -51,4 +55,5 @@ func TestRedisDownAtStartAndMidRun(t *testing.T) {
 		t.Fatalf("after restart delivered %s, want %s (first batch was %v)", got, second, first)
 	}
 	h.waitStaged(0)
+	h.waitLog("batch succeeded after retries", 1)
 }

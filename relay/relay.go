@@ -89,7 +89,9 @@ func New(cfg Config) (*Relay, error) {
 // releases leadership and returns nil. Lost connections to PostgreSQL or
 // Redis are logged and retried with capped exponential backoff; Run returns
 // an error only for what waiting cannot fix: rejected credentials, a missing
-// database, or a schema with no staged_jobs table (ErrNotMigrated).
+// database, or a schema with no staged_jobs table (ErrNotMigrated); or, at
+// start, before it campaigns to lead, a Redis that refuses its credentials
+// or DB (mid-run, such refusals are logged at error and retried).
 //
 // A Relay runs one Run at a time; to run standbys, create more Relays (in
 // other processes, normally).
@@ -97,12 +99,20 @@ func (r *Relay) Run(ctx context.Context) error {
 	r.log.Info("starting",
 		zap.String("schema", r.cfg.Schema),
 		zap.String("database", DescribeDatabase(r.cfg.DatabaseURL)),
+		zap.String("redis", DescribeRedis(r.cfg.Redis)),
 		zap.String("channel", ChannelName(r.cfg.Schema)),
 		zap.Int("batch_size", r.cfg.BatchSize),
 		zap.Duration("poll_interval", r.cfg.PollInterval),
 		zap.Bool("poll_only", r.cfg.PollOnly),
 		zap.String("timestamp_format", string(r.cfg.TimestampFormat)),
 	)
+	if err := r.checkRedis(ctx); err != nil {
+		return err
+	}
+	if ctx.Err() != nil {
+		r.log.Info("stopped")
+		return nil
+	}
 	poolCfg, err := pgxpool.ParseConfig("")
 	if err != nil {
 		return fmt.Errorf("pool config: %w", err)
@@ -125,7 +135,11 @@ func (r *Relay) Run(ctx context.Context) error {
 		if isFatal(err) {
 			return err
 		}
-		if connected {
+		// Only a session that stayed up for a while (it led or stood by)
+		// restarts the backoff: one that fails right after connecting (say,
+		// permission denied on the table) would otherwise retry every 100ms
+		// forever.
+		if !connected.IsZero() && time.Since(connected) >= healthySession {
 			attempt = 0
 		}
 		attempt++
@@ -138,6 +152,38 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 	}
 }
+
+// checkRedis pings Redis through the configured client until it answers,
+// before the relay campaigns to lead. A refusal that waiting cannot fix
+// (isRedisRefusal: credentials, DB) is returned; anything else, such as
+// Redis not listening yet, is logged and retried with backoff. It returns
+// nil when ctx ends. The same refusals later, mid-run, fail batches, which
+// are logged and retried: only a relay that never reached Redis can tell a
+// misconfiguration from an operator's change in progress.
+func (r *Relay) checkRedis(ctx context.Context) error {
+	for attempt := 1; ; attempt++ {
+		err := r.cfg.Redis.Ping(ctx).Err()
+		if err == nil || ctx.Err() != nil {
+			return nil
+		}
+		if isRedisRefusal(err) {
+			return fmt.Errorf("redis %s: %w", DescribeRedis(r.cfg.Redis), err)
+		}
+		wait := backoff(attempt, r.cfg.MaxBackoff)
+		r.log.Warn("redis unreachable, retrying", zap.String("redis", DescribeRedis(r.cfg.Redis)),
+			zap.Error(err), zap.Int("attempt", attempt), zap.Duration("wait", wait))
+		if !sleep(ctx, wait) {
+			return nil
+		}
+	}
+}
+
+// healthySession is how long a database session must last before its
+// failure counts as a new outage, retried after minBackoff, rather than one
+// more failure of the same outage, retried after a longer wait. It is above
+// the default MaxBackoff, so sessions that keep failing after a few seconds
+// still back off to the cap.
+const healthySession = 10 * time.Second
 
 // lead runs the leader's work until ctx ends (nil) or the lock connection
 // fails (an error): the listener, the fallback poll, the drain loop, and a

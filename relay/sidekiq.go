@@ -2,10 +2,12 @@ package relay
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"time"
@@ -19,9 +21,11 @@ import (
 // the future is ZADD schedule <epoch seconds> <json>. A whole batch, however
 // many queues it mixes, goes in one MULTI/EXEC round trip.
 //
-// Redis may refuse part of a batch (a WRONGTYPE on one queue's key): the
-// jobs of the other queues still count as pushed, and only the refused ones
-// stay staged, so one bad key does not hold up every queue.
+// A job counts as pushed only on positive evidence (txOutcome): EXEC ran and
+// answered the job's command with a success reply. Redis may refuse part of
+// an executed batch (a WRONGTYPE on one queue's key): the jobs of the other
+// queues still count as pushed, and only the refused ones stay staged, so
+// one bad key does not hold up every queue.
 //
 // A sidekiqSink is used by one goroutine at a time: it reuses its buffers.
 type sidekiqSink struct {
@@ -33,6 +37,9 @@ type sidekiqSink struct {
 	queues  []queueGroup   // immediate jobs by queue, queues in order of first use
 	queueAt map[string]int // queue name -> index in queues
 	sched   scheduleGroup  // scheduled jobs
+
+	jobCmds  []jobCmd // the LPUSHes, then the ZADD, of the batch
+	refusals []error  // txOutcome's verdict on each of jobCmds
 }
 
 type queueGroup struct {
@@ -99,7 +106,7 @@ func (s *sidekiqSink) push(ctx context.Context, batch []stagedJob, now time.Time
 		return res, nil
 	}
 
-	_, err := s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+	executed, err := s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		for i := range s.queues {
 			g := &s.queues[i]
 			p.SAdd(ctx, s.keys.queues(), g.name)
@@ -108,39 +115,121 @@ func (s *sidekiqSink) push(ctx context.Context, batch []stagedJob, now time.Time
 		if len(s.sched.ids) > 0 {
 			s.sched.cmd = p.ZAdd(ctx, s.keys.schedule(), s.sched.zs...)
 		}
+		p.Ping(ctx) // last: its PONG proves that EXEC ran (see txOutcome)
 		return nil
 	})
-	var replyErr redis.Error
-	if err != nil && !errors.As(err, &replyErr) {
+	s.jobCmds = s.jobCmds[:0]
+	for _, g := range s.queues {
+		s.jobCmds = append(s.jobCmds, jobCmd{cmd: g.cmd, min: int64(len(g.payloads)), max: math.MaxInt64})
+	}
+	if s.sched.cmd != nil {
+		s.jobCmds = append(s.jobCmds, jobCmd{cmd: s.sched.cmd, min: 0, max: int64(len(s.sched.zs))})
+	}
+	s.refusals, err = txOutcome(s.refusals[:0], executed, err, s.jobCmds)
+	if err != nil {
 		return pushResult{}, fmt.Errorf("push batch: %w", err)
 	}
-	// The transaction ran; each command succeeded or failed on its own.
 	// SADD queues only feeds Sidekiq's UI: a job is pushed when its LPUSH is.
-	collect := func(ids []int64, cmd *redis.IntCmd) {
-		if cmd == nil {
-			return
-		}
-		if err := cmd.Err(); err != nil {
+	collect := func(ids []int64, refusal error) {
+		if refusal != nil {
 			for _, id := range ids {
-				res.refused = append(res.refused, rejectedJob{id: id, reason: err.Error()})
+				res.refused = append(res.refused, rejectedJob{id: id, reason: refusal.Error()})
 			}
 			return
 		}
 		res.pushed = append(res.pushed, ids...)
 	}
-	for _, g := range s.queues {
-		collect(g.ids, g.cmd)
+	for i, g := range s.queues {
+		collect(g.ids, s.refusals[i])
 	}
-	collect(s.sched.ids, s.sched.cmd)
+	if s.sched.cmd != nil {
+		collect(s.sched.ids, s.refusals[len(s.queues)])
+	}
 	res.queues = make([]string, len(s.queues))
 	for i, g := range s.queues {
 		res.queues[i] = g.name
 	}
 	res.scheduled = len(s.sched.ids)
 	if len(res.pushed) == 0 {
-		return pushResult{}, fmt.Errorf("push batch: Redis refused all %d jobs: %w", len(res.refused), err)
+		return pushResult{}, fmt.Errorf("push batch: Redis refused all %d jobs: %s", len(res.refused), res.refused[0].reason)
 	}
 	return res, nil
+}
+
+// jobCmd is a command of a push transaction that carries jobs (an LPUSH or
+// the ZADD) and the range its integer reply lies in when Redis ran it:
+// LPUSH answers the list's new length, at least the number of payloads; ZADD
+// the number of members added, at most the number given.
+type jobCmd struct {
+	cmd      *redis.IntCmd
+	min, max int64
+}
+
+// txOutcome decides which job commands of a MULTI/EXEC pushed their jobs,
+// from the commands TxPipelined executed (a PING last) and the error it
+// returned. A job counts as pushed only on positive evidence: EXEC ran, and
+// Redis answered the job's command with an integer in its range.
+//
+// EXEC ran when the PING queued last answered PONG: replies are read in
+// order, so every command before it was answered too. A reply the client
+// never read leaves a command with neither an error nor a value, which is
+// what go-redis leaves behind when Redis refuses the connection's setup
+// (HELLO, AUTH, SELECT): that, EXECABORT, a timeout, a missing or
+// mistyped reply, or an error no executed command carries is an error here,
+// and the whole batch stays staged.
+//
+// Otherwise txOutcome appends to dst one entry per job command, in order:
+// nil when its jobs were pushed, or the error Redis answered it with (a
+// WRONGTYPE on one queue's key): those jobs are refused and stay staged
+// while the others count as pushed.
+func txOutcome(dst []error, executed []redis.Cmder, execErr error, jobs []jobCmd) ([]error, error) {
+	if len(executed) == 0 {
+		return dst, fmt.Errorf("transaction not run: %w", cmp.Or(execErr, errNoReply))
+	}
+	ping, ok := executed[len(executed)-1].(*redis.StatusCmd)
+	if !ok || ping.Err() != nil || ping.Val() != "PONG" {
+		var pingErr error
+		if ok {
+			pingErr = ping.Err()
+		}
+		return dst, fmt.Errorf("transaction not confirmed: %w", cmp.Or(execErr, pingErr, errNoReply))
+	}
+	if execErr != nil && (!isCommandError(execErr) || !carriedByOne(executed, execErr)) {
+		return dst, execErr
+	}
+	for _, j := range jobs {
+		err, val := j.cmd.Err(), j.cmd.Val()
+		switch {
+		case err == nil && val >= j.min && val <= j.max:
+			dst = append(dst, nil)
+		case err != nil && isCommandError(err):
+			dst = append(dst, err)
+		case err != nil:
+			return dst, fmt.Errorf("%s: %w", j.cmd.Name(), err)
+		default:
+			return dst, fmt.Errorf("%s: reply %d, want %d to %d: %w", j.cmd.Name(), val, j.min, j.max, errNoReply)
+		}
+	}
+	return dst, nil
+}
+
+var errNoReply = errors.New("no reply proves that Redis ran the transaction")
+
+// isCommandError reports whether err is Redis's answer to one command of an
+// executed transaction (say WRONGTYPE), rather than a failure of the whole.
+func isCommandError(err error) bool {
+	_, ok := err.(redis.Error) // not wrapped: go-redis wraps setup failures
+	return ok && !redis.IsExecAbortError(err) && !errors.Is(err, redis.TxFailedErr)
+}
+
+// carriedByOne reports whether err is the error of one of cmds.
+func carriedByOne(cmds []redis.Cmder, err error) bool {
+	for _, c := range cmds {
+		if errors.Is(c.Err(), err) {
+			return true
+		}
+	}
+	return false
 }
 
 // group returns the queue group for name, adding it on first use.

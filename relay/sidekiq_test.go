@@ -120,13 +120,26 @@ func TestBackoff(t *testing.T) {
 	for attempt := 1; attempt <= 10; attempt++ {
 		d := backoff(attempt, max)
 		nominal := min(minBackoff<<(attempt-1), max)
-		if d < nominal*3/4 || d > nominal*5/4 {
-			t.Fatalf("backoff(%d) = %s, want within 25%% of %s", attempt, d, nominal)
+		if d < nominal*3/4 || d > nominal {
+			t.Fatalf("backoff(%d) = %s, want between 75%% of %s and %s", attempt, d, nominal, nominal)
 		}
 		prevMax = nominal
 	}
 	if prevMax != max {
 		t.Fatalf("backoff never reached the cap %s", max)
+	}
+}
+
+// Jitter never takes a wait above the cap, whatever the cap and attempt.
+func TestBackoffNeverAboveMax(t *testing.T) {
+	for _, max := range []time.Duration{minBackoff, 150 * time.Millisecond, 500 * time.Millisecond, 5 * time.Second, time.Minute} {
+		for attempt := 1; attempt <= 64; attempt++ {
+			for range 200 {
+				if d := backoff(attempt, max); d > max || d < max/2 && attempt > 20 {
+					t.Fatalf("backoff(%d, %s) = %s, want at most %s (and near it once capped)", attempt, max, d, max)
+				}
+			}
+		}
 	}
 }
 

@@ -4,8 +4,12 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"net"
 	"os"
+	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -170,4 +174,36 @@ func noDatabaseURL(t testing.TB) string {
 		t.Fatalf("parse test database URL: %v", err)
 	}
 	return fmt.Sprintf("postgres://%s@%s:%d/stagedrain_no_such_database?sslmode=disable", cfg.User, cfg.Host, cfg.Port)
+}
+
+// startRedisServer starts a private redis-server (as testenv.StartRedis
+// does) on a free loopback port with extra args, waits until it answers,
+// and kills it when the test ends. It returns the port.
+func startRedisServer(t testing.TB, args ...string) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("find a free port: %v", err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	cmd := exec.Command("redis-server", append([]string{
+		"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", t.TempDir(),
+		"--daemonize", "no", "--loglevel", "warning"}, args...)...)
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start redis-server: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	rdb := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", port), DisableIdentity: true, MaxRetries: -1})
+	defer rdb.Close()
+	waitFor(t, 10*time.Second, "redis-server to answer PING", func() (bool, string) {
+		err := rdb.Ping(context.Background()).Err()
+		var answer redis.Error // NOAUTH: it answers, to a client with no password
+		return err == nil || errors.As(err, &answer), fmt.Sprint(err)
+	})
+	return port
 }

@@ -243,6 +243,61 @@ func TestRunNeverLogsPassword(t *testing.T) {
 	}
 }
 
+// A Redis that refuses the relay's credentials or DB: run exits 1 at start
+// with one line naming the Redis target (never the password), before it
+// leads, and the staged job stays staged.
+func TestRunRedisRefused(t *testing.T) {
+	t.Parallel()
+	const password = "s3cret-redis-pw"
+	port := startRedisServer(t, "--requirepass", password)
+	private := fmt.Sprintf("127.0.0.1:%d", port)
+	shared, err := redis.ParseURL(testRedisURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name     string
+		redisURL string
+		target   string
+		want     string
+	}{
+		{"DB out of range", fmt.Sprintf("redis://%s/99", shared.Addr), shared.Addr + "/99", "ERR DB index is out of range"},
+		{"wrong password", fmt.Sprintf("redis://:wrong-%s@%s/0", password, private), private + "/0", "WRONGPASS"},
+		{"no password", fmt.Sprintf("redis://%s/0", private), private + "/0", "NOAUTH"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := newRelayEnv(t)
+			e.stage("NeverLostJob", 1)
+			p := startProc(t, "relay", childEnv("REDIS_URL="+tc.redisURL),
+				"run", "--schema", e.schema, "--redis-namespace", e.ns, "--log-level", "debug")
+			if code := p.wait(15 * time.Second); code != 1 {
+				t.Fatalf("exit code %d, want 1; output:\n%s", code, p.output())
+			}
+			stderr := p.stderr.snapshot()
+			prefix := "stagedrain: redis " + tc.target + ": "
+			if len(stderr) != 1 || !strings.HasPrefix(stderr[0].raw, prefix) || !strings.Contains(stderr[0].raw, tc.want) {
+				t.Fatalf("stderr = %q, want one line %q... containing %q", p.output(), prefix, tc.want)
+			}
+			starting := p.waitLog(rootLogger, "starting", 0)
+			if got := starting.str("redis"); got != tc.target {
+				t.Errorf("starting line names redis %q, want %s", got, tc.target)
+			}
+			if p.count(rootLogger, "became leader") != 0 {
+				t.Errorf("the relay became leader before Redis accepted it")
+			}
+			if n := stagedCount(t, e.conn, e.schema); n != 1 {
+				t.Errorf("%d rows staged, want 1", n)
+			}
+			if out := p.output(); strings.Contains(out, password) {
+				t.Errorf("the password shows in the output:\n%s", out)
+			}
+			checkAllJSON(t, p)
+		})
+	}
+}
+
 // Two relays on one schema: one drains, the other waits; when the leader is
 // SIGKILLed, the standby takes over within 2s and delivers what follows,
 // every job exactly once.

@@ -19,14 +19,17 @@ import (
 type RedisServer struct {
 	t    testing.TB
 	Port int
+	args []string
 	cmd  *exec.Cmd
 }
 
 // StartRedis starts redis-server on a free loopback port, keeping nothing on
-// disk, and waits until it answers PING.
-func StartRedis(t testing.TB) *RedisServer {
+// disk, and waits until it answers PING (with an error reply, such as NOAUTH,
+// if args make it require a password). args are added to redis-server's
+// command line, e.g. "--requirepass", "secret".
+func StartRedis(t testing.TB, args ...string) *RedisServer {
 	t.Helper()
-	s := &RedisServer{t: t, Port: FreePort(t)}
+	s := &RedisServer{t: t, Port: FreePort(t), args: args}
 	s.Start()
 	t.Cleanup(s.Stop)
 	return s
@@ -42,10 +45,10 @@ func (s *RedisServer) Start() {
 	if s.cmd != nil {
 		s.t.Fatal("redis-server already running")
 	}
-	cmd := exec.Command("redis-server",
+	cmd := exec.Command("redis-server", append([]string{
 		"--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", s.t.TempDir(),
-		"--daemonize", "no", "--loglevel", "warning")
+		"--daemonize", "no", "--loglevel", "warning"}, s.args...)...)
 	if err := cmd.Start(); err != nil {
 		s.t.Fatalf("start redis-server: %v", err)
 	}
@@ -54,7 +57,8 @@ func (s *RedisServer) Start() {
 	defer rdb.Close()
 	WaitFor(s.t, 10*time.Second, "redis-server to answer PING", func() (bool, string) {
 		err := rdb.Ping(context.Background()).Err()
-		return err == nil, fmt.Sprint(err)
+		var answer redis.Error // NOAUTH: it answers, to a client with no password
+		return err == nil || errors.As(err, &answer), fmt.Sprint(err)
 	})
 }
 
