@@ -23,13 +23,14 @@ type stagedJob struct {
 // tableSQL holds the statements of one schema's staged_jobs, with every
 // identifier quoted once, here.
 type tableSQL struct {
-	claim  string
-	delete string
-	exists string
+	claim   string
+	delete  string
+	version string
 }
 
 func newTableSQL(schema string) tableSQL {
 	table := pgx.Identifier{schema, "staged_jobs"}.Sanitize()
+	migrations := pgx.Identifier{schema, "stagedrain_migrations"}.Sanitize()
 	return tableSQL{
 		// Committed rows only (READ COMMITTED sees nothing uncommitted), oldest
 		// id first. FOR UPDATE SKIP LOCKED keeps the rows locked while they
@@ -40,7 +41,9 @@ func newTableSQL(schema string) tableSQL {
 		// Exactly the pushed ids: never "id <= max", which under READ
 		// COMMITTED would delete a lower id committed after the claim.
 		delete: `DELETE FROM ` + table + ` WHERE id = ANY($1)`,
-		exists: `SELECT to_regclass($1) IS NOT NULL`,
+		// The schema version Migrate recorded; NULL when it recorded none,
+		// and an undefined_table error when it never ran.
+		version: `SELECT max(version) FROM ` + migrations,
 	}
 }
 

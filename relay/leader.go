@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 )
@@ -35,13 +36,8 @@ func (r *Relay) campaign(ctx context.Context, pool *pgxpool.Pool) (connected boo
 		_ = withTimeout(ctx, time.Second, conn.Close)
 	}()
 
-	var exists bool
-	table := pgx.Identifier{r.cfg.Schema, "staged_jobs"}.Sanitize()
-	if err := conn.QueryRow(ctx, r.sql.exists, table).Scan(&exists); err != nil {
-		return true, fmt.Errorf("check table: %w", err)
-	}
-	if !exists {
-		return true, fmt.Errorf("%w in schema %q: run 'stagedrain migrate' first", ErrNotMigrated, r.cfg.Schema)
+	if err := r.checkVersion(ctx, conn); err != nil {
+		return true, err
 	}
 
 	standby := false
@@ -76,6 +72,35 @@ func (r *Relay) campaign(ctx context.Context, pool *pgxpool.Pool) (connected boo
 	}
 	r.log.Warn("stepped down", zap.Error(err))
 	return true, err
+}
+
+// checkVersion compares the schema version that Migrate recorded with the
+// one this binary needs, in one query: a schema Migrate never ran on, or one
+// it has not brought up to date (ErrNotMigrated), would fail every drain
+// with an error retrying cannot fix, and so would a schema a newer stagedrain
+// has changed (ErrSchemaTooNew).
+func (r *Relay) checkVersion(ctx context.Context, conn *pgx.Conn) error {
+	var have *int // nil: no version recorded
+	err := conn.QueryRow(ctx, r.sql.version).Scan(&have)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") {
+		err = nil // no stagedrain_migrations table, or no schema: never migrated
+	}
+	if err != nil {
+		return fmt.Errorf("check schema version: %w", err)
+	}
+	switch {
+	case have == nil:
+		return fmt.Errorf("%w in %q: no schema version recorded (this stagedrain needs %d): run 'stagedrain migrate' first",
+			ErrNotMigrated, r.cfg.Schema, r.version)
+	case *have < r.version:
+		return fmt.Errorf("%w in %q: schema version %d is older than this stagedrain needs (%d): run 'stagedrain migrate' first",
+			ErrNotMigrated, r.cfg.Schema, *have, r.version)
+	case *have > r.version:
+		return fmt.Errorf("%w in %q: schema version %d is newer than this stagedrain knows (%d): upgrade stagedrain",
+			ErrSchemaTooNew, r.cfg.Schema, *have, r.version)
+	}
+	return nil
 }
 
 // keepLock checks the lock connection every LeaderInterval and returns

@@ -43,6 +43,19 @@ func migrations() ([]migration, error) {
 	return ms, nil
 }
 
+// latestVersion is the highest migration of sql/: the schema version this
+// binary needs, and the newest it knows.
+func latestVersion() (int, error) {
+	ms, err := migrations()
+	if err != nil {
+		return 0, err
+	}
+	if len(ms) == 0 {
+		return 0, fmt.Errorf("no migration files")
+	}
+	return ms[len(ms)-1].version, nil
+}
+
 // MigrateResult says what Migrate did.
 type MigrateResult struct {
 	Applied []string // migration files applied now, in order
