@@ -104,6 +104,9 @@ func TestUsageErrors(t *testing.T) {
 		{"empty schema", []string{"run", "--database-url", db, "--schema", ""}, []string{"--schema", "must not be empty"}},
 		{"empty timestamp format", []string{"run", "--database-url", db, "--timestamp-format="}, []string{"--timestamp-format", "must not be empty"}},
 		{"empty schema, migrate", []string{"migrate", "--database-url", db, "--schema="}, []string{"--schema", "must not be empty"}},
+		{"schema too long, run", []string{"run", "--database-url", db, "--schema", strings.Repeat("s", 64)}, []string{"run: --schema", "1 to 63 bytes, got 64"}},
+		{"schema too long, migrate", []string{"migrate", "--database-url", db, "--schema", strings.Repeat("s", 64)}, []string{"migrate: --schema", "1 to 63 bytes, got 64"}},
+		{"schema too long, run --migrate", []string{"run", "--migrate", "--database-url", db, "--schema", strings.Repeat("s", 64)}, []string{"run: --schema", "1 to 63 bytes"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -129,6 +132,8 @@ func TestEnvUsageErrors(t *testing.T) {
 		{"zero batch size", "STAGEDRAIN_BATCH_SIZE", "0", []string{"run", "--database-url", db}, []string{"--batch-size"}},
 		{"log level", "STAGEDRAIN_LOG_LEVEL", "loud", []string{"migrate", "--database-url", db}, []string{"--log-level"}},
 		{"database url", "DATABASE_URL", "postgres://u:s3cretpw@h:badport/x", []string{"migrate"}, []string{"--database-url"}},
+		{"schema too long, run", "STAGEDRAIN_SCHEMA", strings.Repeat("s", 64), []string{"run", "--database-url", db}, []string{"run: $STAGEDRAIN_SCHEMA (--schema)", "1 to 63 bytes"}},
+		{"schema too long, migrate", "STAGEDRAIN_SCHEMA", strings.Repeat("s", 64), []string{"migrate", "--database-url", db}, []string{"migrate: $STAGEDRAIN_SCHEMA (--schema)", "1 to 63 bytes"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

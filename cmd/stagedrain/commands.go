@@ -43,6 +43,13 @@ func (c *commonFlags) check(f *flagSet) error {
 	if err := relay.CheckDatabaseURL(c.databaseURL); err != nil {
 		return usagef("%s: %s: %s", f.cmd, f.source("database-url"), err)
 	}
+	if err := relay.CheckSchema(c.schema); err != nil {
+		reason := err.Error()
+		if fe := (*relay.FieldError)(nil); errors.As(err, &fe) {
+			reason = fe.Reason
+		}
+		return usagef("%s: %s %s", f.cmd, f.source("schema"), reason)
+	}
 	return nil
 }
 
