@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -247,8 +248,7 @@ func migrateWithRetry(ctx context.Context, databaseURL, schema string, maxBackof
 		if err == nil || ctx.Err() != nil {
 			return nil
 		}
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) {
+		if !transient(err) {
 			return err // the server answered and said no: waiting will not help
 		}
 		log.Warn("migrate failed, retrying", zap.Error(err), zap.Int("attempt", attempt), zap.Duration("wait", wait))
@@ -259,4 +259,23 @@ func migrateWithRetry(ctx context.Context, databaseURL, schema string, maxBackof
 		}
 		wait = min(2*wait, maxBackoff)
 	}
+}
+
+// transient reports whether migrate failed for a reason that waiting may
+// fix: no answer from the server, or an answer that it cannot take a
+// session now (starting up, shutting down, out of connections, the
+// connection broken).
+func transient(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return true // no answer: unreachable
+	}
+	switch pgErr.Code {
+	case "57P03", // cannot_connect_now: starting up, shutting down, in recovery
+		"57P01", // admin_shutdown
+		"57P02", // crash_shutdown
+		"53300": // too_many_connections
+		return true
+	}
+	return strings.HasPrefix(pgErr.Code, "08") // connection_exception
 }
