@@ -76,7 +76,7 @@ func (c *commonFlags) logger(cmd string, stdout io.Writer) (*zap.Logger, error) 
 		return nil, usagef("%s: --log-format must be json or console, got %q", cmd, c.logFormat)
 	}
 	core := zapcore.NewCore(enc, zapcore.Lock(zapcore.AddSync(stdout)), level)
-	return zap.New(core).Named("stagedrain"), nil
+	return zap.New(oneLineErrors{core}).Named("stagedrain"), nil
 }
 
 func migrateCmd(ctx context.Context, args []string, stdout io.Writer) error {

@@ -314,3 +314,32 @@ func keys(m map[string]int) []string {
 	slices.Sort(ks)
 	return ks
 }
+
+// A console log line of a connect failure is one line: pgx's error lists
+// each address on a line of its own, which the console encoder would show
+// as a literal "\n\t".
+func TestConsoleLogErrorOnOneLine(t *testing.T) {
+	t.Parallel()
+	_, ns := testRedis(t)
+	// Nothing listens on port 1 or 2: both addresses refuse.
+	env := append(childEnv(), "DATABASE_URL=postgres://u@127.0.0.1:1,127.0.0.1:2/x")
+	p := startProc(t, "relay", env, "run", "--redis-namespace", ns, "--log-format", "console", "--max-backoff", "100ms")
+	ln, err := p.stdout.wait(15*time.Second, func(l logLine) bool {
+		return strings.Contains(l.raw, "database session failed, retrying")
+	})
+	if err != nil {
+		t.Fatalf("console line \"database session failed, retrying\": %v; output:\n%s", err, p.output())
+	}
+	if strings.Contains(ln.raw, `\n`) || strings.Contains(ln.raw, `\t`) {
+		t.Errorf("console line %q shows an escaped newline or tab", ln.raw)
+	}
+	for _, addr := range []string{"127.0.0.1:1 (127.0.0.1): dial error", "; 127.0.0.1:2 (127.0.0.1): dial error"} {
+		if strings.Count(ln.raw, addr) != 1 {
+			t.Errorf("console line %q, want %q once", ln.raw, addr)
+		}
+	}
+	p.signal(syscall.SIGTERM)
+	if code := p.wait(15 * time.Second); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM, want 0", code)
+	}
+}
