@@ -57,6 +57,12 @@ func (r *Relay) campaign(ctx context.Context, pool *pgxpool.Pool) (connected boo
 			return true, ctx.Err()
 		}
 	}
+	if standby {
+		// The schema may have been migrated while this relay waited.
+		if err := r.checkVersion(ctx, conn); err != nil {
+			return true, err // closing conn releases the lock
+		}
+	}
 
 	r.log.Info("became leader", zap.String("schema", r.cfg.Schema))
 	err = r.lead(ctx, conn, pool)

@@ -155,6 +155,54 @@ func TestRunChecksSchemaVersion(t *testing.T) {
 	}
 }
 
+// A standby checks the schema version again when it takes over: a schema
+// a newer stagedrain migrated while it waited makes Run return
+// ErrSchemaTooNew instead of leading.
+func TestStandbyChecksSchemaVersionOnTakeover(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	_, latest := embeddedMigrations(t)
+	leader, err := relay.New(h.config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaderLogs := h.logs
+	leaderCtx, stopLeader := context.WithCancel(context.Background())
+	defer stopLeader()
+	leaderDone := make(chan error, 1)
+	go func() { leaderDone <- leader.Run(leaderCtx) }()
+	h.waitLog("became leader", 1)
+
+	standby, err := relay.New(h.config()) // h.logs are now the standby's
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	standbyDone := make(chan error, 1)
+	go func() { standbyDone <- standby.Run(ctx) }()
+	h.waitLog("standby: another relay is draining this schema", 1)
+
+	if _, err := h.conn.Exec(context.Background(), `INSERT INTO `+pgx.Identifier{h.schema, "stagedrain_migrations"}.Sanitize()+
+		` (version, name) VALUES ($1, 'from_a_newer_stagedrain.sql')`, latest+1); err != nil {
+		t.Fatal(err)
+	}
+	stopLeader()
+	if err := <-leaderDone; err != nil {
+		t.Fatalf("leader Run = %v, want nil after cancel", err)
+	}
+	if n := leaderLogs.FilterMessage("released leadership").Len(); n != 1 {
+		t.Fatalf("the leader released leadership %d times, want once", n)
+	}
+	err = <-standbyDone
+	if !errors.Is(err, relay.ErrSchemaTooNew) || ctx.Err() != nil {
+		t.Fatalf("standby Run = %v (ctx %v), want ErrSchemaTooNew at takeover", err, ctx.Err())
+	}
+	if n := h.logs.FilterMessage("became leader").Len(); n != 0 {
+		t.Errorf("the standby became leader %d times, want never", n)
+	}
+}
+
 // migrateAndRecord migrates schema, then runs sql on its
 // stagedrain_migrations to fake what another stagedrain recorded.
 func migrateAndRecord(t *testing.T, conn *pgx.Conn, schema, sql string) {
