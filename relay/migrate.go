@@ -69,7 +69,9 @@ type MigrateResult struct {
 // lock serializes them, and the later ones find nothing left to do. A
 // statement that waits more than 5s for a table lock (an app transaction
 // holding staged_jobs) fails the migration instead of stalling the app's
-// writes queued behind it; run it again when the table is quiet.
+// writes queued behind it; run it again when the table is quiet. Rows of a
+// seed table with a NULL job_name or job_args fail it too, changing nothing:
+// its error counts them and says how to find them.
 func Migrate(ctx context.Context, conn *pgx.Conn, schema string) (MigrateResult, error) {
 	var res MigrateResult
 	if err := validateSchemaName(schema); err != nil {
