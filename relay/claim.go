@@ -27,7 +27,7 @@ type stagedJob struct {
 type tableSQL struct {
 	claim    string
 	reinsert string
-	exists   string
+	version  string
 }
 
 // claimColumns are the columns a batch reads, in stagedJob's scan order.
@@ -35,6 +35,7 @@ const claimColumns = `id, job_name, job_args, queue, run_at, jid, created_at, op
 
 func newTableSQL(schema string) tableSQL {
 	table := pgx.Identifier{schema, "staged_jobs"}.Sanitize()
+	migrations := pgx.Identifier{schema, "stagedrain_migrations"}.Sanitize()
 	return tableSQL{
 		// Claim and delete in one statement: committed rows only (READ
 		// COMMITTED sees nothing uncommitted), oldest id first, but for the
@@ -53,7 +54,9 @@ func newTableSQL(schema string) tableSQL {
 			SELECT id, job_name, job_args::jsonb, queue, run_at, jid, created_at, options::jsonb
 			FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::timestamptz[], $6::text[], $7::timestamptz[], $8::text[])
 				AS u(id, job_name, job_args, queue, run_at, jid, created_at, options)`,
-		exists: `SELECT to_regclass($1) IS NOT NULL`,
+		// The schema version Migrate recorded; NULL when it recorded none,
+		// and an undefined_table error when it never ran.
+		version: `SELECT max(version) FROM ` + migrations,
 	}
 }
 

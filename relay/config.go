@@ -154,6 +154,10 @@ func (c Config) Validate() error {
 	return nil
 }
 
+// CheckSchema reports whether schema can name a PostgreSQL schema, as a
+// *FieldError of field Schema: what Validate and Migrate check.
+func CheckSchema(schema string) error { return validateSchemaName(schema) }
+
 func validateSchemaName(schema string) error {
 	if schema == "" || len(schema) > 63 {
 		return fieldErr("Schema", "must be 1 to 63 bytes, got %d", len(schema))

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 )
@@ -43,13 +44,8 @@ func (r *Relay) campaign(ctx context.Context, pool *pgxpool.Pool) (connected tim
 		_ = withTimeout(ctx, time.Second, conn.Close)
 	}()
 
-	var exists bool
-	table := pgx.Identifier{r.cfg.Schema, "staged_jobs"}.Sanitize()
-	if err := conn.QueryRow(ctx, r.sql.exists, table).Scan(&exists); err != nil {
-		return connected, fmt.Errorf("check table: %w", err)
-	}
-	if !exists {
-		return connected, fmt.Errorf("%w in schema %q: run 'stagedrain migrate' first", ErrNotMigrated, r.cfg.Schema)
+	if err := r.checkVersion(ctx, conn); err != nil {
+		return connected, err
 	}
 
 	standby := false
@@ -69,6 +65,12 @@ func (r *Relay) campaign(ctx context.Context, pool *pgxpool.Pool) (connected tim
 			return connected, ctx.Err()
 		}
 	}
+	if standby {
+		// The schema may have been migrated while this relay waited.
+		if err := r.checkVersion(ctx, conn); err != nil {
+			return connected, err // closing conn releases the lock
+		}
+	}
 
 	r.log.Info("became leader", zap.String("schema", r.cfg.Schema))
 	err = r.lead(ctx, conn, pool)
@@ -84,6 +86,35 @@ func (r *Relay) campaign(ctx context.Context, pool *pgxpool.Pool) (connected tim
 	}
 	r.log.Warn("stepped down", zap.Error(err))
 	return connected, err
+}
+
+// checkVersion compares the schema version that Migrate recorded with the
+// one this binary needs, in one query: a schema Migrate never ran on, or one
+// it has not brought up to date (ErrNotMigrated), would fail every drain
+// with an error retrying cannot fix, and so would a schema a newer stagedrain
+// has changed (ErrSchemaTooNew).
+func (r *Relay) checkVersion(ctx context.Context, conn *pgx.Conn) error {
+	var have *int // nil: no version recorded
+	err := conn.QueryRow(ctx, r.sql.version).Scan(&have)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") {
+		err = nil // no stagedrain_migrations table, or no schema: never migrated
+	}
+	if err != nil {
+		return fmt.Errorf("check schema version: %w", err)
+	}
+	switch {
+	case have == nil:
+		return fmt.Errorf("%w in %q: no schema version recorded (this stagedrain needs %d): run 'stagedrain migrate' first",
+			ErrNotMigrated, r.cfg.Schema, r.version)
+	case *have < r.version:
+		return fmt.Errorf("%w in %q: schema version %d is older than this stagedrain needs (%d): run 'stagedrain migrate' first",
+			ErrNotMigrated, r.cfg.Schema, *have, r.version)
+	case *have > r.version:
+		return fmt.Errorf("%w in %q: schema version %d is newer than this stagedrain knows (%d): upgrade stagedrain",
+			ErrSchemaTooNew, r.cfg.Schema, *have, r.version)
+	}
+	return nil
 }
 
 // keepLock checks the lock connection every LeaderInterval and returns

@@ -3,6 +3,8 @@ package relay_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -98,6 +100,119 @@ func TestRunWithoutMigrationFails(t *testing.T) {
 	}
 	if !errors.Is(err, relay.ErrNotMigrated) {
 		t.Fatalf("Run = %v, want ErrNotMigrated", err)
+	}
+}
+
+// Run compares the schema version Migrate recorded with the one it needs
+// (its latest migration) and returns at once, before leading, when the
+// schema is behind (ErrNotMigrated: the seed article's table Migrate never
+// upgraded, too) or ahead of it (ErrSchemaTooNew).
+func TestRunChecksSchemaVersion(t *testing.T) {
+	t.Parallel()
+	_, latest := embeddedMigrations(t)
+	tests := []struct {
+		name    string
+		prepare func(t *testing.T, conn *pgx.Conn, schema string)
+		want    error
+		msg     string
+	}{
+		{"seed table, never migrated", func(t *testing.T, conn *pgx.Conn, schema string) {
+			createSeedTable(t, conn, schema, seedColumns)
+		}, relay.ErrNotMigrated, fmt.Sprintf("no schema version recorded (this stagedrain needs %d): run 'stagedrain migrate' first", latest)},
+		{"no version recorded", func(t *testing.T, conn *pgx.Conn, schema string) {
+			migrateAndRecord(t, conn, schema, `DELETE FROM stagedrain_migrations`)
+		}, relay.ErrNotMigrated, "run 'stagedrain migrate' first"},
+		{"older version", func(t *testing.T, conn *pgx.Conn, schema string) {
+			migrateAndRecord(t, conn, schema, fmt.Sprintf(`DELETE FROM stagedrain_migrations WHERE version = %d`, latest))
+		}, relay.ErrNotMigrated, fmt.Sprintf("schema version %d is older than this stagedrain needs (%d): run 'stagedrain migrate' first", latest-1, latest)},
+		{"newer version", func(t *testing.T, conn *pgx.Conn, schema string) {
+			migrateAndRecord(t, conn, schema, fmt.Sprintf(`INSERT INTO stagedrain_migrations (version, name) VALUES (%d, 'from_a_newer_stagedrain.sql')`, latest+1))
+		}, relay.ErrSchemaTooNew, fmt.Sprintf("schema version %d is newer than this stagedrain knows (%d): upgrade stagedrain", latest+1, latest)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			h := &harness{t: t, schema: testenv.Schema(t)}
+			h.rdb, h.ns = testenv.Redis(t)
+			tt.prepare(t, testenv.Conn(t, testenv.DatabaseURL()), h.schema)
+			r, err := relay.New(h.config())
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			err = r.Run(ctx)
+			if err == nil || ctx.Err() != nil {
+				t.Fatalf("Run = %v (ctx %v), want an error at once", err, ctx.Err())
+			}
+			if !errors.Is(err, tt.want) || !strings.Contains(err.Error(), tt.msg) {
+				t.Fatalf("Run = %v, want %v with %q", err, tt.want, tt.msg)
+			}
+			if n := h.logs.FilterMessage("became leader").Len(); n != 0 {
+				t.Errorf("the relay became leader %d times, want never", n)
+			}
+		})
+	}
+}
+
+// A standby checks the schema version again when it takes over: a schema
+// a newer stagedrain migrated while it waited makes Run return
+// ErrSchemaTooNew instead of leading.
+func TestStandbyChecksSchemaVersionOnTakeover(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	_, latest := embeddedMigrations(t)
+	leader, err := relay.New(h.config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaderLogs := h.logs
+	leaderCtx, stopLeader := context.WithCancel(context.Background())
+	defer stopLeader()
+	leaderDone := make(chan error, 1)
+	go func() { leaderDone <- leader.Run(leaderCtx) }()
+	h.waitLog("became leader", 1)
+
+	standby, err := relay.New(h.config()) // h.logs are now the standby's
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	standbyDone := make(chan error, 1)
+	go func() { standbyDone <- standby.Run(ctx) }()
+	h.waitLog("standby: another relay is draining this schema", 1)
+
+	if _, err := h.conn.Exec(context.Background(), `INSERT INTO `+pgx.Identifier{h.schema, "stagedrain_migrations"}.Sanitize()+
+		` (version, name) VALUES ($1, 'from_a_newer_stagedrain.sql')`, latest+1); err != nil {
+		t.Fatal(err)
+	}
+	stopLeader()
+	if err := <-leaderDone; err != nil {
+		t.Fatalf("leader Run = %v, want nil after cancel", err)
+	}
+	if n := leaderLogs.FilterMessage("released leadership").Len(); n != 1 {
+		t.Fatalf("the leader released leadership %d times, want once", n)
+	}
+	err = <-standbyDone
+	if !errors.Is(err, relay.ErrSchemaTooNew) || ctx.Err() != nil {
+		t.Fatalf("standby Run = %v (ctx %v), want ErrSchemaTooNew at takeover", err, ctx.Err())
+	}
+	if n := h.logs.FilterMessage("became leader").Len(); n != 0 {
+		t.Errorf("the standby became leader %d times, want never", n)
+	}
+}
+
+// migrateAndRecord migrates schema, then runs sql on its
+// stagedrain_migrations to fake what another stagedrain recorded.
+func migrateAndRecord(t *testing.T, conn *pgx.Conn, schema, sql string) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := relay.Migrate(ctx, conn, schema); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `SET search_path TO `+pgx.Identifier{schema}.Sanitize()+`; `+sql, pgx.QueryExecModeSimpleProtocol); err != nil {
+		t.Fatalf("%s: %v", sql, err)
 	}
 }
 

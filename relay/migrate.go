@@ -43,6 +43,19 @@ func migrations() ([]migration, error) {
 	return ms, nil
 }
 
+// latestVersion is the highest migration of sql/: the schema version this
+// binary needs, and the newest it knows.
+func latestVersion() (int, error) {
+	ms, err := migrations()
+	if err != nil {
+		return 0, err
+	}
+	if len(ms) == 0 {
+		return 0, fmt.Errorf("no migration files")
+	}
+	return ms[len(ms)-1].version, nil
+}
+
 // MigrateResult says what Migrate did.
 type MigrateResult struct {
 	Applied []string // migration files applied now, in order
@@ -56,7 +69,9 @@ type MigrateResult struct {
 // lock serializes them, and the later ones find nothing left to do. A
 // statement that waits more than 5s for a table lock (an app transaction
 // holding staged_jobs) fails the migration instead of stalling the app's
-// writes queued behind it; run it again when the table is quiet.
+// writes queued behind it; run it again when the table is quiet. Rows of a
+// seed table with a NULL job_name or job_args fail it too, changing nothing:
+// its error counts them and says how to find them.
 func Migrate(ctx context.Context, conn *pgx.Conn, schema string) (MigrateResult, error) {
 	var res MigrateResult
 	if err := validateSchemaName(schema); err != nil {

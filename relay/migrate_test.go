@@ -3,6 +3,7 @@ package relay_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"slices"
 	"strconv"
@@ -25,11 +26,11 @@ func TestMigrateIsIdempotent(t *testing.T) {
 	conn := testenv.Conn(t, testenv.DatabaseURL())
 	ctx := context.Background()
 
+	files, latest := embeddedMigrations(t)
 	first, err := relay.Migrate(ctx, conn, schema)
 	if err != nil {
 		t.Fatal(err)
 	}
-	files, latest := embeddedMigrations(t)
 	if !slices.Equal(first.Applied, files) || first.Current != latest {
 		t.Fatalf("first Migrate = %+v, want %v applied, version %d", first, files, latest)
 	}
@@ -42,24 +43,21 @@ func TestMigrateIsIdempotent(t *testing.T) {
 	}
 }
 
-// embeddedMigrations lists the files of sql/ in order and the version of
-// the last.
+// embeddedMigrations returns the migration files of sql/ in order, and the
+// latest version: what this binary needs.
 func embeddedMigrations(t *testing.T) ([]string, int) {
 	t.Helper()
-	entries, err := fs.ReadDir(sqlfiles.Files, ".")
+	files, err := fs.Glob(sqlfiles.Files, "*.sql")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("embedded migrations: %v, %v", files, err)
+	}
+	slices.Sort(files)
+	num, _, _ := strings.Cut(files[len(files)-1], "_")
+	latest, err := strconv.Atoi(num)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("migration %s: %v", files[len(files)-1], err)
 	}
-	var names []string
-	for _, e := range entries {
-		names = append(names, e.Name())
-	}
-	slices.Sort(names)
-	latest, err := strconv.Atoi(strings.SplitN(names[len(names)-1], "_", 2)[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return names, latest
+	return files, latest
 }
 
 // Migrations from several processes at once all succeed: the advisory lock
@@ -144,7 +142,7 @@ func TestMigrateUpgradesSeedTable(t *testing.T) {
 	h.rdb, h.ns = testenv.Redis(t)
 	h.conn = testenv.Conn(t, testenv.DatabaseURL())
 	ctx := context.Background()
-	schema := createSeedTable(t, h.conn, h.schema)
+	schema := createSeedTable(t, h.conn, h.schema, seedColumns)
 	if _, err := h.conn.Exec(ctx, `INSERT INTO `+schema+`.staged_jobs (job_name, job_args) VALUES ('OldJob', '[1]'), ('OldJob', '[2]')`); err != nil {
 		t.Fatal(err)
 	}
@@ -205,7 +203,7 @@ func TestMigrateGivesUpOnBusyTable(t *testing.T) {
 	h := &harness{t: t, schema: testenv.Schema(t)}
 	h.conn = testenv.Conn(t, testenv.DatabaseURL())
 	ctx := context.Background()
-	schema := createSeedTable(t, h.conn, h.schema)
+	schema := createSeedTable(t, h.conn, h.schema, seedColumns)
 	// An app transaction that has written to the seed table and stays open.
 	app, err := testenv.Conn(t, testenv.DatabaseURL()).Begin(ctx)
 	if err != nil {
@@ -226,18 +224,188 @@ func TestMigrateGivesUpOnBusyTable(t *testing.T) {
 	}
 }
 
-// createSeedTable creates schema with the seed article's three-column
-// staged_jobs table, and returns the quoted schema name.
-func createSeedTable(t *testing.T, conn *pgx.Conn, schema string) string {
+// The seed article's three-column staged_jobs table, and the same with
+// nullable columns, as some copies of it have.
+const (
+	seedColumns         = `(id BIGSERIAL PRIMARY KEY, job_name TEXT NOT NULL, job_args JSONB NOT NULL)`
+	nullableSeedColumns = `(id BIGSERIAL PRIMARY KEY, job_name TEXT, job_args JSONB)`
+)
+
+// createSeedTable creates schema with a staged_jobs table of columns, and
+// returns the quoted schema name.
+func createSeedTable(t *testing.T, conn *pgx.Conn, schema, columns string) string {
 	t.Helper()
 	quoted := pgx.Identifier{schema}.Sanitize()
 	for _, q := range []string{
 		`CREATE SCHEMA ` + quoted,
-		`CREATE TABLE ` + quoted + `.staged_jobs (id BIGSERIAL PRIMARY KEY, job_name TEXT NOT NULL, job_args JSONB NOT NULL)`,
+		`CREATE TABLE ` + quoted + `.staged_jobs ` + columns,
 	} {
 		if _, err := conn.Exec(context.Background(), q); err != nil {
 			t.Fatal(err)
 		}
 	}
 	return quoted
+}
+
+// Migrate makes job_name and job_args of a seed table NOT NULL, both when
+// it upgrades the seed table and when 001 upgraded it earlier; NULL rows
+// fail the migration with their count and a query that finds them, and
+// change nothing.
+func TestMigrateSeedColumnsNotNull(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name      string
+		at001     bool // 001 applied by an earlier Migrate
+		nullRows  int
+		wantApply []string
+	}{
+		{name: "seed table", wantApply: []string{"001_staged_jobs.sql", "002_not_null.sql"}},
+		{name: "seed table with NULL rows", nullRows: 2},
+		{name: "at version 1", at001: true, wantApply: []string{"002_not_null.sql"}},
+		{name: "at version 1 with NULL rows", at001: true, nullRows: 2},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			schema := testenv.Schema(t)
+			conn := testenv.Conn(t, testenv.DatabaseURL())
+			quoted := createSeedTable(t, conn, schema, nullableSeedColumns)
+			if tt.at001 {
+				applyFirstMigration(t, conn, schema)
+			}
+			rows := `('OldJob', '[1]')`
+			if tt.nullRows > 0 {
+				rows += `, (NULL, '[2]'), ('NullArgsJob', NULL)`
+			}
+			if _, err := conn.Exec(ctx, `INSERT INTO `+quoted+`.staged_jobs (job_name, job_args) VALUES `+rows); err != nil {
+				t.Fatal(err)
+			}
+			before := schemaState(t, conn, schema)
+
+			res, err := relay.Migrate(ctx, conn, schema)
+			if tt.nullRows == 0 {
+				if err != nil {
+					t.Fatalf("Migrate: %v", err)
+				}
+				if !slices.Contains(res.Applied, "002_not_null.sql") || slices.Contains(res.Applied, "001_staged_jobs.sql") != !tt.at001 {
+					t.Errorf("Migrate applied %v, want %v (and any later migration)", res.Applied, tt.wantApply)
+				}
+				if got := nullableColumns(t, conn, schema); len(got) != 0 {
+					t.Errorf("after Migrate, columns %v are nullable, want job_name and job_args NOT NULL", got)
+				}
+				return
+			}
+			find := `SELECT id FROM ` + schema + `.staged_jobs WHERE job_name IS NULL OR job_args IS NULL`
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &pgErr) || pgErr.Code != "23502" {
+				t.Fatalf("Migrate = %v, want a not-null violation (23502)", err)
+			}
+			for _, want := range []string{fmt.Sprintf("%d rows", tt.nullRows), find, "002_not_null.sql"} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("Migrate error %q does not contain %q", err, want)
+				}
+			}
+			if after := schemaState(t, conn, schema); after != before {
+				t.Errorf("the failed Migrate changed the schema:\nbefore: %s\nafter:  %s", before, after)
+			}
+			// The query finds the rows; without them Migrate succeeds.
+			if _, err := conn.Exec(ctx, `DELETE FROM `+quoted+`.staged_jobs WHERE id IN (`+find+`)`); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := relay.Migrate(ctx, conn, schema); err != nil {
+				t.Fatalf("Migrate after deleting the NULL rows: %v", err)
+			}
+			if got := nullableColumns(t, conn, schema); len(got) != 0 {
+				t.Errorf("after Migrate, columns %v are nullable, want job_name and job_args NOT NULL", got)
+			}
+		})
+	}
+}
+
+// applyFirstMigration brings schema to version 1 as a Migrate of a binary
+// that had only 001 did: 001 applied and recorded.
+func applyFirstMigration(t *testing.T, conn *pgx.Conn, schema string) {
+	t.Helper()
+	body, err := fs.ReadFile(sqlfiles.Files, "001_staged_jobs.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		for _, q := range []string{
+			`SET LOCAL search_path TO ` + pgx.Identifier{schema}.Sanitize(),
+			`CREATE TABLE stagedrain_migrations (version INT PRIMARY KEY, name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())`,
+			string(body),
+			`INSERT INTO stagedrain_migrations (version, name) VALUES (1, '001_staged_jobs.sql')`,
+		} {
+			if _, err := tx.Exec(ctx, q, pgx.QueryExecModeSimpleProtocol); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("apply 001 to %s: %v", schema, err)
+	}
+}
+
+// nullableColumns lists which of job_name and job_args of
+// schema.staged_jobs are nullable.
+func nullableColumns(t *testing.T, conn *pgx.Conn, schema string) []string {
+	t.Helper()
+	rows, err := conn.Query(context.Background(), `SELECT attname::text FROM pg_attribute
+		WHERE attrelid = $1::regclass AND attname IN ('job_name', 'job_args') AND NOT attnotnull ORDER BY attnum`,
+		pgx.Identifier{schema, "staged_jobs"}.Sanitize())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cols, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cols
+}
+
+// schemaState describes schema's tables, their columns and constraints, and
+// staged_jobs' rows, for comparing before and after.
+func schemaState(t *testing.T, conn *pgx.Conn, schema string) string {
+	t.Helper()
+	var state string
+	err := conn.QueryRow(context.Background(), `SELECT
+		(SELECT string_agg(format('%s.%s %s notnull=%s', c.relname, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull), '; ' ORDER BY c.relname, a.attnum)
+		   FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid
+		  WHERE c.relnamespace = $1::regnamespace AND c.relkind = 'r' AND a.attnum > 0 AND NOT a.attisdropped)
+		|| ' | ' || coalesce((SELECT string_agg(conname, ', ' ORDER BY conname) FROM pg_constraint WHERE connamespace = $1::regnamespace), '')
+		|| ' | ' || coalesce((SELECT string_agg(tgname, ', ' ORDER BY tgname) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid WHERE c.relnamespace = $1::regnamespace), '')`,
+		pgx.Identifier{schema}.Sanitize()).Scan(&state)
+	if err != nil {
+		t.Fatalf("describe schema %s: %v", schema, err)
+	}
+	rows, err := conn.Query(context.Background(), `SELECT to_jsonb(s)::text FROM `+pgx.Identifier{schema, "staged_jobs"}.Sanitize()+` s ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	staged, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	versions := "no stagedrain_migrations"
+	if tableExists(t, conn, schema, "stagedrain_migrations") {
+		err := conn.QueryRow(context.Background(), `SELECT 'versions ' || coalesce(string_agg(version::text, ',' ORDER BY version), '') FROM `+
+			pgx.Identifier{schema, "stagedrain_migrations"}.Sanitize()).Scan(&versions)
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return state + " | " + versions + " | rows " + strings.Join(staged, ", ")
+}
+
+// tableExists reports whether schema.table exists.
+func tableExists(t *testing.T, conn *pgx.Conn, schema, table string) bool {
+	t.Helper()
+	var exists bool
+	if err := conn.QueryRow(context.Background(), `SELECT to_regclass($1) IS NOT NULL`, pgx.Identifier{schema, table}.Sanitize()).Scan(&exists); err != nil {
+		t.Fatal(err)
+	}
+	return exists
 }

@@ -38,6 +38,7 @@ type Relay struct {
 	sql     tableSQL
 	sink    *sidekiqSink
 	lockKey string
+	version int // the schema version this binary needs: its latest migration
 
 	// Test hooks (export_test.go); nil outside tests.
 	hooks testHooks
@@ -73,6 +74,10 @@ func New(cfg Config) (*Relay, error) {
 	if err != nil { // Validate parsed it already
 		return nil, fmt.Errorf("relay config: DatabaseURL: %w", redactErr(err))
 	}
+	version, err := latestVersion()
+	if err != nil {
+		return nil, fmt.Errorf("read migrations: %w", err)
+	}
 	return &Relay{
 		cfg:     cfg,
 		log:     cfg.Logger,
@@ -80,6 +85,7 @@ func New(cfg Config) (*Relay, error) {
 		sql:     newTableSQL(cfg.Schema),
 		sink:    newSidekiqSink(cfg.Redis, cfg.RedisNamespace, cfg.TimestampFormat),
 		lockKey: "stagedrain:" + cfg.Schema,
+		version: version,
 
 		gateTimeout: defaultGateTimeout,
 	}, nil
@@ -89,9 +95,11 @@ func New(cfg Config) (*Relay, error) {
 // releases leadership and returns nil. Lost connections to PostgreSQL or
 // Redis are logged and retried with capped exponential backoff; Run returns
 // an error only for what waiting cannot fix: rejected credentials, a missing
-// database, or a schema with no staged_jobs table (ErrNotMigrated); or, at
-// start, before it campaigns to lead, a Redis that refuses its credentials
-// or DB (mid-run, such refusals are logged at error and retried).
+// database, a schema that Migrate has not brought up to this version
+// (ErrNotMigrated), or one a newer stagedrain has migrated past it
+// (ErrSchemaTooNew); or, at start, before it campaigns to lead, a Redis
+// that refuses its credentials or DB (mid-run, such refusals are logged at
+// error and retried).
 //
 // A Relay runs one Run at a time; to run standbys, create more Relays (in
 // other processes, normally).
@@ -222,13 +230,22 @@ func (r *Relay) connConfig(role string) *pgx.ConnConfig {
 // in flight before them.
 const defaultGateTimeout = 200 * time.Millisecond
 
-// ErrNotMigrated is returned by Run when the schema has no staged_jobs
-// table: run Migrate (stagedrain migrate) first.
-var ErrNotMigrated = errors.New("no staged_jobs table")
+var (
+	// ErrNotMigrated is returned by Run when the schema version recorded by
+	// Migrate is older than the latest migration of this binary, or when
+	// Migrate never ran on the schema (even if it holds a staged_jobs table,
+	// such as the seed article's): run Migrate (stagedrain migrate) first.
+	ErrNotMigrated = errors.New("schema not migrated")
+
+	// ErrSchemaTooNew is returned by Run when the schema version recorded by
+	// Migrate is newer than the latest migration of this binary: a newer
+	// stagedrain migrated it, so upgrade this one.
+	ErrSchemaTooNew = errors.New("schema too new")
+)
 
 // isFatal reports whether err is one that retrying cannot fix.
 func isFatal(err error) bool {
-	if errors.Is(err, ErrNotMigrated) {
+	if errors.Is(err, ErrNotMigrated) || errors.Is(err, ErrSchemaTooNew) {
 		return true
 	}
 	var pgErr *pgconn.PgError

@@ -4,10 +4,15 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"net"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/stagedrain/stagedrain/relay"
 )
@@ -104,6 +109,9 @@ func TestUsageErrors(t *testing.T) {
 		{"empty schema", []string{"run", "--database-url", db, "--schema", ""}, []string{"--schema", "must not be empty"}},
 		{"empty timestamp format", []string{"run", "--database-url", db, "--timestamp-format="}, []string{"--timestamp-format", "must not be empty"}},
 		{"empty schema, migrate", []string{"migrate", "--database-url", db, "--schema="}, []string{"--schema", "must not be empty"}},
+		{"schema too long, run", []string{"run", "--database-url", db, "--schema", strings.Repeat("s", 64)}, []string{"run: --schema", "1 to 63 bytes, got 64"}},
+		{"schema too long, migrate", []string{"migrate", "--database-url", db, "--schema", strings.Repeat("s", 64)}, []string{"migrate: --schema", "1 to 63 bytes, got 64"}},
+		{"schema too long, run --migrate", []string{"run", "--migrate", "--database-url", db, "--schema", strings.Repeat("s", 64)}, []string{"run: --schema", "1 to 63 bytes"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -129,6 +137,8 @@ func TestEnvUsageErrors(t *testing.T) {
 		{"zero batch size", "STAGEDRAIN_BATCH_SIZE", "0", []string{"run", "--database-url", db}, []string{"--batch-size"}},
 		{"log level", "STAGEDRAIN_LOG_LEVEL", "loud", []string{"migrate", "--database-url", db}, []string{"--log-level"}},
 		{"database url", "DATABASE_URL", "postgres://u:s3cretpw@h:badport/x", []string{"migrate"}, []string{"--database-url"}},
+		{"schema too long, run", "STAGEDRAIN_SCHEMA", strings.Repeat("s", 64), []string{"run", "--database-url", db}, []string{"run: $STAGEDRAIN_SCHEMA (--schema)", "1 to 63 bytes"}},
+		{"schema too long, migrate", "STAGEDRAIN_SCHEMA", strings.Repeat("s", 64), []string{"migrate", "--database-url", db}, []string{"migrate: $STAGEDRAIN_SCHEMA (--schema)", "1 to 63 bytes"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -393,4 +403,41 @@ func TestFlagWinsOverEnv(t *testing.T) {
 	if !tableExists(t, conn, envSchema, "staged_jobs") {
 		t.Errorf("migrate without --schema did not create %s.staged_jobs of $STAGEDRAIN_SCHEMA", envSchema)
 	}
+}
+
+// A connect error is one line that names each cause once: pgx lists each
+// address on a line of its own, and under the default sslmode=prefer a
+// rejected role once with TLS and once without.
+func TestConnectErrorOnOneLine(t *testing.T) {
+	t.Parallel()
+	cfg, err := pgx.ParseConfig(testDatabaseURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := fmt.Sprintf("postgres://nosuchrole@%s/%s", net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))), cfg.Database)
+	const cause = `role "nosuchrole" does not exist`
+	for _, cmd := range []string{"migrate", "run"} {
+		t.Run(cmd, func(t *testing.T) {
+			t.Parallel()
+			r := runCLI(cmd, "--database-url", db)
+			checkOneLineError(t, r, 1, cause)
+			if n := strings.Count(r.stderr, cause); n != 1 {
+				t.Errorf("stderr = %q names %q %d times, want once", r.stderr, cause, n)
+			}
+			if strings.ContainsAny(r.stderr, "\t") || strings.Contains(r.stderr, `\n`) || strings.Contains(r.stderr, `\t`) {
+				t.Errorf("stderr = %q, want no tab and no escaped newline or tab", r.stderr)
+			}
+		})
+	}
+}
+
+// latestVersion is the schema version this stagedrain needs: the one
+// migrate brings a fresh schema to.
+func latestVersion(t *testing.T) int {
+	t.Helper()
+	res, err := relay.Migrate(context.Background(), testConn(t), testSchema(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.Current
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -43,6 +44,13 @@ func (c *commonFlags) check(f *flagSet) error {
 	if err := relay.CheckDatabaseURL(c.databaseURL); err != nil {
 		return usagef("%s: %s: %s", f.cmd, f.source("database-url"), err)
 	}
+	if err := relay.CheckSchema(c.schema); err != nil {
+		reason := err.Error()
+		if fe := (*relay.FieldError)(nil); errors.As(err, &fe) {
+			reason = fe.Reason
+		}
+		return usagef("%s: %s %s", f.cmd, f.source("schema"), reason)
+	}
 	return nil
 }
 
@@ -68,7 +76,7 @@ func (c *commonFlags) logger(cmd string, stdout io.Writer) (*zap.Logger, error) 
 		return nil, usagef("%s: --log-format must be json or console, got %q", cmd, c.logFormat)
 	}
 	core := zapcore.NewCore(enc, zapcore.Lock(zapcore.AddSync(stdout)), level)
-	return zap.New(core).Named("stagedrain"), nil
+	return zap.New(oneLineErrors{core}).Named("stagedrain"), nil
 }
 
 func migrateCmd(ctx context.Context, args []string, stdout io.Writer) error {
@@ -244,8 +252,7 @@ func migrateWithRetry(ctx context.Context, databaseURL, schema string, maxBackof
 		if err == nil || ctx.Err() != nil {
 			return nil
 		}
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) {
+		if !transient(err) {
 			return err // the server answered and said no: waiting will not help
 		}
 		log.Warn("migrate failed, retrying", zap.Error(err), zap.Int("attempt", attempt), zap.Duration("wait", wait))
@@ -256,4 +263,23 @@ func migrateWithRetry(ctx context.Context, databaseURL, schema string, maxBackof
 		}
 		wait = min(2*wait, maxBackoff)
 	}
+}
+
+// transient reports whether migrate failed for a reason that waiting may
+// fix: no answer from the server, or an answer that it cannot take a
+// session now (starting up, shutting down, out of connections, the
+// connection broken).
+func transient(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return true // no answer: unreachable
+	}
+	switch pgErr.Code {
+	case "57P03", // cannot_connect_now: starting up, shutting down, in recovery
+		"57P01", // admin_shutdown
+		"57P02", // crash_shutdown
+		"53300": // too_many_connections
+		return true
+	}
+	return strings.HasPrefix(pgErr.Code, "08") // connection_exception
 }

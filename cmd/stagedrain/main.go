@@ -19,7 +19,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 
 	"github.com/redis/go-redis/v9"
@@ -102,11 +101,4 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	default:
 		return usagef("unknown command %q: want migrate, run, bench or version (see 'stagedrain --help')", cmd)
 	}
-}
-
-// oneLine folds a multi-line error (pgx lists each address it tried on its
-// own line) into one line.
-func oneLine(s string) string {
-	s = strings.ReplaceAll(s, ":\n\t", ": ")
-	return strings.Join(strings.FieldsFunc(s, func(r rune) bool { return r == '\n' || r == '\t' }), "; ")
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -133,6 +134,69 @@ func TestRunNotMigrated(t *testing.T) {
 	}
 	if p.count(rootLogger, "became leader") != 0 {
 		t.Errorf("the relay became leader of a schema without staged_jobs")
+	}
+}
+
+// run refuses, with exit 1 and one line, a schema whose recorded version is
+// not the one it needs: the seed article's table migrate never upgraded,
+// and a schema a newer stagedrain migrated.
+func TestRunChecksSchemaVersion(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name    string
+		prepare func(t *testing.T, conn *pgx.Conn, schema string)
+		want    func(latest int) []string
+	}{
+		{"seed table", func(t *testing.T, conn *pgx.Conn, schema string) {
+			quoted := pgx.Identifier{schema}.Sanitize()
+			for _, q := range []string{
+				`CREATE SCHEMA ` + quoted,
+				`CREATE TABLE ` + quoted + `.staged_jobs (id BIGSERIAL PRIMARY KEY, job_name TEXT NOT NULL, job_args JSONB NOT NULL)`,
+				`INSERT INTO ` + quoted + `.staged_jobs (job_name, job_args) VALUES ('OldJob', '[1]')`,
+			} {
+				if _, err := conn.Exec(context.Background(), q); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}, func(int) []string { return []string{"not migrated", "run 'stagedrain migrate' first"} }},
+		{"newer version", func(t *testing.T, conn *pgx.Conn, schema string) {
+			res, err := relay.Migrate(context.Background(), conn, schema)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = conn.Exec(context.Background(), `INSERT INTO `+pgx.Identifier{schema, "stagedrain_migrations"}.Sanitize()+
+				` (version, name) VALUES ($1, 'from_a_newer_stagedrain.sql')`, res.Current+1)
+			if err != nil {
+				t.Fatal(err)
+			}
+		}, func(latest int) []string {
+			return []string{fmt.Sprintf("schema version %d is newer than this stagedrain knows (%d): upgrade stagedrain", latest+1, latest)}
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			schema := testSchema(t)
+			conn := testConn(t)
+			tt.prepare(t, conn, schema)
+			_, ns := testRedis(t)
+			p := startProc(t, "relay", childEnv(), "run", "--schema", schema, "--redis-namespace", ns)
+			if code := p.wait(15 * time.Second); code != 1 {
+				t.Fatalf("exit code %d, want 1; output:\n%s", code, p.output())
+			}
+			want := append(tt.want(latestVersion(t)), strconv.Quote(schema))
+			stderr := p.stderr.snapshot()
+			if len(stderr) != 1 {
+				t.Fatalf("stderr = %q, want one line", p.output())
+			}
+			for _, w := range want {
+				if !strings.Contains(stderr[0].raw, w) {
+					t.Errorf("stderr = %q, want it to contain %q", stderr[0].raw, w)
+				}
+			}
+			if p.count(rootLogger, "became leader") != 0 {
+				t.Errorf("the relay became leader of a schema at the wrong version")
+			}
+		})
 	}
 }
 
@@ -368,4 +432,33 @@ func keys(m map[string]int) []string {
 	}
 	slices.Sort(ks)
 	return ks
+}
+
+// A console log line of a connect failure is one line: pgx's error lists
+// each address on a line of its own, which the console encoder would show
+// as a literal "\n\t".
+func TestConsoleLogErrorOnOneLine(t *testing.T) {
+	t.Parallel()
+	_, ns := testRedis(t)
+	// Nothing listens on port 1 or 2: both addresses refuse.
+	env := append(childEnv(), "DATABASE_URL=postgres://u@127.0.0.1:1,127.0.0.1:2/x")
+	p := startProc(t, "relay", env, "run", "--redis-namespace", ns, "--log-format", "console", "--max-backoff", "100ms")
+	ln, err := p.stdout.wait(15*time.Second, func(l logLine) bool {
+		return strings.Contains(l.raw, "database session failed, retrying")
+	})
+	if err != nil {
+		t.Fatalf("console line \"database session failed, retrying\": %v; output:\n%s", err, p.output())
+	}
+	if strings.Contains(ln.raw, `\n`) || strings.Contains(ln.raw, `\t`) {
+		t.Errorf("console line %q shows an escaped newline or tab", ln.raw)
+	}
+	for _, addr := range []string{"127.0.0.1:1 (127.0.0.1): dial error", "; 127.0.0.1:2 (127.0.0.1): dial error"} {
+		if strings.Count(ln.raw, addr) != 1 {
+			t.Errorf("console line %q, want %q once", ln.raw, addr)
+		}
+	}
+	p.signal(syscall.SIGTERM)
+	if code := p.wait(15 * time.Second); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM, want 0", code)
+	}
 }
