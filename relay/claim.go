@@ -39,14 +39,14 @@ func newTableSQL(schema string) tableSQL {
 	return tableSQL{
 		// Claim and delete in one statement: committed rows only (READ
 		// COMMITTED sees nothing uncommitted), oldest id first, but for the
-		// ids in $2 (rows this drain left staged). FOR UPDATE SKIP LOCKED
+		// ids in $2 (rows this drain left staged), with ids above $3. FOR UPDATE SKIP LOCKED
 		// keeps them locked until the batch's transaction ends, so even two
 		// relays that both think they lead never claim the same row; the
 		// delete is undone by a rollback if the push fails. It deletes
 		// exactly the claimed ids: never "id <= max", which under READ
 		// COMMITTED would delete a lower id committed after the claim.
 		claim: `WITH b AS MATERIALIZED (SELECT id FROM ` + table +
-			` WHERE id <> ALL($2) ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)` +
+			` WHERE id > $3 AND id <> ALL($2) ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)` +
 			` DELETE FROM ` + table + ` t USING b WHERE t.id = b.id RETURNING ` +
 			`t.id, t.job_name, t.job_args, t.queue, t.run_at, t.jid, t.created_at, t.options`,
 		// Puts back, unchanged, the rows of a batch that were not pushed.
@@ -63,13 +63,13 @@ func newTableSQL(schema string) tableSQL {
 // claimBatch begins a transaction on conn and, in the same round trip,
 // claims (deletes) up to limit committed rows into dst[:0], sorted by id.
 // On success the transaction stays open: the caller commits what it pushed.
-func claimBatch(ctx context.Context, conn *pgx.Conn, sql string, limit int, skip []int64, dst []stagedJob) ([]stagedJob, error) {
+func claimBatch(ctx context.Context, conn *pgx.Conn, sql string, limit int, skip []int64, from int64, dst []stagedJob) ([]stagedJob, error) {
 	if skip == nil {
 		skip = []int64{} // an empty array: NULL would make "id <> ALL" NULL
 	}
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	b.Queue(sql, limit, skip)
+	b.Queue(sql, limit, skip, from)
 	br := conn.SendBatch(ctx, b)
 	dst = dst[:0]
 	if _, err := br.Exec(); err != nil {

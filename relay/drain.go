@@ -69,6 +69,7 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 type claimed struct {
 	conn  *pgxpool.Conn // nil when the claim found nothing (and committed)
 	jobs  []stagedJob
+	from  int64 // the claim took ids above this
 	start time.Time
 }
 
@@ -86,13 +87,28 @@ type claimed struct {
 // claim skips the rows the first batch holds locked. Batches are still
 // pushed one after another, in id order. Rows a batch left staged (refused
 // by Redis) are skipped by the rest of this drain and retried on the next.
+//
+// A claim after a full batch starts after that batch's last id: an index
+// scan from the table's start would step over every row deleted since the
+// last vacuum, and slow a long drain down as it goes. Ids are not commit
+// order, so a lower id can commit later: every claim after a short batch,
+// and at least one a second, scans from the start.
 func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]stagedJob, g *gate, log *zap.Logger) error {
 	var skip []int64
-	cur, err := r.claim(ctx, pool, &bufs[0], skip)
+	cur, err := r.claim(ctx, pool, &bufs[0], skip, 0)
 	if err != nil {
 		return err
 	}
+	fullScan := time.Now()
 	for i := 1; ; i++ {
+		if cur.conn == nil && cur.from > 0 {
+			// The rest of the table may hold rows that committed late.
+			if cur, err = r.claim(ctx, pool, &bufs[i%2], skip, 0); err != nil {
+				return err
+			}
+			fullScan = time.Now()
+			continue
+		}
 		if cur.conn == nil {
 			if g == nil || !g.awake {
 				return nil
@@ -104,9 +120,10 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 			if timedOut {
 				log.Debug("a commit held the wake barrier past its timeout; its jobs come with the next poll")
 			}
-			if cur, err = r.claim(ctx, pool, &bufs[i%2], skip); err != nil {
+			if cur, err = r.claim(ctx, pool, &bufs[i%2], skip, 0); err != nil {
 				return err
 			}
+			fullScan = time.Now()
 			continue
 		}
 		if i > 1 {
@@ -120,9 +137,13 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 		var nextErr error
 		claimedNext := make(chan struct{})
 		if full {
+			from := cur.jobs[len(cur.jobs)-1].id
+			if time.Since(fullScan) >= rescanInterval {
+				from, fullScan = 0, time.Now()
+			}
 			go func() {
 				defer close(claimedNext)
-				next, nextErr = r.claim(ctx, pool, &bufs[i%2], skip)
+				next, nextErr = r.claim(ctx, pool, &bufs[i%2], skip, from)
 			}()
 		} else {
 			close(claimedNext)
@@ -141,24 +162,29 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 		}
 		skip = append(skip, left...)
 		if !full {
-			if next, err = r.claim(ctx, pool, &bufs[i%2], skip); err != nil {
+			if next, err = r.claim(ctx, pool, &bufs[i%2], skip, 0); err != nil {
 				return err
 			}
+			fullScan = time.Now()
 		}
 		cur = next
 	}
 }
 
-// claim begins a transaction and claims up to BatchSize committed rows into
-// (*buf)[:0], in one round trip. When there are none it ends the
+// rescanInterval is the longest a drain claims from a cursor before it
+// scans from the table's start again for rows that committed late.
+const rescanInterval = time.Second
+
+// claim begins a transaction and claims up to BatchSize committed rows with
+// ids above from into (*buf)[:0], in one round trip. When there are none it ends the
 // transaction and returns a claimed with a nil conn.
-func (r *Relay) claim(ctx context.Context, pool *pgxpool.Pool, buf *[]stagedJob, skip []int64) (claimed, error) {
-	c := claimed{start: time.Now()}
+func (r *Relay) claim(ctx context.Context, pool *pgxpool.Pool, buf *[]stagedJob, skip []int64, from int64) (claimed, error) {
+	c := claimed{from: from, start: time.Now()}
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return c, fmt.Errorf("claim batch: %w", err)
 	}
-	*buf, err = claimBatch(ctx, conn.Conn(), r.sql.claim, r.cfg.BatchSize, skip, *buf)
+	*buf, err = claimBatch(ctx, conn.Conn(), r.sql.claim, r.cfg.BatchSize, skip, from, *buf)
 	if err != nil {
 		claimed{conn: conn}.rollback(ctx)
 		return c, err

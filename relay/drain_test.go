@@ -294,3 +294,50 @@ func failFirstPush(r *relay.Relay) *atomic.Int32 {
 	})
 	return &calls
 }
+
+// A drain of full batches claims from after the last batch's id, not from
+// the table's start; a row with a lower id that commits meanwhile is still
+// delivered by the same drain (its rescan from the start), with neither a
+// notification (the trigger is dropped) nor a poll (a minute away).
+func TestLowIDCommittedDuringDrainIsDelivered(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ctx := context.Background()
+	if _, err := h.conn.Exec(ctx, "DROP TRIGGER stagedrain_wake ON "+pgx.Identifier{h.schema, "staged_jobs"}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	late, err := testenv.Conn(t, testenv.DatabaseURL()).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer late.Rollback(ctx) //nolint:errcheck // committed below
+	lateJID, err := h.stager.Stage(ctx, late, relay.Job{Name: "Late"}) // the lowest id
+	if err != nil {
+		t.Fatal(err)
+	}
+	var early []relay.Job
+	for range 10 {
+		early = append(early, relay.Job{Name: "Early"})
+	}
+	h.stageMany(early...)
+
+	cfg := h.config()
+	cfg.PollInterval = time.Minute
+	cfg.BatchSize = 2
+	r, err := relay.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pushes atomic.Int32
+	relay.SetAfterPush(r, func(ctx context.Context) error {
+		if pushes.Add(1) == 1 {
+			return late.Commit(ctx) // below the cursor of the claims to come
+		}
+		return nil
+	})
+	h.run(r)
+	h.waitQueueLen("default", 11, 10*time.Second)
+	if got := h.queueJIDs("default"); !slices.Contains(got, lateJID) {
+		t.Fatalf("delivered %v, want the late job %s among them", got, lateJID)
+	}
+}
