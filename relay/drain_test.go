@@ -310,7 +310,7 @@ func TestLowIDCommittedDuringDrainIsDelivered(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer late.Rollback(ctx) //nolint:errcheck // committed below
+	defer late.Rollback(ctx)                                           //nolint:errcheck // committed below
 	lateJID, err := h.stager.Stage(ctx, late, relay.Job{Name: "Late"}) // the lowest id
 	if err != nil {
 		t.Fatal(err)
