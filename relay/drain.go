@@ -99,7 +99,7 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 	if err != nil {
 		return err
 	}
-	fullScan := time.Now()
+	fullScan, lastFound := time.Now(), time.Now()
 	for i := 1; ; i++ {
 		if cur.conn == nil && cur.from > 0 {
 			// The rest of the table may hold rows that committed late.
@@ -112,6 +112,20 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 		if cur.conn == nil {
 			if g == nil || !g.awake {
 				return nil
+			}
+			if time.Since(lastFound) < lingerFor {
+				// Jobs were flowing a moment ago: look again shortly
+				// rather than go idle, which would make the next commits
+				// NOTIFY (serialized by PostgreSQL's notify lock) and
+				// wake the relay again at once.
+				if !sleep(ctx, lingerStep) {
+					return nil
+				}
+				if cur, err = r.claim(ctx, pool, &bufs[i%2], skip, 0); err != nil {
+					return err
+				}
+				fullScan = time.Now()
+				continue
 			}
 			timedOut, err := g.sleep(ctx)
 			if err != nil {
@@ -126,6 +140,7 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 			fullScan = time.Now()
 			continue
 		}
+		lastFound = time.Now()
 		if i > 1 {
 			if err := g.wake(ctx); err != nil {
 				cur.rollback(ctx)
@@ -170,6 +185,16 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 		cur = next
 	}
 }
+
+// While awake, an empty claim is followed by another lingerStep later, for
+// up to lingerFor since the last claim that found jobs; only then does the
+// relay go idle. Under a steady flow of commits it stays awake, and they
+// need not NOTIFY; a lull longer than lingerFor costs the next commit a
+// notification, and the relay a wake-up.
+const (
+	lingerFor  = 5 * time.Millisecond
+	lingerStep = 500 * time.Microsecond
+)
 
 // rescanInterval is the longest a drain claims from a cursor before it
 // scans from the table's start again for rows that committed late.
