@@ -51,18 +51,26 @@ type gate struct {
 	awake      bool
 }
 
+// Each gate lock has 16 shards (two-key advisory locks: hashtext(name),
+// shard); a committing backend uses shard pg_backend_pid() % 16.
 const (
-	gateLockSQL   = `SELECT pg_advisory_lock(hashtextextended($1, 0))`
-	gateUnlockSQL = `SELECT pg_advisory_unlock(hashtextextended($1, 0))`
+	// Every shard, in order. A lock_timeout part way leaves the shards
+	// before it held, which the relay treats as awake (see wake).
+	gateLockSQL = `SELECT pg_advisory_lock(hashtext($1), s) FROM generate_series(0, 15) s`
+	// Unlocking a shard not held only raises a WARNING.
+	gateUnlockSQL = `SELECT pg_advisory_unlock(hashtext($1), s) FROM generate_series(0, 15) s`
+	// Waits for the commits holding each shard shared, holding none.
+	gateBarrierSQL = `SELECT pg_advisory_lock(hashtext($1), s), pg_advisory_unlock(hashtext($1), s) FROM generate_series(0, 15) s`
 )
 
 func awakeLockName(schema string) string   { return "stagedrain-awake:" + schema }
 func barrierLockName(schema string) string { return "stagedrain-barrier:" + schema }
 
-// wake marks the relay awake. If commits that decided to notify still hold
-// "awake" shared past the lock connection's lock_timeout, the relay stays
-// idle for now (they notify; it is only the cost that remains): not an
-// error.
+// wake marks the relay awake. If commits that decided to notify hold a
+// shard of "awake" past the lock connection's lock_timeout, the shards
+// before it are held and the rest are not: the relay counts as awake (its
+// sleep releases them all and waits at the barrier), and commits on the
+// shards not held go on notifying.
 func (g *gate) wake(ctx context.Context) error {
 	if g == nil || g.awake {
 		return nil
@@ -70,10 +78,7 @@ func (g *gate) wake(ctx context.Context) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	_, err := g.conn.Exec(ctx, gateLockSQL, g.awakeKey)
-	if isLockTimeout(err) {
-		return nil
-	}
-	if err != nil {
+	if err != nil && !isLockTimeout(err) {
 		return fmt.Errorf("%w: mark awake: %w", errLostLock, err)
 	}
 	g.awake = true
@@ -102,8 +107,7 @@ func (g *gate) barrier(ctx context.Context, unlock bool) (timedOut bool, err err
 	if unlock {
 		b.Queue(gateUnlockSQL, g.awakeKey)
 	}
-	b.Queue(gateLockSQL, g.barrierKey)
-	b.Queue(gateUnlockSQL, g.barrierKey)
+	b.Queue(gateBarrierSQL, g.barrierKey)
 	err = g.conn.SendBatch(ctx, b).Close()
 	if isLockTimeout(err) {
 		return true, nil

@@ -99,13 +99,13 @@ func TestGateWaitsForCommitThatSawItAwake(t *testing.T) {
 }
 
 // advisoryLocks counts the sessions holding (granted) or waiting for (not
-// granted) the advisory lock name in mode.
+// granted) a shard of the gate lock name in mode.
 func (h *harness) advisoryLocks(name, mode string, granted bool) int {
 	h.t.Helper()
 	var n int
-	err := h.conn.QueryRow(context.Background(), `SELECT count(*) FROM pg_locks
-		WHERE locktype = 'advisory' AND objsubid = 1 AND mode = $2 AND granted = $3
-		  AND (classid::bigint << 32 | objid::bigint) = hashtextextended($1, 0)`,
+	err := h.conn.QueryRow(context.Background(), `SELECT count(DISTINCT pid) FROM pg_locks
+		WHERE locktype = 'advisory' AND objsubid = 2 AND mode = $2 AND granted = $3
+		  AND classid::bigint = (hashtext($1)::bigint + 4294967296) % 4294967296`,
 		name, mode, granted).Scan(&n)
 	if err != nil {
 		h.t.Fatalf("read pg_locks: %v", err)
@@ -137,7 +137,7 @@ func TestGateNotifiesOnlyWhileIdle(t *testing.T) {
 
 	// Awake: a session holds the awake lock as the relay does.
 	relayConn := testenv.Conn(t, testenv.DatabaseURL())
-	if _, err := relayConn.Exec(ctx, `SELECT pg_advisory_lock(hashtextextended($1, 0))`, relay.AwakeLockName(h.schema)); err != nil {
+	if _, err := relayConn.Exec(ctx, `SELECT pg_advisory_lock(hashtext($1), s) FROM generate_series(0, 15) s`, relay.AwakeLockName(h.schema)); err != nil {
 		t.Fatal(err)
 	}
 	tx, err := h.conn.Begin(ctx)
@@ -159,7 +159,7 @@ func TestGateNotifiesOnlyWhileIdle(t *testing.T) {
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := relayConn.Exec(ctx, `SELECT pg_advisory_unlock(hashtextextended($1, 0))`, relay.AwakeLockName(h.schema)); err != nil {
+	if _, err := relayConn.Exec(ctx, `SELECT pg_advisory_unlock(hashtext($1), s) FROM generate_series(0, 15) s`, relay.AwakeLockName(h.schema)); err != nil {
 		t.Fatal(err)
 	}
 	// Idle again: the next commit notifies once more.
