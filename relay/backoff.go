@@ -26,6 +26,9 @@ func jitter(d time.Duration) time.Duration {
 
 // sleep waits for d or until ctx ends, and reports whether ctx is still live.
 func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {

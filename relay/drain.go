@@ -177,6 +177,14 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 		}
 		skip = append(skip, left...)
 		if !full {
+			// Pace: the more jobs a short batch found, the longer until the
+			// next claim, so that a busy app's commits meet fewer, larger
+			// batches (each batch costs PostgreSQL a transaction on the
+			// pages the app is inserting into).
+			pace := min(time.Duration(len(cur.jobs))*pacePerJob, maxPace)
+			if !sleep(ctx, pace-time.Since(cur.start)) {
+				return nil
+			}
 			if next, err = r.claim(ctx, pool, &bufs[i%2], skip, 0); err != nil {
 				return err
 			}
@@ -194,6 +202,16 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 const (
 	lingerFor  = 5 * time.Millisecond
 	lingerStep = 500 * time.Microsecond
+)
+
+// After a short batch of n jobs, the next claim starts no sooner than
+// n x pacePerJob (at most maxPace) after that batch's claim. Below about
+// 1/pacePerJob = 2,000 jobs/s a batch holds a job or two and the pace is
+// shorter than a batch takes anyway; above it, batches grow until the
+// relay claims every maxPace, which bounds the added latency.
+const (
+	pacePerJob = 500 * time.Microsecond
+	maxPace    = 5 * time.Millisecond
 )
 
 // rescanInterval is the longest a drain claims from a cursor before it
