@@ -197,6 +197,7 @@ func TestHelp(t *testing.T) {
 		"leader-interval":  "STAGEDRAIN_LEADER_INTERVAL",
 		"max-backoff":      "STAGEDRAIN_MAX_BACKOFF",
 		"shutdown-timeout": "STAGEDRAIN_SHUTDOWN_TIMEOUT",
+		"poll-only":        "STAGEDRAIN_POLL_ONLY",
 		"migrate":          "STAGEDRAIN_MIGRATE",
 	}
 	for k, v := range common {
