@@ -136,6 +136,9 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
+	for _, name := range unknownEnv(os.Environ()) {
+		fmt.Fprintf(stderr, "bench: unknown environment variable %s, ignored\n", name)
+	}
 	exe, err := os.Executable()
 	if err != nil {
 		return fmt.Errorf("bench: find this binary to run the relay: %w", err)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"time"
 
@@ -79,11 +80,17 @@ func (c *commonFlags) logger(cmd string, stdout io.Writer) (*zap.Logger, error) 
 	return zap.New(oneLineErrors{core}).Named("stagedrain"), nil
 }
 
-func migrateCmd(ctx context.Context, args []string, stdout io.Writer) error {
+// newMigrateFlags declares migrate's flags.
+func newMigrateFlags() (*flagSet, *commonFlags) {
 	f := newFlagSet("migrate", "Create the schema (if missing), the staged_jobs table and its NOTIFY trigger,\n"+
 		"or upgrade them. Safe to run again, and from several processes at once.")
-	var c commonFlags
+	c := new(commonFlags)
 	c.register(f)
+	return f, c
+}
+
+func migrateCmd(ctx context.Context, args []string, stdout io.Writer) error {
+	f, c := newMigrateFlags()
 	if err := f.parse(args, stdout); err != nil {
 		return err
 	}
@@ -94,6 +101,7 @@ func migrateCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	warnUnknownEnv(log)
 	return migrate(ctx, c.databaseURL, c.schema, log)
 }
 
@@ -109,6 +117,15 @@ func migrate(ctx context.Context, databaseURL, schema string, log *zap.Logger) e
 	}
 	log.Info("migrated", zap.String("schema", schema), zap.Strings("applied", res.Applied), zap.Int("version", res.Current))
 	return nil
+}
+
+// warnUnknownEnv logs, at warn, each STAGEDRAIN_* variable of the
+// environment that no command reads: a typo, or a setting this version does
+// not have, would otherwise be ignored in silence. Never its value.
+func warnUnknownEnv(log *zap.Logger) {
+	for _, name := range unknownEnv(os.Environ()) {
+		log.Warn("unknown environment variable, ignored", zap.String("name", name))
+	}
 }
 
 // runFlags maps each flag of run onto relay.Config.
@@ -208,6 +225,7 @@ func runCmd(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	defer log.Sync() //nolint:errcheck // stdout
+	warnUnknownEnv(log)
 
 	rdb := redis.NewClient(ropts)
 	defer rdb.Close()

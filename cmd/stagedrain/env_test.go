@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -16,12 +14,16 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/stagedrain/stagedrain/relay/relaytest"
 )
 
-// The helpers below mirror relay/internal/testenv, which Go's internal rule
-// keeps out of reach of this package: each test gets a fresh schema of the
-// shared PostgreSQL and a key namespace of the shared Redis, and waits on
-// conditions with a deadline instead of sleeping.
+// Each test gets a fresh schema of the shared PostgreSQL and a key
+// namespace of the shared Redis, and waits on conditions with a deadline
+// instead of sleeping: relay/relaytest provides these (as it does to
+// applications). What is left here is this package's own: the shared
+// servers' addresses (as relay/internal/testenv has them, which Go's
+// internal rule keeps out of reach) and checks of what the commands did.
 
 // testDatabaseURL is the shared test database: $TEST_DATABASE_URL, or the
 // PostgreSQL on 127.0.0.1:5432.
@@ -40,46 +42,18 @@ func testRedisURL() string {
 	return "redis://127.0.0.1:6379/0"
 }
 
-// freshName returns prefix + 12 random lowercase hex characters.
-func freshName(prefix string) string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	return prefix + hex.EncodeToString(b[:])
-}
-
 // testConn opens a connection to the shared test database, closed when the
 // test ends.
 func testConn(t testing.TB) *pgx.Conn {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, testDatabaseURL())
-	if err != nil {
-		t.Fatalf("connect to test database: %v", err)
-	}
-	t.Cleanup(func() { conn.Close(context.Background()) })
-	return conn
+	return relaytest.Conn(t, testDatabaseURL())
 }
 
 // testSchema returns the name of a schema no other test uses (it does not
 // create it), dropped with everything in it when the test ends.
 func testSchema(t testing.TB) string {
 	t.Helper()
-	schema := freshName("sdcli_")
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, testDatabaseURL())
-		if err != nil {
-			t.Errorf("drop test schema: %v", err)
-			return
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
-			t.Errorf("drop test schema %s: %v", schema, err)
-		}
-	})
-	return schema
+	return relaytest.Schema(t, testDatabaseURL())
 }
 
 // testRedis returns a client of the shared test Redis and a namespace no
@@ -92,33 +66,8 @@ func testRedis(t testing.TB) (*redis.Client, string) {
 	}
 	opts.DisableIdentity = true
 	rdb := redis.NewClient(opts)
-	ns := freshName("sdcli_")
-	t.Cleanup(func() {
-		ctx := context.Background()
-		iter := rdb.Scan(ctx, 0, ns+":*", 1000).Iterator()
-		for iter.Next(ctx) {
-			rdb.Del(ctx, iter.Val())
-		}
-		_ = rdb.Close()
-	})
-	return rdb, ns
-}
-
-// waitFor polls cond every 10ms until it returns true, and fails the test
-// with what cond last said if that takes longer than timeout.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, seen := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("waited %s for %s; last seen: %s", timeout, what, seen)
-		}
-		time.Sleep(10 * time.Millisecond) // polling a condition, not waiting for readiness
-	}
+	t.Cleanup(func() { _ = rdb.Close() }) // runs after the namespace's cleanup
+	return rdb, relaytest.RedisNamespace(t, rdb)
 }
 
 // tableExists reports whether schema.table exists.
@@ -200,7 +149,7 @@ func startRedisServer(t testing.TB, args ...string) int {
 	})
 	rdb := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", port), DisableIdentity: true, MaxRetries: -1})
 	defer rdb.Close()
-	waitFor(t, 10*time.Second, "redis-server to answer PING", func() (bool, string) {
+	relaytest.WaitFor(t, 10*time.Second, "redis-server to answer PING", func() (bool, string) {
 		err := rdb.Ping(context.Background()).Err()
 		var answer redis.Error // NOAUTH: it answers, to a client with no password
 		return err == nil || errors.As(err, &answer), fmt.Sprint(err)

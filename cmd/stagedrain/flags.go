@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 )
 
@@ -122,4 +123,35 @@ func (f *flagSet) printHelp(w io.Writer) {
 		}
 		fmt.Fprintf(w, "        %s%s\n", strings.ReplaceAll(usage, "\n", "\n        "), def)
 	})
+}
+
+// commandFlags returns the flags of every command that has flags, in the
+// order of the usage text.
+func commandFlags() []*flagSet {
+	m, _ := newMigrateFlags()
+	r, _ := newRunFlags()
+	b, _ := newBenchFlags()
+	return []*flagSet{m, r, b}
+}
+
+// unknownEnv returns, sorted, the names of the STAGEDRAIN_* variables of
+// environ (as os.Environ returns it) that no command reads. A variable of
+// any command counts as known under every command, so that one environment
+// can serve them all (bench's STAGEDRAIN_BENCH_* under run, say).
+func unknownEnv(environ []string) []string {
+	known := make(map[string]bool)
+	for _, f := range commandFlags() {
+		for _, env := range f.envs {
+			known[env] = true
+		}
+	}
+	var unknown []string
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(name, "STAGEDRAIN_") && !known[name] && !slices.Contains(unknown, name) {
+			unknown = append(unknown, name)
+		}
+	}
+	slices.Sort(unknown)
+	return unknown
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/stagedrain/stagedrain/relay"
+	"github.com/stagedrain/stagedrain/relay/relaytest"
 )
 
 var jidRE = regexp.MustCompile(`^[0-9a-f]{24}$`)
@@ -78,7 +79,7 @@ func (e *relayEnv) queueKey() string { return e.ns + ":queue:default" }
 // empty.
 func (e *relayEnv) waitDelivered(n int64) {
 	e.t.Helper()
-	waitFor(e.t, 15*time.Second, fmt.Sprintf("%d jobs in %s and none staged", n, e.queueKey()), func() (bool, string) {
+	relaytest.WaitFor(e.t, 15*time.Second, fmt.Sprintf("%d jobs in %s and none staged", n, e.queueKey()), func() (bool, string) {
 		got, err := e.rdb.LLen(context.Background(), e.queueKey()).Result()
 		if err != nil && !errors.Is(err, redis.Nil) {
 			return false, err.Error()
@@ -269,7 +270,7 @@ func TestRunMigrateFlag(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 15*time.Second, "the job in queue:default", func() (bool, string) {
+	relaytest.WaitFor(t, 15*time.Second, "the job in queue:default", func() (bool, string) {
 		got, err := rdb.LRange(context.Background(), ns+":queue:default", 0, -1).Result()
 		return len(got) == 1 && strings.Contains(got[0], jid), fmt.Sprint(got, err)
 	})

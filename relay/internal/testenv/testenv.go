@@ -1,17 +1,17 @@
-// Package testenv gives each test its own corner of the shared PostgreSQL
-// and Redis servers (a fresh schema, a Redis key namespace), starts private
-// server instances for tests that stop or kill a server, and waits on
-// conditions with a deadline instead of sleeping.
+// Package testenv holds the relay tests' conventions: which shared
+// PostgreSQL and Redis they use, how their Redis clients are set up, and
+// private server instances for tests that stop or kill a server
+// (servers.go), and the per-test corners of shared servers (plumbing.go),
+// which the public relay/relaytest passes on to applications' tests and to
+// cmd/stagedrain's.
 package testenv
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"net"
 	"os"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
@@ -44,41 +44,22 @@ func Name(prefix string) string {
 // Conn opens a connection to url, closed when the test ends.
 func Conn(t testing.TB, url string) *pgx.Conn {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatalf("connect to test database: %v", err)
-	}
-	t.Cleanup(func() { conn.Close(context.Background()) })
-	return conn
+	return ConnTo(t, url)
 }
 
-// Schema returns the name of a schema that no other test uses (it does not
-// create it), dropped with everything in it when the test ends.
+// Schema returns the name of a schema of the shared database that no other
+// test uses (it does not create it), dropped with everything in it when the
+// test ends.
 func Schema(t testing.TB) string {
 	t.Helper()
-	return SchemaNamed(t, Name("sdtest_"))
+	return SchemaNamedIn(t, DatabaseURL(), Name("sdtest_"))
 }
 
 // SchemaNamed is Schema with a name of the caller's choosing, which must be
 // unique to the test.
 func SchemaNamed(t testing.TB, schema string) string {
 	t.Helper()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, DatabaseURL())
-		if err != nil {
-			t.Errorf("drop test schema: %v", err)
-			return
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
-			t.Errorf("drop test schema: %v", err)
-		}
-	})
-	return schema
+	return SchemaNamedIn(t, DatabaseURL(), schema)
 }
 
 // Redis returns a client of the shared test Redis and a namespace no other
@@ -90,33 +71,8 @@ func Redis(t testing.TB) (*redis.Client, string) {
 		t.Fatalf("parse test redis URL: %v", err)
 	}
 	rdb := redis.NewClient(RedisOptions(opts))
-	ns := Name("sdtest_")
-	t.Cleanup(func() {
-		ctx := context.Background()
-		iter := rdb.Scan(ctx, 0, ns+":*", 1000).Iterator()
-		for iter.Next(ctx) {
-			rdb.Del(ctx, iter.Val())
-		}
-		_ = rdb.Close()
-	})
-	return rdb, ns
-}
-
-// WaitFor polls cond every 10ms until it returns true, and fails the test
-// with what cond last said if that takes longer than timeout.
-func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, seen := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("waited %s for %s; last seen: %s", timeout, what, seen)
-		}
-		time.Sleep(10 * time.Millisecond) // polling a condition, not waiting for readiness
-	}
+	t.Cleanup(func() { _ = rdb.Close() }) // runs after the namespace's cleanup
+	return rdb, RedisNamespace(t, rdb, "sdtest_")
 }
 
 // FreePort returns a TCP port on 127.0.0.1 that nothing listened on a

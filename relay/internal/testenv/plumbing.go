@@ -1,0 +1,103 @@
+package testenv
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+)
+
+// The per-test corners of shared servers and WaitFor, for this project's
+// tests and, through the public relay/relaytest, for applications' tests.
+// They live here, not in relaytest, so that the relay package's own
+// internal tests can use them without an import cycle (relaytest imports
+// relay).
+
+// SchemaIn returns the name (prefix + random hex) of a schema that no other test uses, in the
+// database at databaseURL. It does not create it (relay.Migrate does); the
+// schema is dropped with everything in it when the test ends.
+func SchemaIn(t testing.TB, databaseURL, prefix string) string {
+	t.Helper()
+	return SchemaNamedIn(t, databaseURL, Name(prefix))
+}
+
+// SchemaNamedIn is SchemaIn with a name of the caller's choosing, which must be
+// unique to the test.
+func SchemaNamedIn(t testing.TB, databaseURL, schema string) string {
+	t.Helper()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, databaseURL)
+		if err != nil {
+			t.Errorf("relaytest: drop test schema %s: %v", schema, err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+			t.Errorf("relaytest: drop test schema %s: %v", schema, err)
+		}
+	})
+	return schema
+}
+
+// ConnTo opens a connection to databaseURL, closed when the test ends.
+func ConnTo(t testing.TB, databaseURL string) *pgx.Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, databaseURL)
+	if err != nil {
+		t.Fatalf("relaytest: connect to the test database: %v", err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+// RedisNamespace returns a Redis key namespace that no other test uses (for
+// relay.Config.RedisNamespace); the keys under "<namespace>:" are deleted
+// through rdb when the test ends, so rdb must stay open until then (close it
+// in a t.Cleanup registered before this call, not in a defer).
+func RedisNamespace(t testing.TB, rdb redis.UniversalClient, prefix string) string {
+	t.Helper()
+	ns := Name(prefix)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		iter := rdb.Scan(ctx, 0, ns+":*", 1000).Iterator()
+		var keys []string
+		for iter.Next(ctx) {
+			keys = append(keys, iter.Val())
+		}
+		if err := iter.Err(); err != nil {
+			t.Errorf("relaytest: list the keys of Redis namespace %s: %v", ns, err)
+		}
+		for _, k := range keys { // one by one: a cluster refuses a multi-slot DEL
+			if err := rdb.Del(ctx, k).Err(); err != nil {
+				t.Errorf("relaytest: delete %s: %v", k, err)
+				return
+			}
+		}
+	})
+	return ns
+}
+
+// WaitFor calls cond every 10ms until it returns true, and fails the test
+// with what cond last said (its second result) if that takes longer than
+// timeout.
+func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, seen := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("waited %s for %s; last seen: %s", timeout, what, seen)
+		}
+		time.Sleep(10 * time.Millisecond) // polling a condition, not waiting for readiness
+	}
+}
