@@ -303,5 +303,5 @@ func TestDrainFailure(t *testing.T) {
 		relaytest.Drain(context.Background(), tb, relaytest.DrainConfig{
 			DatabaseURL: testenv.DatabaseURL(), Schema: schema, Redis: rdb, RedisNamespace: ns})
 	})
-	checkContains(t, msg, "relaytest: Drain: the relay stopped", "no staged_jobs table")
+	checkContains(t, msg, "relaytest: Drain: the relay stopped", "run 'stagedrain migrate' first")
 }
