@@ -18,12 +18,10 @@ import (
 func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan struct{}, g *gate) error {
 	log := r.log.Named("drain")
 	var bufs [2][]stagedJob
-	if g != nil {
-		// A leader that died awake left commits that did not notify; wait
-		// for them before the drain at start, which then sees their rows.
-		if _, err := g.barrier(ctx, false); err != nil {
-			return err
-		}
+	// A leader that died awake left commits that did not notify; wait for
+	// them before the drain at start, which then sees their rows.
+	if _, err := g.barrier(ctx, false); err != nil {
+		return err
 	}
 	for {
 		select {
@@ -110,7 +108,7 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 			continue
 		}
 		if cur.conn == nil {
-			if g == nil || !g.awake {
+			if !g.awake || g.pinned {
 				return nil
 			}
 			if time.Since(lastFound) < lingerFor {

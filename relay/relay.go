@@ -207,10 +207,15 @@ func (r *Relay) lead(ctx context.Context, lockConn *pgx.Conn, pool *pgxpool.Pool
 	wake := make(chan struct{}, 1)
 	wake <- struct{}{} // drain at start
 	var lockMu sync.Mutex
-	var gt *gate
-	if !r.cfg.PollOnly {
-		gt = &gate{mu: &lockMu, conn: lockConn,
-			awakeKey: awakeLockName(r.cfg.Schema), barrierKey: barrierLockName(r.cfg.Schema)}
+	gt := &gate{mu: &lockMu, conn: lockConn,
+		awakeKey: awakeLockName(r.cfg.Schema), barrierKey: barrierLockName(r.cfg.Schema)}
+	if r.cfg.PollOnly {
+		// Awake for good: commits never NOTIFY, since nobody listens.
+		if err := gt.wake(ctx); err != nil {
+			return err
+		}
+		gt.pinned = true
+	} else {
 		g.Go(func() error { return r.listen(ctx, wake) })
 	}
 	g.Go(func() error { poll(ctx, r.cfg.PollInterval, wake); return nil })

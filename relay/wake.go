@@ -42,13 +42,15 @@ func poll(ctx context.Context, interval time.Duration, wake chan<- struct{}) {
 // without either a notification or a drain that sees it.
 //
 // The locks live on the leader's lock connection, so they go when
-// leadership goes. A nil *gate (poll-only mode) does nothing.
+// leadership goes. In poll-only mode the relay is awake for good (pinned):
+// no commit notifies, and the fallback poll does all the waking.
 type gate struct {
 	mu         *sync.Mutex // guards conn, shared with keepLock
 	conn       *pgx.Conn
 	awakeKey   string
 	barrierKey string
 	awake      bool
+	pinned     bool // poll-only: never goes idle
 }
 
 // Each gate lock has 16 shards (two-key advisory locks: hashtext(name),
@@ -72,7 +74,7 @@ func barrierLockName(schema string) string { return "stagedrain-barrier:" + sche
 // sleep releases them all and waits at the barrier), and commits on the
 // shards not held go on notifying.
 func (g *gate) wake(ctx context.Context) error {
-	if g == nil || g.awake {
+	if g.awake {
 		return nil
 	}
 	g.mu.Lock()
@@ -91,7 +93,7 @@ func (g *gate) wake(ctx context.Context) error {
 // the barrier for longer (it ran the trigger early, under SET CONSTRAINTS
 // ALL IMMEDIATE), and its rows come with the fallback poll.
 func (g *gate) sleep(ctx context.Context) (timedOut bool, err error) {
-	if g == nil || !g.awake {
+	if !g.awake || g.pinned {
 		return false, nil
 	}
 	g.awake = false

@@ -170,3 +170,48 @@ func TestGateNotifiesOnlyWhileIdle(t *testing.T) {
 		t.Fatalf("no notification for a commit after the relay went idle: %v", err)
 	}
 }
+
+// In poll-only mode the relay opens no listener and marks itself awake for
+// good: commits take the branch that does not notify, and the poll
+// delivers.
+func TestPollOnlyNeitherListensNorIsNotified(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ctx := context.Background()
+	cfg := h.config()
+	cfg.PollOnly = true
+	cfg.PollInterval = 50 * time.Millisecond
+	h.start(cfg)
+	testenv.WaitFor(t, 15*time.Second, "the relay to mark itself awake", func() (bool, string) {
+		n := h.advisoryLocks(relay.AwakeLockName(h.schema), "ExclusiveLock", true)
+		return n == 1, fmt.Sprintf("%d sessions hold it", n)
+	})
+	var listeners int
+	if err := h.conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE query = $1`,
+		"listen "+pgx.Identifier{relay.ChannelName(h.schema)}.Sanitize()).Scan(&listeners); err != nil || listeners != 0 {
+		t.Fatalf("%d sessions LISTEN on the schema's channel (%v), want none in poll-only mode", listeners, err)
+	}
+
+	tx, err := h.conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // committed below
+	if _, err := tx.Exec(ctx, "SET CONSTRAINTS ALL IMMEDIATE"); err != nil {
+		t.Fatal(err)
+	}
+	jid, err := h.stager.Stage(ctx, tx, relay.Job{Name: "Polled"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if held := h.advisoryLocks(relay.AwakeLockName(h.schema), "ShareLock", true); held != 0 {
+		t.Fatalf("awake lock held shared by %d sessions: the commit would notify", held)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	h.waitQueueLen("default", 1, 10*time.Second)
+	if got := h.queueJIDs("default"); got[0] != jid {
+		t.Fatalf("delivered %v, want %s", got, jid)
+	}
+}
