@@ -199,16 +199,16 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 // notification, and the relay a wake-up.
 const (
 	lingerFor  = 5 * time.Millisecond
-	lingerStep = 500 * time.Microsecond
+	lingerStep = 200 * time.Microsecond
 )
 
 // After a short batch of n jobs, the next claim starts no sooner than
 // n x pacePerJob (at most maxPace) after that batch's claim. Below about
-// 1/pacePerJob = 2,000 jobs/s a batch holds a job or two and the pace is
+// 1/pacePerJob = 4,000 jobs/s a batch holds a job or two and the pace is
 // shorter than a batch takes anyway; above it, batches grow until the
 // relay claims every maxPace, which bounds the added latency.
 const (
-	pacePerJob = 500 * time.Microsecond
+	pacePerJob = 250 * time.Microsecond
 	maxPace    = 5 * time.Millisecond
 )
 
