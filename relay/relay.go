@@ -2,9 +2,10 @@
 // Redis job queues.
 //
 // An application INSERTs a row into staged_jobs inside the transaction that
-// writes its data; a trigger NOTIFYs when it commits. A Relay LISTENs, wakes
-// at once, and drains committed rows in batches: push to Redis, then delete
-// exactly the pushed rows. A jittered fallback poll and a drain after every
+// writes its data; a trigger NOTIFYs when it commits, unless the relay is
+// already awake and draining (wake.go). A Relay LISTENs, wakes at once, and
+// drains committed rows in batches: claim and delete, push to Redis, put
+// back what was not pushed, commit. A jittered fallback poll and a drain after every
 // (re)connect turn a lost notification into latency, never a lost job. One
 // relay per schema drains at a time, chosen by a PostgreSQL advisory lock;
 // the others wait as standbys.
