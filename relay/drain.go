@@ -93,25 +93,24 @@ type claimed struct {
 // and at least one a second, scans from the start.
 func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]stagedJob, g *gate, log *zap.Logger) error {
 	var skip []int64
-	cur, err := r.claim(ctx, pool, &bufs[0], skip, 0)
+	fullScan, lastFound := time.Now(), time.Now()
+	claimFromStart := func(buf *[]stagedJob) (claimed, error) {
+		fullScan = time.Now()
+		return r.claim(ctx, pool, buf, skip, 0)
+	}
+	cur, err := claimFromStart(&bufs[0])
 	if err != nil {
 		return err
 	}
-	fullScan, lastFound := time.Now(), time.Now()
 	for i := 1; ; i++ {
-		if cur.conn == nil && cur.from > 0 {
-			// The rest of the table may hold rows that committed late.
-			if cur, err = r.claim(ctx, pool, &bufs[i%2], skip, 0); err != nil {
-				return err
-			}
-			fullScan = time.Now()
-			continue
-		}
-		if cur.conn == nil {
-			if !g.awake || g.pinned {
+		if cur.conn == nil { // the claim found nothing
+			switch {
+			case cur.from > 0:
+				// It claimed from a cursor: the rest of the table may
+				// hold rows that committed late.
+			case !g.awake || g.pinned:
 				return nil
-			}
-			if time.Since(lastFound) < lingerFor {
+			case time.Since(lastFound) < lingerFor:
 				// Jobs were flowing a moment ago: look again shortly
 				// rather than go idle, which would make the next commits
 				// NOTIFY (serialized by PostgreSQL's notify lock) and
@@ -119,23 +118,18 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 				if !sleep(ctx, lingerStep) {
 					return nil
 				}
-				if cur, err = r.claim(ctx, pool, &bufs[i%2], skip, 0); err != nil {
+			default:
+				timedOut, err := g.sleep(ctx)
+				if err != nil {
 					return err
 				}
-				fullScan = time.Now()
-				continue
+				if timedOut {
+					log.Debug("a commit held the wake barrier past its timeout; its jobs come with the next poll")
+				}
 			}
-			timedOut, err := g.sleep(ctx)
-			if err != nil {
+			if cur, err = claimFromStart(&bufs[i%2]); err != nil {
 				return err
 			}
-			if timedOut {
-				log.Debug("a commit held the wake barrier past its timeout; its jobs come with the next poll")
-			}
-			if cur, err = r.claim(ctx, pool, &bufs[i%2], skip, 0); err != nil {
-				return err
-			}
-			fullScan = time.Now()
 			continue
 		}
 		lastFound = time.Now()
@@ -183,10 +177,9 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 			if !sleep(ctx, pace-time.Since(cur.start)) {
 				return nil
 			}
-			if next, err = r.claim(ctx, pool, &bufs[i%2], skip, 0); err != nil {
+			if next, err = claimFromStart(&bufs[i%2]); err != nil {
 				return err
 			}
-			fullScan = time.Now()
 		}
 		cur = next
 	}
