@@ -38,11 +38,11 @@ func newTableSQL(schema string) tableSQL {
 	migrations := pgx.Identifier{schema, "stagedrain_migrations"}.Sanitize()
 	return tableSQL{
 		// Claim and delete in one statement: committed rows only (READ
-		// COMMITTED sees nothing uncommitted), oldest id first, but for the
-		// ids in $2 (rows this drain left staged), with ids above $3. FOR UPDATE SKIP LOCKED
-		// keeps them locked until the batch's transaction ends, so even two
-		// relays that both think they lead never claim the same row; the
-		// delete is undone by a rollback if the push fails. It deletes
+		// COMMITTED sees nothing uncommitted), oldest id first, ids above $3
+		// and not in $2 (rows this drain left staged). FOR UPDATE SKIP
+		// LOCKED keeps them locked until the batch's transaction ends, so
+		// even two relays that both think they lead never claim the same
+		// row; a rollback, if the push fails, undoes the delete. It deletes
 		// exactly the claimed ids: never "id <= max", which under READ
 		// COMMITTED would delete a lower id committed after the claim.
 		claim: `WITH b AS MATERIALIZED (SELECT id FROM ` + table +
