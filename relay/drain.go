@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -96,7 +97,7 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 	fullScan, lastFound := time.Now(), time.Now()
 	claimFromStart := func(buf *[]stagedJob) (claimed, error) {
 		fullScan = time.Now()
-		return r.claim(ctx, pool, buf, skip, 0)
+		return r.claim(ctx, pool, buf, skip, fromStart)
 	}
 	cur, err := claimFromStart(&bufs[0])
 	if err != nil {
@@ -105,7 +106,7 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 	for i := 1; ; i++ {
 		if cur.conn == nil { // the claim found nothing
 			switch {
-			case cur.from > 0:
+			case cur.from != fromStart:
 				// It claimed from a cursor: the rest of the table may
 				// hold rows that committed late.
 			case !g.awake || g.pinned:
@@ -146,7 +147,7 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 		if full {
 			from := cur.jobs[len(cur.jobs)-1].id
 			if time.Since(fullScan) >= rescanInterval {
-				from, fullScan = 0, time.Now()
+				from, fullScan = fromStart, time.Now()
 			}
 			go func() {
 				defer close(claimedNext)
@@ -204,6 +205,10 @@ const (
 	pacePerJob = 250 * time.Microsecond
 	maxPace    = 5 * time.Millisecond
 )
+
+// fromStart is the cursor of a claim from the table's start: any id, even
+// zero or negative in a hand-made table.
+const fromStart int64 = math.MinInt64
 
 // rescanInterval is the longest a drain claims from a cursor before it
 // scans from the table's start again for rows that committed late.
