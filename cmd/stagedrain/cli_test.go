@@ -209,6 +209,7 @@ func TestHelp(t *testing.T) {
 		"shutdown-timeout": "STAGEDRAIN_SHUTDOWN_TIMEOUT",
 		"poll-only":        "STAGEDRAIN_POLL_ONLY",
 		"migrate":          "STAGEDRAIN_MIGRATE",
+		"metrics-addr":     "STAGEDRAIN_METRICS_ADDR",
 	}
 	for k, v := range common {
 		runFlags[k] = v
@@ -219,6 +220,12 @@ func TestHelp(t *testing.T) {
 	}{
 		{"migrate", common},
 		{"run", runFlags},
+		{"status", map[string]string{
+			"database-url": "DATABASE_URL",
+			"schema":       "STAGEDRAIN_SCHEMA",
+			"json":         "STAGEDRAIN_STATUS_JSON",
+		}},
+		{"health", map[string]string{"metrics-addr": "STAGEDRAIN_METRICS_ADDR"}},
 		{"bench", map[string]string{
 			"database-url": "DATABASE_URL",
 			"redis-url":    "REDIS_URL",
@@ -271,7 +278,7 @@ func TestHelp(t *testing.T) {
 			if r.code != 0 || r.stderr != "" {
 				t.Fatalf("exit code %d, stderr %q; want 0 and nothing", r.code, r.stderr)
 			}
-			for _, cmd := range []string{"stagedrain migrate", "stagedrain run", "stagedrain bench", "stagedrain version"} {
+			for _, cmd := range []string{"stagedrain migrate", "stagedrain run", "stagedrain status", "stagedrain health", "stagedrain bench", "stagedrain version"} {
 				if !strings.Contains(r.stdout, cmd) {
 					t.Errorf("usage does not mention %q:\n%s", cmd, r.stdout)
 				}
