@@ -142,7 +142,9 @@ func healthCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("health: %w", err)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	// One request: no connection kept for later.
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := client.Do(req)
 	if err != nil {
 		return fmt.Errorf("health: %w", err)
 	}
