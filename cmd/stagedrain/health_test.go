@@ -197,3 +197,16 @@ func TestHealthEndpoints(t *testing.T) {
 	r := runCLI("health", "--metrics-addr", leaderAddr)
 	checkOneLineError(t, r, 1, "health:")
 }
+
+// An address run cannot listen on fails run at once: exit 1, one line
+// naming the flag.
+func TestMetricsAddrInUse(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	r := runCLI("run", "--database-url", noDatabaseURL(t), "--metrics-addr", l.Addr().String())
+	checkOneLineError(t, r, 1, "run: --metrics-addr", "address already in use")
+}

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 )
 
@@ -37,6 +38,8 @@ func TestMain(m *testing.M) {
 	// run's HTTP listener defaults to :9187, which parallel relays would
 	// fight over; the tests that want it pass --metrics-addr.
 	os.Setenv("STAGEDRAIN_METRICS_ADDR", "off")
+	// As main does: the in-process relays' failed dials would print here.
+	redis.SetLogger(silentRedisLog{})
 	dir, err := os.MkdirTemp("", "stagedrain-cmd-test-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
