@@ -34,6 +34,7 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 		for attempt := 0; ; {
 			err := r.drain(ctx, pool, &bufs, g, log)
 			if err == nil {
+				r.state.drained()
 				if attempt > 0 {
 					log.Info("batch succeeded after retries", zap.Int("attempts", attempt+1))
 				}

@@ -40,6 +40,7 @@ func (r *Relay) campaign(ctx context.Context, pool *pgxpool.Pool) (connected tim
 		return time.Time{}, fmt.Errorf("connect: %w", err)
 	}
 	connected = time.Now()
+	r.state.pgAnswered()
 	defer func() {
 		_ = withTimeout(ctx, time.Second, conn.Close)
 	}()
@@ -54,10 +55,12 @@ func (r *Relay) campaign(ctx context.Context, pool *pgxpool.Pool) (connected tim
 		if err := conn.QueryRow(ctx, tryLockSQL, r.lockKey).Scan(&got); err != nil {
 			return connected, fmt.Errorf("try leader lock: %w", err)
 		}
+		r.state.pgAnswered()
 		if got {
 			break
 		}
 		if !standby {
+			r.state.setRole(RoleStandby)
 			r.log.Info("standby: another relay is draining this schema", zap.String("schema", r.cfg.Schema))
 			standby = true
 		}
@@ -72,6 +75,7 @@ func (r *Relay) campaign(ctx context.Context, pool *pgxpool.Pool) (connected tim
 		}
 	}
 
+	r.state.setRole(RoleLeader)
 	r.log.Info("became leader", zap.String("schema", r.cfg.Schema))
 	err = r.lead(ctx, conn, pool)
 	if ctx.Err() != nil {
@@ -132,6 +136,7 @@ func (r *Relay) keepLock(ctx context.Context, conn *pgx.Conn, mu *sync.Mutex) er
 			}
 			return fmt.Errorf("%w: %w", errLostLock, err)
 		}
+		r.state.pgAnswered()
 	}
 	return nil
 }

@@ -46,6 +46,9 @@ type Relay struct {
 	// listens counts the listener's completed LISTENs, for hooks.idle.
 	listens atomic.Int64
 
+	// state is what Status and CheckReady report (health.go).
+	state state
+
 	// gateTimeout is the lock_timeout of the leader's lock connection: the
 	// longest the gate waits for commits when the relay goes awake or idle.
 	gateTimeout time.Duration
@@ -79,7 +82,7 @@ func New(cfg Config) (*Relay, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read migrations: %w", err)
 	}
-	return &Relay{
+	r := &Relay{
 		cfg:     cfg,
 		log:     cfg.Logger,
 		pgCfg:   pgCfg,
@@ -89,7 +92,9 @@ func New(cfg Config) (*Relay, error) {
 		version: version,
 
 		gateTimeout: defaultGateTimeout,
-	}, nil
+	}
+	r.state.init()
+	return r, nil
 }
 
 // Run drains until ctx ends, then finishes or rolls back the batch in flight,
@@ -105,6 +110,8 @@ func New(cfg Config) (*Relay, error) {
 // A Relay runs one Run at a time; to run standbys, create more Relays (in
 // other processes, normally).
 func (r *Relay) Run(ctx context.Context) error {
+	r.state.setRole(RoleStarting)
+	defer r.state.setRole(RoleStopped)
 	r.log.Info("starting",
 		zap.String("schema", r.cfg.Schema),
 		zap.String("database", DescribeDatabase(r.cfg.DatabaseURL)),
@@ -147,6 +154,8 @@ func (r *Relay) Run(ctx context.Context) error {
 			r.log.Info("stopped")
 			return nil
 		}
+		r.state.setRole(RoleStarting)
+		r.state.failed(err)
 		if isFatal(err) {
 			return err
 		}
@@ -226,12 +235,12 @@ func (r *Relay) lead(ctx context.Context, lockConn *pgx.Conn, pool *pgxpool.Pool
 }
 
 // connConfig is a copy of the database config for one role, named so a DBA
-// can tell our sessions apart in pg_stat_activity (unless the URL names
-// them already).
+// (and stagedrain status) can tell our sessions apart in pg_stat_activity,
+// unless the URL names them already: "stagedrain <role> <host>:<pid>".
 func (r *Relay) connConfig(role string) *pgx.ConnConfig {
 	c := r.pgCfg.Copy()
 	if c.RuntimeParams["application_name"] == "" {
-		c.RuntimeParams["application_name"] = "stagedrain " + role
+		c.RuntimeParams["application_name"] = applicationName(role)
 	}
 	return c
 }

@@ -176,15 +176,16 @@ type bench struct {
 	baseURL  string    // the user's database
 	redisURL string
 
-	dbURL     string // the database staged_jobs lives in: scratchDB's, or baseURL
-	scratchDB string // "" when the user may not CREATE DATABASE
-	database  string // the name of the database of dbURL
-	schema    string
-	ns        string
-	rdb       *redis.Client
-	pollOnly  bool       // run --help lists --poll-only
-	relay     *relayProc // the running relay, if any
-	created   bool       // the scratch schema (or database) may exist
+	dbURL       string // the database staged_jobs lives in: scratchDB's, or baseURL
+	scratchDB   string // "" when the user may not CREATE DATABASE
+	database    string // the name of the database of dbURL
+	schema      string
+	ns          string
+	rdb         *redis.Client
+	pollOnly    bool       // run --help lists --poll-only
+	metricsAddr bool       // run --help lists --metrics-addr
+	relay       *relayProc // the running relay, if any
+	created     bool       // the scratch schema (or database) may exist
 
 	machine []string
 	rows    []benchRow
@@ -298,6 +299,7 @@ func (b *bench) setup(ctx context.Context, name string) error {
 		return fmt.Errorf("%s run --help: %w", b.exe, err)
 	}
 	b.pollOnly = bytes.Contains(out, []byte("--poll-only"))
+	b.metricsAddr = bytes.Contains(out, []byte("--metrics-addr"))
 	return nil
 }
 
@@ -419,6 +421,10 @@ func (b *bench) startRelay(pollOnly bool) (*relayProc, error) {
 	args := []string{"run", "--schema", b.schema, "--redis-namespace", b.ns, "--log-level", "warn"}
 	if pollOnly && b.pollOnly {
 		args = append(args, "--poll-only")
+	}
+	if b.metricsAddr {
+		// No HTTP listener: it would take the port of a relay on this host.
+		args = append(args, "--metrics-addr=")
 	}
 	cmd := exec.Command(b.exe, args...)
 	for _, kv := range os.Environ() {

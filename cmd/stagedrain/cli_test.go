@@ -105,6 +105,14 @@ func TestUsageErrors(t *testing.T) {
 		{"leader interval too short", []string{"run", "--database-url", db, "--leader-interval", "5ms"}, []string{"--leader-interval", "10ms"}},
 		{"max backoff too short", []string{"run", "--database-url", db, "--max-backoff", "50ms"}, []string{"--max-backoff", "100ms"}},
 
+		{"health, listener off", []string{"health", "--metrics-addr", "off"}, []string{"health: --metrics-addr is off"}},
+		{"health, listener empty", []string{"health", "--metrics-addr="}, []string{"health: --metrics-addr is off"}},
+		{"health, no port", []string{"health", "--metrics-addr", "localhost"}, []string{"health: --metrics-addr", "missing port"}},
+		{"health, argument", []string{"health", "now"}, []string{`unexpected argument "now"`}},
+		{"missing database url, status", []string{"status"}, []string{"--database-url", "$DATABASE_URL"}},
+		{"schema too long, status", []string{"status", "--database-url", db, "--schema", strings.Repeat("s", 64)}, []string{"status: --schema", "1 to 63 bytes"}},
+		{"bad flag of status", []string{"status", "--database-url", db, "--yaml"}, []string{"-yaml", "stagedrain status --help"}},
+
 		// "" would otherwise quietly mean the default.
 		{"empty schema", []string{"run", "--database-url", db, "--schema", ""}, []string{"--schema", "must not be empty"}},
 		{"empty timestamp format", []string{"run", "--database-url", db, "--timestamp-format="}, []string{"--timestamp-format", "must not be empty"}},
@@ -209,6 +217,7 @@ func TestHelp(t *testing.T) {
 		"shutdown-timeout": "STAGEDRAIN_SHUTDOWN_TIMEOUT",
 		"poll-only":        "STAGEDRAIN_POLL_ONLY",
 		"migrate":          "STAGEDRAIN_MIGRATE",
+		"metrics-addr":     "STAGEDRAIN_METRICS_ADDR",
 	}
 	for k, v := range common {
 		runFlags[k] = v
@@ -219,6 +228,12 @@ func TestHelp(t *testing.T) {
 	}{
 		{"migrate", common},
 		{"run", runFlags},
+		{"status", map[string]string{
+			"database-url": "DATABASE_URL",
+			"schema":       "STAGEDRAIN_SCHEMA",
+			"json":         "STAGEDRAIN_STATUS_JSON",
+		}},
+		{"health", map[string]string{"metrics-addr": "STAGEDRAIN_METRICS_ADDR"}},
 		{"bench", map[string]string{
 			"database-url": "DATABASE_URL",
 			"redis-url":    "REDIS_URL",
@@ -271,7 +286,7 @@ func TestHelp(t *testing.T) {
 			if r.code != 0 || r.stderr != "" {
 				t.Fatalf("exit code %d, stderr %q; want 0 and nothing", r.code, r.stderr)
 			}
-			for _, cmd := range []string{"stagedrain migrate", "stagedrain run", "stagedrain bench", "stagedrain version"} {
+			for _, cmd := range []string{"stagedrain migrate", "stagedrain run", "stagedrain status", "stagedrain health", "stagedrain bench", "stagedrain version"} {
 				if !strings.Contains(r.stdout, cmd) {
 					t.Errorf("usage does not mention %q:\n%s", cmd, r.stdout)
 				}

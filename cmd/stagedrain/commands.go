@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"strings"
 	"time"
@@ -141,6 +142,7 @@ type runFlags struct {
 	shutdownTimeout time.Duration
 	pollOnly        bool
 	migrate         bool
+	metricsAddr     string
 }
 
 // flagOfField names the run flag behind each relay.Config field, so a
@@ -182,6 +184,7 @@ func newRunFlags() (*flagSet, *runFlags) {
 	f.env("poll-only", "STAGEDRAIN_POLL_ONLY")
 	f.fs.BoolVar(&c.migrate, "migrate", false, "run migrate before draining (retried until PostgreSQL answers)")
 	f.env("migrate", "STAGEDRAIN_MIGRATE")
+	registerMetricsAddr(f, &c.metricsAddr)
 	f.required("redis-url", "timestamp-format")
 	return f, c
 }
@@ -250,6 +253,15 @@ func runCmd(ctx context.Context, args []string, stdout io.Writer) error {
 		}
 		return err
 	}
+	// Listen before migrating, so that /healthz answers (and /readyz says
+	// "starting") while --migrate waits for PostgreSQL.
+	var l net.Listener
+	if !metricsOff(c.metricsAddr) {
+		if l, err = net.Listen("tcp", c.metricsAddr); err != nil {
+			return fmt.Errorf("run: %s: %w", f.source("metrics-addr"), err)
+		}
+		defer l.Close() // after Serve, a no-op; it closes it too
+	}
 	if c.migrate {
 		if err := migrateWithRetry(ctx, c.databaseURL, c.schema, c.maxBackoff, log); err != nil {
 			return err
@@ -258,7 +270,7 @@ func runCmd(ctx context.Context, args []string, stdout io.Writer) error {
 			return nil // stopped while waiting for PostgreSQL
 		}
 	}
-	return r.Run(ctx)
+	return runRelay(ctx, r, l, log)
 }
 
 // migrateWithRetry runs migrate until it succeeds, ctx ends, or it fails for

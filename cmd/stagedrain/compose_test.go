@@ -55,6 +55,42 @@ func TestComposeAndDockerfileMatchTheCode(t *testing.T) {
 		t.Fatalf("compose command %v does not parse: %v", args, err)
 	}
 
+	// Both healthchecks run stagedrain health, at the path the image puts
+	// the binary, with arguments health accepts.
+	df := readRepoFile(t, "cmd/stagedrain/Dockerfile")
+	binPath := regexp.MustCompile(`(?m)^COPY --from=build /out/stagedrain (\S+)$`).FindStringSubmatch(df)
+	if binPath == nil {
+		t.Fatal("the Dockerfile does not COPY /out/stagedrain into the image")
+	}
+	for name, hc := range map[string][]string{
+		"Dockerfile HEALTHCHECK": regexp.MustCompile(`(?m)^\s+CMD \[(.*)\]$`).FindStringSubmatch(df),
+		"compose healthcheck":    regexp.MustCompile(`(?m)^\s+test:\s*\[(.*)\]`).FindStringSubmatch(svc[1]),
+	} {
+		if hc == nil {
+			t.Errorf("%s: none running stagedrain health", name)
+			continue
+		}
+		var args []string
+		for _, a := range strings.Split(hc[1], ",") {
+			args = append(args, strings.Trim(strings.TrimSpace(a), `"`))
+		}
+		if name == "compose healthcheck" {
+			if args[0] != "CMD" {
+				t.Errorf("%s %v, want [\"CMD\", ...] (no shell in the image)", name, args)
+				continue
+			}
+			args = args[1:]
+		}
+		if len(args) < 2 || args[0] != binPath[1] || args[1] != "health" {
+			t.Errorf("%s runs %v, want %s health", name, args, binPath[1])
+			continue
+		}
+		hf, _ := newHealthFlags()
+		if err := hf.parse(args[2:], io.Discard); err != nil {
+			t.Errorf("%s %v does not parse: %v", name, args, err)
+		}
+	}
+
 	dockerfile := regexp.MustCompile(`(?m)^\s+dockerfile:\s*(\S+)`).FindStringSubmatch(svc[1])
 	if dockerfile == nil || dockerfile[1] != "cmd/stagedrain/Dockerfile" {
 		t.Fatalf("compose builds with dockerfile %v, want cmd/stagedrain/Dockerfile", dockerfile)

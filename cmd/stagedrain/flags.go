@@ -130,8 +130,10 @@ func (f *flagSet) printHelp(w io.Writer) {
 func commandFlags() []*flagSet {
 	m, _ := newMigrateFlags()
 	r, _ := newRunFlags()
+	s, _ := newStatusFlags()
+	h, _ := newHealthFlags()
 	b, _ := newBenchFlags()
-	return []*flagSet{m, r, b}
+	return []*flagSet{m, r, s, h, b}
 }
 
 // unknownEnv returns, sorted, the names of the STAGEDRAIN_* variables of

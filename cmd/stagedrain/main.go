@@ -3,6 +3,8 @@
 //
 //	stagedrain migrate   create or upgrade staged_jobs and its trigger
 //	stagedrain run       drain committed jobs into Redis until stopped
+//	stagedrain status    show the backlog, the dead letters and who leads
+//	stagedrain health    exit 0 if the local relay is ready (a healthcheck)
 //	stagedrain bench     measure the relay and its cost on this machine
 //	stagedrain version   print the version
 //
@@ -50,6 +52,8 @@ const usage = `stagedrain relays transactionally staged jobs from PostgreSQL to 
 Usage:
   stagedrain migrate [flags]   create or upgrade staged_jobs and its NOTIFY trigger
   stagedrain run [flags]       drain committed jobs into Redis until SIGINT/SIGTERM
+  stagedrain status [flags]    show the backlog by queue, dead letters and who leads
+  stagedrain health [flags]    exit 0 if the relay here answers /readyz with 200, else 1
   stagedrain bench [flags]     measure latency, throughput and the relay's cost here
   stagedrain version           print the version
 
@@ -84,13 +88,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return usagef("a command is required: migrate, run, bench or version (see 'stagedrain --help')")
+		return usagef("a command is required: migrate, run, status, health, bench or version (see 'stagedrain --help')")
 	}
 	switch cmd, rest := args[0], args[1:]; cmd {
 	case "migrate":
 		return migrateCmd(ctx, rest, stdout)
 	case "run":
 		return runCmd(ctx, rest, stdout)
+	case "status":
+		return statusCmd(ctx, rest, stdout)
+	case "health":
+		return healthCmd(ctx, rest, stdout)
 	case "bench":
 		return benchCmd(ctx, rest, stdout, stderr)
 	case "version":
@@ -99,6 +107,6 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmt.Fprint(stdout, usage)
 		return errHelp
 	default:
-		return usagef("unknown command %q: want migrate, run, bench or version (see 'stagedrain --help')", cmd)
+		return usagef("unknown command %q: want migrate, run, status, health, bench or version (see 'stagedrain --help')", cmd)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 )
 
@@ -34,6 +35,11 @@ func TestMain(m *testing.M) {
 			os.Unsetenv(name)
 		}
 	}
+	// run's HTTP listener defaults to :9187, which parallel relays would
+	// fight over; the tests that want it pass --metrics-addr.
+	os.Setenv("STAGEDRAIN_METRICS_ADDR", "off")
+	// As main does: the in-process relays' failed dials would print here.
+	redis.SetLogger(silentRedisLog{})
 	dir, err := os.MkdirTemp("", "stagedrain-cmd-test-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -81,7 +87,7 @@ func childEnv(extra ...string) []string {
 			env = append(env, kv)
 		}
 	}
-	env = append(env, "DATABASE_URL="+testDatabaseURL(), "REDIS_URL="+testRedisURL())
+	env = append(env, "DATABASE_URL="+testDatabaseURL(), "REDIS_URL="+testRedisURL(), "STAGEDRAIN_METRICS_ADDR=off")
 	return append(env, extra...)
 }
 

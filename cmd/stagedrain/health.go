@@ -1,0 +1,181 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/stagedrain/stagedrain/relay"
+)
+
+// defaultMetricsAddr is where run serves /healthz and /readyz (and, later,
+// /metrics). All interfaces, as exporters do: a container's probes come from
+// outside its loopback (the kubelet dials the pod's IP). The endpoints say
+// nothing secret and change nothing.
+const defaultMetricsAddr = ":9187"
+
+// registerMetricsAddr declares --metrics-addr, shared by run and health.
+func registerMetricsAddr(f *flagSet, addr *string) {
+	f.fs.StringVar(addr, "metrics-addr", defaultMetricsAddr,
+		"`host:port` of the HTTP listener for /healthz and /readyz; empty or off turns it off")
+	f.env("metrics-addr", "STAGEDRAIN_METRICS_ADDR")
+}
+
+// metricsOff reports whether addr turns the HTTP listener off. An empty
+// environment variable means "unset" (the default), so "off" is the way to
+// turn it off from the environment.
+func metricsOff(addr string) bool { return addr == "" || addr == "off" }
+
+// healthServer is run's HTTP listener.
+type healthServer struct {
+	r   *relay.Relay
+	log *zap.Logger
+}
+
+func (h healthServer) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /readyz", h.readyz)
+	return mux
+}
+
+// readyBody is /readyz's JSON body.
+type readyBody struct {
+	Ready     bool       `json:"ready"`
+	Reason    string     `json:"reason,omitempty"` // why not ready
+	Role      relay.Role `json:"role"`
+	Since     time.Time  `json:"since"`
+	LastDrain *time.Time `json:"last_drain,omitempty"`
+	LastError string     `json:"last_error,omitempty"`
+}
+
+// readyz answers 200 when the relay is ready (relay.CheckReady), 503 when
+// not, with a JSON body saying which and why.
+func (h healthServer) readyz(w http.ResponseWriter, req *http.Request) {
+	ctx, cancel := context.WithTimeout(req.Context(), 3*time.Second)
+	defer cancel()
+	err := h.r.CheckReady(ctx)
+	st := h.r.Status()
+	body := readyBody{Ready: err == nil, Role: st.Role, Since: st.Since.UTC(), LastError: st.LastError}
+	if !st.LastDrain.IsZero() {
+		t := st.LastDrain.UTC()
+		body.LastDrain = &t
+	}
+	code := http.StatusOK
+	if err != nil {
+		body.Reason = strings.TrimPrefix(err.Error(), relay.ErrNotReady.Error()+": ")
+		code = http.StatusServiceUnavailable
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(body)
+}
+
+// runRelay runs r until ctx ends, with the HTTP listener on l when l is not
+// nil; the listener is shut down once r.Run returns.
+func runRelay(ctx context.Context, r *relay.Relay, l net.Listener, log *zap.Logger) error {
+	if l == nil {
+		return r.Run(ctx)
+	}
+	srv := &http.Server{
+		Handler:           healthServer{r: r, log: log}.handler(),
+		ReadHeaderTimeout: 5 * time.Second,
+		ErrorLog:          zap.NewStdLog(log.Named("http")),
+	}
+	log.Info("http listening", zap.String("addr", l.Addr().String()))
+	var g errgroup.Group
+	g.Go(func() error {
+		if err := srv.Serve(l); !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("http: %w", err)
+		}
+		return nil
+	})
+	runErr := r.Run(ctx)
+	if err := withTimeout(ctx, 5*time.Second, srv.Shutdown); err != nil {
+		_ = srv.Close() // a probe still in flight after 5s
+	}
+	return errors.Join(runErr, g.Wait())
+}
+
+func withTimeout(ctx context.Context, d time.Duration, f func(context.Context) error) error {
+	c, cancel := context.WithTimeout(context.WithoutCancel(ctx), d)
+	defer cancel()
+	return f(c)
+}
+
+// newHealthFlags declares health's flags.
+func newHealthFlags() (*flagSet, *string) {
+	f := newFlagSet("health", "Exit 0 if the relay of this host answers GET /readyz with 200, else 1 with one\n"+
+		"line saying why: a healthcheck for an image without a shell or curl.")
+	addr := new(string)
+	registerMetricsAddr(f, addr)
+	return f, addr
+}
+
+func healthCmd(ctx context.Context, args []string, stdout io.Writer) error {
+	f, addr := newHealthFlags()
+	if err := f.parse(args, stdout); err != nil {
+		return err
+	}
+	if metricsOff(*addr) {
+		return usagef("health: %s is off: run serves no /readyz to ask", f.source("metrics-addr"))
+	}
+	url, err := readyzURL(*addr)
+	if err != nil {
+		return usagef("health: %s: %s", f.source("metrics-addr"), err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return fmt.Errorf("health: %w", err)
+	}
+	// One request: no connection kept for later.
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := client.Do(req)
+	if err != nil {
+		return fmt.Errorf("health: %w", err)
+	}
+	defer resp.Body.Close()
+	var body readyBody
+	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if resp.StatusCode != http.StatusOK {
+		reason := strings.TrimSpace(string(raw))
+		if json.Unmarshal(raw, &body) == nil && body.Reason != "" {
+			reason = body.Reason
+		}
+		return fmt.Errorf("health: not ready (%s): %s", resp.Status, reason)
+	}
+	role := "ready"
+	if json.Unmarshal(raw, &body) == nil && body.Role != "" {
+		role = string(body.Role)
+	}
+	fmt.Fprintf(stdout, "ready: %s\n", role)
+	return nil
+}
+
+// readyzURL is the URL of /readyz on the listener at addr, with a host
+// that means "every interface" (none, 0.0.0.0, ::) asked on loopback.
+func readyzURL(addr string) (string, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", err
+	}
+	switch host {
+	case "", "0.0.0.0", "::":
+		host = "127.0.0.1"
+	}
+	return "http://" + net.JoinHostPort(host, port) + "/readyz", nil
+}

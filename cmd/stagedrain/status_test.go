@@ -1,0 +1,121 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/stagedrain/stagedrain/relay/relaytest"
+)
+
+// status reports the backlog by queue with the oldest job's age, the
+// dead-letter count ("-" without the table) and the leader ("none" without
+// one), as a table and as JSON; with a relay running, the leader is this
+// process, named by its host and pid.
+func TestStatus(t *testing.T) {
+	t.Parallel()
+	e := newRelayEnv(t)
+	ctx := context.Background()
+	table := pgx.Identifier{e.schema, "staged_jobs"}.Sanitize()
+	// Two queues: default's oldest job is 90s old, critical's 5s.
+	_, err := e.conn.Exec(ctx, `INSERT INTO `+table+` (job_name, job_args, queue, created_at) VALUES
+		('A', '[]', 'default', now() - interval '90 seconds'),
+		('B', '[]', 'default', now() - interval '10 seconds'),
+		('C', '[]', 'default', now()),
+		('D', '[]', 'critical', now() - interval '5 seconds'),
+		('E', '[]', 'critical', now())`)
+	if err != nil {
+		t.Fatalf("stage jobs: %v", err)
+	}
+	args := []string{"status", "--database-url", testDatabaseURL(), "--schema", e.schema}
+
+	r := runCLI(args...)
+	if r.code != 0 || r.stderr != "" {
+		t.Fatalf("status: exit %d, stderr %q; want 0 and nothing", r.code, r.stderr)
+	}
+	for _, re := range []string{
+		`(?m)^schema +` + regexp.QuoteMeta(e.schema) + `$`,
+		`(?m)^staged +5, oldest 1m3\ds$`,
+		`(?m)^dead +-$`,
+		`(?m)^leader +none$`,
+		`(?m)^QUEUE +STAGED +OLDEST$`,
+		`(?m)^critical +2 +[56](\.\d)?s$`,
+		`(?m)^default +3 +1m3\ds$`,
+	} {
+		if !regexp.MustCompile(re).MatchString(r.stdout) {
+			t.Errorf("status output does not match %s:\n%s", re, r.stdout)
+		}
+	}
+
+	st := statusJSON(t, args)
+	if st.Staged != 5 || st.OldestAge == nil || *st.OldestAge < 90 || *st.OldestAge > 120 {
+		t.Errorf("--json: staged %d, oldest %v; want 5, 90-120s", st.Staged, st.OldestAge)
+	}
+	if len(st.Queues) != 2 || st.Queues[0].Queue != "critical" || st.Queues[0].Staged != 2 ||
+		st.Queues[1].Queue != "default" || st.Queues[1].Staged != 3 || st.Queues[1].OldestAge < 90 {
+		t.Errorf("--json queues = %+v, want critical 2, default 3 (oldest >= 90s)", st.Queues)
+	}
+	if st.Dead != nil || st.Leader != nil {
+		t.Errorf("--json dead %v, leader %+v; want null, null", st.Dead, st.Leader)
+	}
+
+	// A dead-letter table, when there is one, is counted.
+	dead := pgx.Identifier{e.schema, "staged_jobs_dead"}.Sanitize()
+	if _, err := e.conn.Exec(ctx, `CREATE TABLE `+dead+` (id bigint); INSERT INTO `+dead+` VALUES (1), (2)`); err != nil {
+		t.Fatalf("create %s: %v", dead, err)
+	}
+	if st := statusJSON(t, args); st.Dead == nil || *st.Dead != 2 {
+		t.Errorf("--json dead = %v, want 2", st.Dead)
+	}
+	if r := runCLI(args...); !regexp.MustCompile(`(?m)^dead +2$`).MatchString(r.stdout) {
+		t.Errorf("status output does not show dead 2:\n%s", r.stdout)
+	}
+
+	// A relay in this process leads and drains the backlog.
+	inProcessRelay(t, "--database-url", testDatabaseURL(), "--schema", e.schema,
+		"--redis-url", testRedisURL(), "--redis-namespace", e.ns, "--metrics-addr", "")
+	var leader *leaderStatus
+	relaytest.WaitFor(t, 10*time.Second, "status to show a leader and nothing staged", func() (bool, string) {
+		st := statusJSON(t, args)
+		leader = st.Leader
+		return st.Leader != nil && st.Staged == 0, strings.TrimSpace(runCLI(args...).stdout)
+	})
+	host, _ := os.Hostname()
+	if leader.Host != host || leader.PID != os.Getpid() || leader.BackendPID == 0 || leader.ConnectedAt.IsZero() ||
+		!strings.HasPrefix(leader.ApplicationName, "stagedrain leader ") {
+		t.Errorf("--json leader = %+v, want host %s, pid %d, a backend pid and connection time", leader, host, os.Getpid())
+	}
+	r = runCLI(args...)
+	want := `(?m)^leader +` + regexp.QuoteMeta(host) + ` pid ` + strconv.Itoa(os.Getpid()) + ` \(backend \d+.*, connected \S+\)$`
+	if !regexp.MustCompile(want).MatchString(r.stdout) || !regexp.MustCompile(`(?m)^staged +0$`).MatchString(r.stdout) {
+		t.Errorf("status output does not match %s and staged 0:\n%s", want, r.stdout)
+	}
+}
+
+// statusJSON runs status --json with args and decodes its output.
+func statusJSON(t *testing.T, args []string) schemaStatus {
+	t.Helper()
+	r := runCLI(append(args, "--json")...)
+	if r.code != 0 || r.stderr != "" {
+		t.Fatalf("status --json: exit %d, stderr %q; want 0 and nothing", r.code, r.stderr)
+	}
+	var st schemaStatus
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
+		t.Fatalf("status --json printed %q: %v", r.stdout, err)
+	}
+	return st
+}
+
+// status on a schema without staged_jobs says to migrate, exit 1.
+func TestStatusNotMigrated(t *testing.T) {
+	t.Parallel()
+	r := runCLI("status", "--database-url", testDatabaseURL(), "--schema", testSchema(t))
+	checkOneLineError(t, r, 1, "does not exist", "stagedrain migrate")
+}
