@@ -3,6 +3,7 @@
 //
 //	stagedrain migrate   create or upgrade staged_jobs and its trigger
 //	stagedrain run       drain committed jobs into Redis until stopped
+//	stagedrain dead      list, retry or purge the rows that could never be pushed
 //	stagedrain bench     measure the relay and its cost on this machine
 //	stagedrain version   print the version
 //
@@ -50,6 +51,12 @@ const usage = `stagedrain relays transactionally staged jobs from PostgreSQL to 
 Usage:
   stagedrain migrate [flags]   create or upgrade staged_jobs and its NOTIFY trigger
   stagedrain run [flags]       drain committed jobs into Redis until SIGINT/SIGTERM
+  stagedrain dead list [flags] [--json]
+                               show the rows that could never be pushed (staged_jobs_dead)
+  stagedrain dead retry [flags] ID...|--all
+                               move dead rows back into staged_jobs, keeping id and jid
+  stagedrain dead purge [flags] ID...|--all|--older-than DURATION
+                               delete dead rows (DURATION: 36h, 7d, ...)
   stagedrain bench [flags]     measure latency, throughput and the relay's cost here
   stagedrain version           print the version
 
@@ -84,13 +91,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return usagef("a command is required: migrate, run, bench or version (see 'stagedrain --help')")
+		return usagef("a command is required: migrate, run, dead, bench or version (see 'stagedrain --help')")
 	}
 	switch cmd, rest := args[0], args[1:]; cmd {
 	case "migrate":
 		return migrateCmd(ctx, rest, stdout)
 	case "run":
 		return runCmd(ctx, rest, stdout)
+	case "dead":
+		return deadCmd(ctx, rest, stdout)
 	case "bench":
 		return benchCmd(ctx, rest, stdout, stderr)
 	case "version":
@@ -99,6 +108,6 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmt.Fprint(stdout, usage)
 		return errHelp
 	default:
-		return usagef("unknown command %q: want migrate, run, bench or version (see 'stagedrain --help')", cmd)
+		return usagef("unknown command %q: want migrate, run, dead, bench or version (see 'stagedrain --help')", cmd)
 	}
 }
