@@ -80,6 +80,11 @@ func TestTxOutcome(t *testing.T) {
 		{"AUTH refused at connection setup, wrapped", unexecuted, errors.Join(errors.New("failed to authenticate"), wrongPass), nil, "WRONGPASS"},
 		{"NOAUTH on MULTI, stamped on every command", stamped(noAuth), noAuth, nil, "NOAUTH"},
 		{"EXECABORT", stamped(execAbort), execAbort, nil, "EXECABORT"},
+		{"EXECABORT names the command Redis would not queue", func() batch {
+			b := stamped(execAbort)
+			b.lpush1 = intCmd("lpush", 0, replyErr("OOM command not allowed when used memory > 'maxmemory'."))
+			return b
+		}(), execAbort, nil, "EXECABORT Transaction discarded because of previous errors. (OOM command not allowed"},
 		{"timeout before any reply", stamped(timeout), timeout, nil, "i/o timeout"},
 		{"timeout after some replies", with(func(b *batch) {
 			b.lpush2, b.zadd, b.ping = intCmd("lpush", 0, timeout), intCmd("zadd", 0, timeout), pingErr(timeout)

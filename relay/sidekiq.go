@@ -225,7 +225,12 @@ func txOutcome(dst []error, executed []redis.Cmder, execErr error, jobs []jobCmd
 		if ok {
 			pingErr = ping.Err()
 		}
-		return dst, fmt.Errorf("transaction not confirmed: %w", cmp.Or(execErr, pingErr, errNoReply))
+		err := cmp.Or(execErr, pingErr, errNoReply)
+		if cause := queueRefusal(executed); cause != nil && redis.IsExecAbortError(err) {
+			// Say why Redis discarded it (OOM under maxmemory, say).
+			return dst, fmt.Errorf("transaction not confirmed: %w (%w)", err, cause)
+		}
+		return dst, fmt.Errorf("transaction not confirmed: %w", err)
 	}
 	if execErr != nil && (!isCommandError(execErr) || !carriedByOne(executed, execErr)) {
 		return dst, execErr
@@ -247,6 +252,17 @@ func txOutcome(dst []error, executed []redis.Cmder, execErr error, jobs []jobCmd
 }
 
 var errNoReply = errors.New("no reply proves that Redis ran the transaction")
+
+// queueRefusal returns the first error reply with which Redis refused to
+// queue a command of a MULTI (which then made EXEC answer EXECABORT), or nil.
+func queueRefusal(cmds []redis.Cmder) error {
+	for _, c := range cmds {
+		if err := c.Err(); err != nil && isCommandError(err) {
+			return err
+		}
+	}
+	return nil
+}
 
 // isCommandError reports whether err is Redis's answer to one command of an
 // executed transaction (say WRONGTYPE), rather than a failure of the whole.
