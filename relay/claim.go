@@ -82,11 +82,17 @@ func newTableSQL(schema string) tableSQL {
 				AS u(id, job_name, job_args, queue, run_at, jid, created_at, options)`,
 		// Moves poison rows of a batch to the dead-letter table, columns
 		// unchanged (NULLs too), with the reason; attempts is 1, as poison
-		// is not retried.
-		bury: `INSERT INTO ` + dead + ` (` + claimColumns + `, reason, attempts)
+		// is not retried. A row whose id is dead already (copied back into
+		// staged_jobs by hand, not moved by dead retry) replaces it and
+		// counts one more attempt: failing the commit instead would block
+		// the queue on it for good.
+		bury: `INSERT INTO ` + dead + ` AS d (` + claimColumns + `, reason, attempts)
 			SELECT id, job_name, job_args::jsonb, queue, run_at, jid, created_at, options::jsonb, reason, 1
 			FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::timestamptz[], $6::text[], $7::timestamptz[], $8::text[], $9::text[])
-				AS u(id, job_name, job_args, queue, run_at, jid, created_at, options, reason)`,
+				AS u(id, job_name, job_args, queue, run_at, jid, created_at, options, reason)
+			ON CONFLICT (id) DO UPDATE SET job_name = excluded.job_name, job_args = excluded.job_args,
+				queue = excluded.queue, run_at = excluded.run_at, jid = excluded.jid, created_at = excluded.created_at,
+				options = excluded.options, reason = excluded.reason, failed_at = excluded.failed_at, attempts = d.attempts + 1`,
 		// The schema version Migrate recorded; NULL when it recorded none,
 		// and an undefined_table error when it never ran.
 		version: `SELECT max(version) FROM ` + migrations,

@@ -268,3 +268,36 @@ func TestOOMIsTransient(t *testing.T) {
 		t.Fatalf("%d dead-lettered lines, want none", n)
 	}
 }
+
+// A row that dies while a dead row with its id is still there (copied back
+// by hand rather than moved by dead retry) replaces that row and counts one
+// more attempt, instead of failing the batch, and so the queue, for good.
+func TestPoisonRowDyingAgainCountsAttempts(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ctx := context.Background()
+	if err := h.rdb.Set(ctx, h.key("queue:broken"), "not a list", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	dead := pgx.Identifier{h.schema, "staged_jobs_dead"}.Sanitize()
+	if _, err := h.conn.Exec(ctx, "INSERT INTO "+dead+` (id, job_name, job_args, queue, jid, created_at, options, reason, attempts)
+		VALUES (1000, 'Bounced', '[]', 'broken', 'aaaaaaaaaaaaaaaaaaaaaaaa', now(), '{}', 'an earlier death', 1)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.conn.Exec(ctx, "INSERT INTO "+pgx.Identifier{h.schema, "staged_jobs"}.Sanitize()+
+		` (id, job_name, job_args, queue, jid) VALUES (1000, 'Bounced', '[]', 'broken', 'aaaaaaaaaaaaaaaaaaaaaaaa')`); err != nil {
+		t.Fatal(err)
+	}
+	good := h.stage(relay.Job{Name: "Good"})
+	h.start(h.config())
+
+	h.waitQueueLen("default", 1, 10*time.Second)
+	if got := h.queueJIDs("default"); got[0] != good {
+		t.Fatalf("queue:default holds %v, want %s", got, good)
+	}
+	h.waitStaged(0)
+	rows := h.dead()
+	if len(rows) != 1 || rows[0].id != 1000 || rows[0].attempts != 2 || !strings.Contains(rows[0].reason, "WRONGTYPE") {
+		t.Fatalf("staged_jobs_dead holds %+v, want row 1000 with attempts 2 and a WRONGTYPE reason", rows)
+	}
+}
