@@ -17,6 +17,7 @@ CREATE TABLE IF NOT EXISTS staged_jobs_dead (
     reason     TEXT        NOT NULL,
     failed_at  TIMESTAMPTZ NOT NULL DEFAULT now(),
     -- attempts: pushes tried before the row died. Poison is not retried, so
-    -- the relay writes 1; a row moved back by `dead retry` starts over.
+    -- the relay writes 1; a row moved back by `dead retry` starts over; one
+    -- that dies again while its dead row is still there counts one more.
     attempts   INT         NOT NULL
 );
