@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // stagedJob is one claimed row of staged_jobs.
@@ -19,7 +20,30 @@ type stagedJob struct {
 	runAt     *time.Time
 	jid       string
 	createdAt time.Time
-	options   []byte // JSON text of a JSONB object
+	options   []byte   // JSON text of a JSONB object
+	nulls     nullCols // columns read as NULL (a table made by hand): the row is poison
+}
+
+// nullCols is a set of the columns of a stagedJob that were NULL.
+type nullCols uint8
+
+const (
+	nullName nullCols = 1 << iota
+	nullArgs
+	nullQueue
+	nullJID
+	nullCreatedAt
+	nullOptions
+)
+
+// String names the first column of c, for a reason ("job_name").
+func (c nullCols) String() string {
+	for i, name := range [...]string{"job_name", "job_args", "queue", "jid", "created_at", "options"} {
+		if c&(1<<i) != 0 {
+			return name
+		}
+	}
+	return ""
 }
 
 // tableSQL holds the statements of one schema's staged_jobs, with every
@@ -27,6 +51,7 @@ type stagedJob struct {
 type tableSQL struct {
 	claim    string
 	reinsert string
+	bury     string
 	version  string
 }
 
@@ -35,6 +60,7 @@ const claimColumns = `id, job_name, job_args, queue, run_at, jid, created_at, op
 
 func newTableSQL(schema string) tableSQL {
 	table := pgx.Identifier{schema, "staged_jobs"}.Sanitize()
+	dead := pgx.Identifier{schema, "staged_jobs_dead"}.Sanitize()
 	migrations := pgx.Identifier{schema, "stagedrain_migrations"}.Sanitize()
 	return tableSQL{
 		// Claim and delete in one statement: committed rows only (READ
@@ -54,6 +80,19 @@ func newTableSQL(schema string) tableSQL {
 			SELECT id, job_name, job_args::jsonb, queue, run_at, jid, created_at, options::jsonb
 			FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::timestamptz[], $6::text[], $7::timestamptz[], $8::text[])
 				AS u(id, job_name, job_args, queue, run_at, jid, created_at, options)`,
+		// Moves poison rows of a batch to the dead-letter table, columns
+		// unchanged (NULLs too), with the reason; attempts is 1, as poison
+		// is not retried. A row whose id is dead already (copied back into
+		// staged_jobs by hand, not moved by dead retry) replaces it and
+		// counts one more attempt: failing the commit instead would block
+		// the queue on it for good.
+		bury: `INSERT INTO ` + dead + ` AS d (` + claimColumns + `, reason, attempts)
+			SELECT id, job_name, job_args::jsonb, queue, run_at, jid, created_at, options::jsonb, reason, 1
+			FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::timestamptz[], $6::text[], $7::timestamptz[], $8::text[], $9::text[])
+				AS u(id, job_name, job_args, queue, run_at, jid, created_at, options, reason)
+			ON CONFLICT (id) DO UPDATE SET job_name = excluded.job_name, job_args = excluded.job_args,
+				queue = excluded.queue, run_at = excluded.run_at, jid = excluded.jid, created_at = excluded.created_at,
+				options = excluded.options, reason = excluded.reason, failed_at = excluded.failed_at, attempts = d.attempts + 1`,
 		// The schema version Migrate recorded; NULL when it recorded none,
 		// and an undefined_table error when it never ran.
 		version: `SELECT max(version) FROM ` + migrations,
@@ -81,13 +120,29 @@ func claimBatch(ctx context.Context, conn *pgx.Conn, sql string, limit int, skip
 		_ = br.Close()
 		return dst, fmt.Errorf("claim batch: %w", err)
 	}
+	// Scanned into nullable types: a NULL in a table made by hand makes
+	// its row poison (see stagedJob.null), not the whole batch fail.
+	var name, queue, jid pgtype.Text
+	var createdAt pgtype.Timestamptz
 	for rows.Next() {
 		dst = append(dst, stagedJob{})
 		j := &dst[len(dst)-1]
-		if err := rows.Scan(&j.id, &j.name, &j.args, &j.queue, &j.runAt, &j.jid, &j.createdAt, &j.options); err != nil {
+		if err := rows.Scan(&j.id, &name, &j.args, &queue, &j.runAt, &jid, &createdAt, &j.options); err != nil {
 			rows.Close()
 			_ = br.Close()
 			return dst, fmt.Errorf("claim batch: scan row: %w", err)
+		}
+		j.name, j.queue, j.jid, j.createdAt = name.String, queue.String, jid.String, createdAt.Time
+		for _, c := range [...]struct {
+			null bool
+			col  nullCols
+		}{
+			{!name.Valid, nullName}, {j.args == nil, nullArgs}, {!queue.Valid, nullQueue},
+			{!jid.Valid, nullJID}, {!createdAt.Valid, nullCreatedAt}, {j.options == nil, nullOptions},
+		} {
+			if c.null {
+				j.nulls |= c.col
+			}
 		}
 	}
 	rows.Close()
@@ -113,4 +168,37 @@ func reinsertArgs(jobs []stagedJob) []any {
 		runAts[i], jids[i], createdAts[i], options[i] = j.runAt, j.jid, j.createdAt, string(j.options)
 	}
 	return []any{ids, names, args, queues, runAts, jids, createdAts, options}
+}
+
+// buryArgs are the columns of jobs as arrays, with each job's reason, for
+// tableSQL.bury. A column read as NULL is written as NULL.
+func buryArgs(jobs []stagedJob, reasons []string) []any {
+	n := len(jobs)
+	ids, names, args, queues := make([]int64, n), make([]*string, n), make([]*string, n), make([]*string, n)
+	runAts, jids, createdAts, options := make([]*time.Time, n), make([]*string, n), make([]*time.Time, n), make([]*string, n)
+	for i := range jobs {
+		j := &jobs[i]
+		ids[i], runAts[i] = j.id, j.runAt
+		if j.nulls&nullName == 0 {
+			names[i] = &j.name
+		}
+		if j.nulls&nullArgs == 0 {
+			s := string(j.args)
+			args[i] = &s
+		}
+		if j.nulls&nullQueue == 0 {
+			queues[i] = &j.queue
+		}
+		if j.nulls&nullJID == 0 {
+			jids[i] = &j.jid
+		}
+		if j.nulls&nullCreatedAt == 0 {
+			createdAts[i] = &j.createdAt
+		}
+		if j.nulls&nullOptions == 0 {
+			s := string(j.options)
+			options[i] = &s
+		}
+	}
+	return []any{ids, names, args, queues, runAts, jids, createdAts, options, reasons}
 }

@@ -78,6 +78,12 @@ type Config struct {
 	// shortens a wait, so none exceeds MaxBackoff. Default 5s.
 	MaxBackoff time.Duration
 
+	// MaxPayloadBytes is the largest Sidekiq payload (the job's JSON) the
+	// relay pushes. A row whose payload is bigger is poison: it moves to
+	// staged_jobs_dead instead of into Redis. Default 1 MiB (1048576); at
+	// most 512 MiB, Redis's own limit on a string.
+	MaxPayloadBytes int
+
 	// ShutdownTimeout bounds how long a batch in flight when the context
 	// ends may take to finish; past it the batch is rolled back (its rows
 	// stay staged). Default 10s.
@@ -94,6 +100,8 @@ const (
 	defaultLeaderInterval  = 500 * time.Millisecond
 	defaultMaxBackoff      = 5 * time.Second
 	defaultShutdownTimeout = 10 * time.Second
+	defaultMaxPayloadBytes = 1 << 20
+	maxMaxPayloadBytes     = 512 << 20
 	minBackoff             = 100 * time.Millisecond
 )
 
@@ -106,6 +114,7 @@ func (c Config) WithDefaults() Config {
 	c.LeaderInterval = cmp.Or(c.LeaderInterval, defaultLeaderInterval)
 	c.MaxBackoff = cmp.Or(c.MaxBackoff, defaultMaxBackoff)
 	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, defaultShutdownTimeout)
+	c.MaxPayloadBytes = cmp.Or(c.MaxPayloadBytes, defaultMaxPayloadBytes)
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
 	}
@@ -142,6 +151,8 @@ func (c Config) Validate() error {
 		return fieldErr("LeaderInterval", "must be at least 10ms, got %s", c.LeaderInterval)
 	case c.MaxBackoff < minBackoff:
 		return fieldErr("MaxBackoff", "must be at least %s, got %s", minBackoff, c.MaxBackoff)
+	case c.MaxPayloadBytes < 1 || c.MaxPayloadBytes > maxMaxPayloadBytes:
+		return fieldErr("MaxPayloadBytes", "must be between 1 and %d, got %d", maxMaxPayloadBytes, c.MaxPayloadBytes)
 	case c.ShutdownTimeout < 0:
 		return fieldErr("ShutdownTimeout", "must not be negative, got %s", c.ShutdownTimeout)
 	}

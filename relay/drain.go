@@ -85,8 +85,9 @@ type claimed struct {
 // PostgreSQL is the bottleneck, so while a full batch is pushed, deleted and
 // committed, the next is already being claimed on a second connection: its
 // claim skips the rows the first batch holds locked. Batches are still
-// pushed one after another, in id order. Rows a batch left staged (refused
-// by Redis) are skipped by the rest of this drain and retried on the next.
+// pushed one after another, in id order. Rows a batch left staged (deferred
+// by Redis: OOM, READONLY) are skipped by the rest of this drain and retried
+// on the next; poison rows leave the table for staged_jobs_dead.
 //
 // A claim after a full batch starts after that batch's last id: an index
 // scan from the table's start would step over every row deleted since the
@@ -251,11 +252,19 @@ func (c claimed) rollback(ctx context.Context) {
 	}
 }
 
-// finish pushes a claimed batch, puts back the rows it did not push, and
-// commits, which makes the claim's delete of the pushed rows final. Any
-// failure rolls the transaction back: the rows stay staged, and a push that
-// did reach Redis is repeated later with the same jids (at least once).
-// left lists the rows it left staged (not pushed, and logged).
+// finish pushes a claimed batch, moves its poison rows to staged_jobs_dead,
+// puts back the rows Redis deferred, and commits, which makes the claim's
+// delete of the pushed rows final. Any failure rolls the transaction back:
+// the rows stay staged, and a push that did reach Redis is repeated later
+// with the same jids (at least once). left lists the rows it left staged
+// (deferred by Redis, and logged).
+//
+// A row is poison when it can never be pushed: the payload builder rejects
+// it (a NULL column, options that override a column), its payload is over
+// MaxPayloadBytes, or Redis refused it with an error that waiting cannot fix
+// (WRONGTYPE, see isTransientReply). It moves, unchanged, to the dead-letter
+// table in this batch's transaction, and is logged once, at error, after
+// the commit: the rows behind it flow on.
 //
 // Once claimed, a batch is not cut short by ctx: when ctx ends it gets
 // ShutdownTimeout to finish, so a stop between push and delete does not
@@ -283,39 +292,69 @@ func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (left []
 	if err != nil {
 		return nil, err
 	}
-	for _, rj := range res.rejected {
-		log.Error("job rejected, left staged", zap.Int64("id", rj.id), zap.String("reason", rj.reason))
+	for _, rj := range res.deferred {
+		log.Warn("job refused by Redis, left staged", zap.Int64("id", rj.id), zap.String("reason", rj.reason))
 		left = append(left, rj.id)
 	}
-	for _, rj := range res.refused {
-		log.Error("job refused by Redis, left staged", zap.Int64("id", rj.id), zap.String("reason", rj.reason))
-		left = append(left, rj.id)
+	poison := slices.Concat(res.rejected, res.refused)
+	var dead []stagedJob
+	var reasons []string
+	if len(poison) > 0 {
+		dead, reasons = poisoned(b.jobs, poison)
 	}
 	if r.hooks.afterPush != nil {
 		if err := r.hooks.afterPush(bctx); err != nil {
 			return nil, fmt.Errorf("after push: %w", err)
 		}
 	}
-	// Put back what was not pushed and commit, in one round trip.
+	// Put back what Redis deferred, bury the poison and commit, in one
+	// round trip.
 	batch := &pgx.Batch{}
 	if len(left) > 0 {
 		batch.Queue(r.sql.reinsert, reinsertArgs(unpushed(b.jobs, left))...)
+	}
+	if len(dead) > 0 {
+		batch.Queue(r.sql.bury, buryArgs(dead, reasons)...)
 	}
 	batch.Queue("COMMIT")
 	if err := b.conn.SendBatch(bctx, batch).Close(); err != nil {
 		return nil, fmt.Errorf("commit: %w", err)
 	}
 	b.conn.Release()
+	for i := range dead {
+		j := &dead[i]
+		log.Error("job dead-lettered", zap.Int64("id", j.id), zap.String("jid", j.jid),
+			zap.String("queue", j.queue), zap.String("reason", reasons[i]))
+	}
 	if ce := log.Check(zap.DebugLevel, "batch drained"); ce != nil {
 		ce.Write(
 			zap.Int("count", len(res.pushed)),
-			zap.Int("left_staged", len(res.rejected)+len(res.refused)),
+			zap.Int("left_staged", len(res.deferred)),
+			zap.Int("dead_lettered", len(dead)),
 			zap.Strings("queues", res.queues),
 			zap.Int("scheduled", res.scheduled),
 			zap.Duration("duration", time.Since(b.start)),
 		)
 	}
 	return left, nil
+}
+
+// poisoned returns the jobs named in poison, in batch order, each with its
+// reason.
+func poisoned(jobs []stagedJob, poison []rejectedJob) ([]stagedJob, []string) {
+	reason := make(map[int64]string, len(poison))
+	for _, p := range poison {
+		reason[p.id] = p.reason
+	}
+	var out []stagedJob
+	var reasons []string
+	for _, j := range jobs {
+		if why, ok := reason[j.id]; ok {
+			out = append(out, j)
+			reasons = append(reasons, why)
+		}
+	}
+	return out, reasons
 }
 
 // unpushed returns the jobs whose ids are in left.

@@ -215,44 +215,6 @@ func TestCrashBetweenPushAndDeleteRedelivers(t *testing.T) {
 	h.waitLog("batch failed, retrying", 1)
 }
 
-// A queue whose Redis key holds the wrong type refuses its jobs; the jobs of
-// the other queues in the same batch are still delivered, and the refused
-// ones stay staged until the key is fixed.
-func TestRefusedQueueDoesNotBlockOthers(t *testing.T) {
-	t.Parallel()
-	h := newHarness(t)
-	ctx := context.Background()
-	if err := h.rdb.Set(ctx, h.key("queue:broken"), "not a list", 0).Err(); err != nil {
-		t.Fatal(err)
-	}
-	jids := h.stageMany(
-		relay.Job{Name: "Stuck", Queue: "broken"},
-		relay.Job{Name: "Fine", Queue: "default"},
-		relay.Job{Name: "AlsoFine", Queue: "other"},
-	)
-	cfg := h.config()
-	cfg.PollInterval = 50 * time.Millisecond
-	h.start(cfg)
-
-	h.waitQueueLen("default", 1, 10*time.Second)
-	h.waitQueueLen("other", 1, 10*time.Second)
-	h.waitLog("job refused by Redis, left staged", 1)
-	h.waitStaged(1) // only the refused job
-
-	if err := h.rdb.Del(ctx, h.key("queue:broken")).Err(); err != nil {
-		t.Fatal(err)
-	}
-	h.waitQueueLen("broken", 1, 10*time.Second)
-	if got := h.queue("broken")[0].jid(); got != jids[0] {
-		t.Fatalf("queue:broken holds %s, want %s", got, jids[0])
-	}
-	for q, want := range map[string]string{"default": jids[1], "other": jids[2]} {
-		if jobs := h.queue(q); len(jobs) != 1 || jobs[0].jid() != want {
-			t.Fatalf("queue:%s = %v, want only %s (no duplicate)", q, jobs, want)
-		}
-	}
-}
-
 // While one batch is pushed the next is already claimed; when the first
 // fails, the claimed one is rolled back too, and every job still arrives, in
 // order, the failed batch's twice and the others once.

@@ -80,6 +80,11 @@ func TestTxOutcome(t *testing.T) {
 		{"AUTH refused at connection setup, wrapped", unexecuted, errors.Join(errors.New("failed to authenticate"), wrongPass), nil, "WRONGPASS"},
 		{"NOAUTH on MULTI, stamped on every command", stamped(noAuth), noAuth, nil, "NOAUTH"},
 		{"EXECABORT", stamped(execAbort), execAbort, nil, "EXECABORT"},
+		{"EXECABORT names the command Redis would not queue", func() batch {
+			b := stamped(execAbort)
+			b.lpush1 = intCmd("lpush", 0, replyErr("OOM command not allowed when used memory > 'maxmemory'."))
+			return b
+		}(), execAbort, nil, "EXECABORT Transaction discarded because of previous errors. (OOM command not allowed"},
 		{"timeout before any reply", stamped(timeout), timeout, nil, "i/o timeout"},
 		{"timeout after some replies", with(func(b *batch) {
 			b.lpush2, b.zadd, b.ping = intCmd("lpush", 0, timeout), intCmd("zadd", 0, timeout), pingErr(timeout)
@@ -152,7 +157,7 @@ func TestPushToRefusingRedis(t *testing.T) {
 				{id: 2, name: "Lost", args: []byte(`[2]`), queue: "other", jid: "0123456789abcdef01234568", createdAt: now},
 				{id: 3, name: "Lost", args: []byte(`[3]`), queue: "default", jid: "0123456789abcdef01234569", createdAt: now, runAt: &later},
 			}
-			s := newSidekiqSink(rdb, testenv.Name("sdtest_"), TimestampSeconds)
+			s := newSidekiqSink(rdb, testenv.Name("sdtest_"), TimestampSeconds, defaultMaxPayloadBytes)
 			res, err := s.push(context.Background(), batch, now)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("push = %+v, %v; want an error containing %q", res, err, tc.want)
@@ -161,5 +166,35 @@ func TestPushToRefusingRedis(t *testing.T) {
 				t.Fatalf("push counted ids %v as pushed to a Redis that refused the connection", res.pushed)
 			}
 		})
+	}
+}
+
+// A Redis error reply to one job's command is transient (the rows wait and
+// are retried) when waiting may fix it, and poison (dead-lettered) when the
+// same job would be refused again.
+func TestIsTransientReply(t *testing.T) {
+	tests := []struct {
+		reply     string
+		transient bool
+	}{
+		{"WRONGTYPE Operation against a key holding the wrong kind of value", false},
+		{"ERR string exceeds maximum allowed size (proto-max-bulk-len)", false},
+		{"ERR value is not a valid float", false},
+		{"OOM command not allowed when used memory > 'maxmemory'.", true},
+		{"READONLY You can't write against a read only replica.", true},
+		{"LOADING Redis is loading the dataset in memory", true},
+		{"BUSY Redis is busy running a script.", true},
+		{"TRYAGAIN Multiple keys request during rehashing of slot", true},
+		{"CLUSTERDOWN The cluster is down", true},
+		{"MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.", true},
+		{"NOREPLICAS Not enough good replicas to write.", true},
+		{"MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk.", true},
+		{"NOPERM User relay has no permissions to access the 'queue:x' key", true},
+		{"OOMPH not a code we know", false},
+	}
+	for _, tc := range tests {
+		if got := isTransientReply(replyErr(tc.reply)); got != tc.transient {
+			t.Errorf("isTransientReply(%q) = %v, want %v", tc.reply, got, tc.transient)
+		}
 	}
 }

@@ -87,7 +87,7 @@ func New(cfg Config) (*Relay, error) {
 		log:     cfg.Logger,
 		pgCfg:   pgCfg,
 		sql:     newTableSQL(cfg.Schema),
-		sink:    newSidekiqSink(cfg.Redis, cfg.RedisNamespace, cfg.TimestampFormat),
+		sink:    newSidekiqSink(cfg.Redis, cfg.RedisNamespace, cfg.TimestampFormat, cfg.MaxPayloadBytes),
 		lockKey: "stagedrain:" + cfg.Schema,
 		version: version,
 

@@ -10,6 +10,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -24,14 +25,17 @@ import (
 // A job counts as pushed only on positive evidence (txOutcome): EXEC ran and
 // answered the job's command with a success reply. Redis may refuse part of
 // an executed batch (a WRONGTYPE on one queue's key): the jobs of the other
-// queues still count as pushed, and only the refused ones stay staged, so
-// one bad key does not hold up every queue.
+// queues still count as pushed, and only the refused ones are held back, so
+// one bad key does not hold up every queue. A refusal that waiting cannot
+// fix makes its jobs poison (refused); one that it can (OOM, READONLY, see
+// isTransientReply) leaves them staged (deferred).
 //
 // A sidekiqSink is used by one goroutine at a time: it reuses its buffers.
 type sidekiqSink struct {
-	rdb  redis.UniversalClient
-	keys sidekiqKeys
-	ts   TimestampFormat
+	rdb        redis.UniversalClient
+	keys       sidekiqKeys
+	ts         TimestampFormat
+	maxPayload int // bytes; a bigger payload is rejected
 
 	buf     []byte         // every payload of the batch, back to back
 	queues  []queueGroup   // immediate jobs by queue, queues in order of first use
@@ -55,7 +59,7 @@ type scheduleGroup struct {
 	cmd *redis.IntCmd // the ZADD
 }
 
-// rejectedJob is a row that was not pushed, and why; it is left staged.
+// rejectedJob is a row that was not pushed, and why.
 type rejectedJob struct {
 	id     int64
 	reason string
@@ -64,19 +68,21 @@ type rejectedJob struct {
 // pushResult says which rows of a batch went to Redis.
 type pushResult struct {
 	pushed    []int64
-	rejected  []rejectedJob // no worker could run them: not sent
-	refused   []rejectedJob // sent, and Redis answered with an error
+	rejected  []rejectedJob // poison: no worker could run them, or too big; not sent
+	refused   []rejectedJob // poison: sent, and Redis answered an error waiting cannot fix
+	deferred  []rejectedJob // sent, and Redis answered an error waiting may fix: stay staged
 	queues    []string      // the queues of the immediate jobs, for the log
 	scheduled int           // how many jobs were scheduled, for the log
 }
 
-func newSidekiqSink(rdb redis.UniversalClient, namespace string, ts TimestampFormat) *sidekiqSink {
-	return &sidekiqSink{rdb: rdb, keys: newSidekiqKeys(namespace), ts: ts, queueAt: make(map[string]int)}
+func newSidekiqSink(rdb redis.UniversalClient, namespace string, ts TimestampFormat, maxPayload int) *sidekiqSink {
+	return &sidekiqSink{rdb: rdb, keys: newSidekiqKeys(namespace), ts: ts, maxPayload: maxPayload, queueAt: make(map[string]int)}
 }
 
 // push writes batch to Redis in one round trip. now is the enqueue time: a
 // job whose run_at is after now is scheduled, any other runs at once. An
 // error means nothing is known to have been pushed: retry the whole batch.
+// So is a batch that Redis refused whole, for reasons that waiting may fix.
 func (s *sidekiqSink) push(ctx context.Context, batch []stagedJob, now time.Time) (pushResult, error) {
 	var res pushResult
 	s.reset()
@@ -88,6 +94,12 @@ func (s *sidekiqSink) push(ctx context.Context, batch []stagedJob, now time.Time
 		if err != nil {
 			s.buf = s.buf[:start]
 			res.rejected = append(res.rejected, rejectedJob{id: j.id, reason: err.Error()})
+			continue
+		}
+		if n := len(s.buf) - start; n > s.maxPayload {
+			s.buf = s.buf[:start]
+			res.rejected = append(res.rejected, rejectedJob{id: j.id,
+				reason: fmt.Sprintf("payload is %d bytes, over the limit of %d (MaxPayloadBytes)", n, s.maxPayload)})
 			continue
 		}
 		// Appending may move buf, but never rewrites bytes already written,
@@ -132,8 +144,12 @@ func (s *sidekiqSink) push(ctx context.Context, batch []stagedJob, now time.Time
 	// SADD queues only feeds Sidekiq's UI: a job is pushed when its LPUSH is.
 	collect := func(ids []int64, refusal error) {
 		if refusal != nil {
+			to := &res.refused
+			if isTransientReply(refusal) {
+				to = &res.deferred
+			}
 			for _, id := range ids {
-				res.refused = append(res.refused, rejectedJob{id: id, reason: refusal.Error()})
+				*to = append(*to, rejectedJob{id: id, reason: refusal.Error()})
 			}
 			return
 		}
@@ -150,10 +166,27 @@ func (s *sidekiqSink) push(ctx context.Context, batch []stagedJob, now time.Time
 		res.queues[i] = g.name
 	}
 	res.scheduled = len(s.sched.ids)
-	if len(res.pushed) == 0 {
-		return pushResult{}, fmt.Errorf("push batch: Redis refused all %d jobs: %s", len(res.refused), res.refused[0].reason)
+	if len(res.pushed)+len(res.rejected)+len(res.refused) == 0 {
+		// Nothing went anywhere: wait, with backoff, rather than spin.
+		return pushResult{}, fmt.Errorf("push batch: Redis refused all %d jobs: %s", len(res.deferred), res.deferred[0].reason)
 	}
 	return res, nil
+}
+
+// isTransientReply reports whether err, Redis's error reply to one command
+// of an executed transaction, is one that waiting may fix: out of memory, a
+// replica or a server still loading, a busy script, a cluster or a primary
+// that is down or failing over, an ACL that denies the key (an operator's
+// fix for every job alike). Any other reply (WRONGTYPE; "ERR string exceeds
+// maximum allowed size") would refuse the same job again: it is poison.
+func isTransientReply(err error) bool {
+	code, _, _ := strings.Cut(err.Error(), " ")
+	switch code {
+	case "OOM", "READONLY", "LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN",
+		"NOREPLICAS", "MISCONF", "MOVED", "ASK", "NOPERM", "NOAUTH", "WRONGPASS":
+		return true
+	}
+	return false
 }
 
 // jobCmd is a command of a push transaction that carries jobs (an LPUSH or
@@ -192,7 +225,12 @@ func txOutcome(dst []error, executed []redis.Cmder, execErr error, jobs []jobCmd
 		if ok {
 			pingErr = ping.Err()
 		}
-		return dst, fmt.Errorf("transaction not confirmed: %w", cmp.Or(execErr, pingErr, errNoReply))
+		err := cmp.Or(execErr, pingErr, errNoReply)
+		if cause := queueRefusal(executed); cause != nil && redis.IsExecAbortError(err) {
+			// Say why Redis discarded it (OOM under maxmemory, say).
+			return dst, fmt.Errorf("transaction not confirmed: %w (%w)", err, cause)
+		}
+		return dst, fmt.Errorf("transaction not confirmed: %w", err)
 	}
 	if execErr != nil && (!isCommandError(execErr) || !carriedByOne(executed, execErr)) {
 		return dst, execErr
@@ -214,6 +252,17 @@ func txOutcome(dst []error, executed []redis.Cmder, execErr error, jobs []jobCmd
 }
 
 var errNoReply = errors.New("no reply proves that Redis ran the transaction")
+
+// queueRefusal returns the first error reply with which Redis refused to
+// queue a command of a MULTI (which then made EXEC answer EXECABORT), or nil.
+func queueRefusal(cmds []redis.Cmder) error {
+	for _, c := range cmds {
+		if err := c.Err(); err != nil && isCommandError(err) {
+			return err
+		}
+	}
+	return nil
+}
 
 // isCommandError reports whether err is Redis's answer to one command of an
 // executed transaction (say WRONGTYPE), rather than a failure of the whole.
@@ -268,6 +317,9 @@ var reservedKeys = [...]string{"class", "args", "queue", "jid", "created_at", "e
 // appendSidekiqPayload appends j's Sidekiq job hash as JSON to b. It returns
 // an error, and b unchanged in meaning, for a row no worker could run.
 func appendSidekiqPayload(b []byte, j *stagedJob, now time.Time, ts TimestampFormat) ([]byte, error) {
+	if j.nulls != 0 {
+		return b, fmt.Errorf("%s is NULL", j.nulls)
+	}
 	if j.name == "" {
 		return b, errors.New("job_name is empty")
 	}

@@ -119,6 +119,23 @@ func TestUsageErrors(t *testing.T) {
 		{"empty schema, migrate", []string{"migrate", "--database-url", db, "--schema="}, []string{"--schema", "must not be empty"}},
 		{"schema too long, run", []string{"run", "--database-url", db, "--schema", strings.Repeat("s", 64)}, []string{"run: --schema", "1 to 63 bytes, got 64"}},
 		{"schema too long, migrate", []string{"migrate", "--database-url", db, "--schema", strings.Repeat("s", 64)}, []string{"migrate: --schema", "1 to 63 bytes, got 64"}},
+		{"max payload bytes 0", []string{"run", "--database-url", db, "--max-payload-bytes", "0"}, []string{"--max-payload-bytes", "positive"}},
+		{"max payload bytes too big", []string{"run", "--database-url", db, "--max-payload-bytes", "1000000000"}, []string{"--max-payload-bytes", "1000000000"}},
+
+		{"dead without subcommand", []string{"dead"}, []string{"dead: a subcommand is required"}},
+		{"dead unknown subcommand", []string{"dead", "bury"}, []string{`unknown subcommand "bury"`}},
+		{"dead list missing database url", []string{"dead", "list"}, []string{"dead list", "--database-url", "$DATABASE_URL"}},
+		{"dead list argument", []string{"dead", "list", "--database-url", db, "7"}, []string{`unexpected argument "7"`}},
+		{"dead list bad flag", []string{"dead", "list", "--database-url", db, "--all"}, []string{"-all", "stagedrain dead list --help"}},
+		{"dead retry nothing", []string{"dead", "retry", "--database-url", db}, []string{"dead retry", "exactly one of ID...|--all"}},
+		{"dead retry ids and all", []string{"dead", "retry", "4", "--database-url", db, "--all"}, []string{"exactly one of"}},
+		{"dead retry bad id", []string{"dead", "retry", "--database-url", db, "x1"}, []string{`"x1" is not a row id`}},
+		{"dead retry zero id", []string{"dead", "retry", "--database-url", db, "0"}, []string{`"0" is not a row id`}},
+		{"dead purge nothing", []string{"dead", "purge", "--database-url", db}, []string{"exactly one of ID...|--all|--older-than DURATION"}},
+		{"dead purge all and age", []string{"dead", "purge", "--database-url", db, "--all", "--older-than", "7d"}, []string{"exactly one of"}},
+		{"dead purge bad age", []string{"dead", "purge", "--database-url", db, "--older-than", "soon"}, []string{"--older-than", `"soon" is not a duration`}},
+		{"dead purge zero age", []string{"dead", "purge", "--database-url", db, "--older-than", "0d"}, []string{"--older-than", "positive"}},
+		{"dead purge empty schema", []string{"dead", "purge", "--database-url", db, "--all", "--schema="}, []string{"--schema", "must not be empty"}},
 		{"schema too long, run --migrate", []string{"run", "--migrate", "--database-url", db, "--schema", strings.Repeat("s", 64)}, []string{"run: --schema", "1 to 63 bytes"}},
 	}
 	for _, tt := range tests {
@@ -207,17 +224,18 @@ func TestHelp(t *testing.T) {
 		"log-level":    "STAGEDRAIN_LOG_LEVEL",
 	}
 	runFlags := map[string]string{
-		"redis-url":        "REDIS_URL",
-		"redis-namespace":  "STAGEDRAIN_REDIS_NAMESPACE",
-		"batch-size":       "STAGEDRAIN_BATCH_SIZE",
-		"poll-interval":    "STAGEDRAIN_POLL_INTERVAL",
-		"timestamp-format": "STAGEDRAIN_TIMESTAMP_FORMAT",
-		"leader-interval":  "STAGEDRAIN_LEADER_INTERVAL",
-		"max-backoff":      "STAGEDRAIN_MAX_BACKOFF",
-		"shutdown-timeout": "STAGEDRAIN_SHUTDOWN_TIMEOUT",
-		"poll-only":        "STAGEDRAIN_POLL_ONLY",
-		"migrate":          "STAGEDRAIN_MIGRATE",
-		"metrics-addr":     "STAGEDRAIN_METRICS_ADDR",
+		"redis-url":         "REDIS_URL",
+		"redis-namespace":   "STAGEDRAIN_REDIS_NAMESPACE",
+		"batch-size":        "STAGEDRAIN_BATCH_SIZE",
+		"poll-interval":     "STAGEDRAIN_POLL_INTERVAL",
+		"timestamp-format":  "STAGEDRAIN_TIMESTAMP_FORMAT",
+		"leader-interval":   "STAGEDRAIN_LEADER_INTERVAL",
+		"max-backoff":       "STAGEDRAIN_MAX_BACKOFF",
+		"shutdown-timeout":  "STAGEDRAIN_SHUTDOWN_TIMEOUT",
+		"max-payload-bytes": "STAGEDRAIN_MAX_PAYLOAD_BYTES",
+		"poll-only":         "STAGEDRAIN_POLL_ONLY",
+		"migrate":           "STAGEDRAIN_MIGRATE",
+		"metrics-addr":      "STAGEDRAIN_METRICS_ADDR",
 	}
 	for k, v := range common {
 		runFlags[k] = v
@@ -244,16 +262,20 @@ func TestHelp(t *testing.T) {
 			"quick":        "STAGEDRAIN_BENCH_QUICK",
 		}},
 		{"version", nil},
+		// dead's own flags say what to do, and have no variable ("").
+		{"dead list", map[string]string{"database-url": "DATABASE_URL", "schema": "STAGEDRAIN_SCHEMA", "json": ""}},
+		{"dead retry", map[string]string{"database-url": "DATABASE_URL", "schema": "STAGEDRAIN_SCHEMA", "all": ""}},
+		{"dead purge", map[string]string{"database-url": "DATABASE_URL", "schema": "STAGEDRAIN_SCHEMA", "all": "", "older-than": ""}},
 	}
 	for _, tt := range tests {
 		for _, help := range []string{"--help", "-h"} {
 			t.Run(tt.cmd+" "+help, func(t *testing.T) {
 				t.Parallel()
-				r := runCLI(tt.cmd, help)
+				r := runCLI(append(strings.Fields(tt.cmd), help)...)
 				if r.code != 0 || r.stderr != "" {
 					t.Fatalf("exit code %d, stderr %q; want 0 and nothing", r.code, r.stderr)
 				}
-				if want := "Usage: stagedrain " + tt.cmd + " [flags]\n"; !strings.HasPrefix(r.stdout, want) {
+				if want := "Usage: stagedrain " + tt.cmd + " [flags]"; !strings.HasPrefix(r.stdout, want) {
 					t.Errorf("help starts %q, want %q", firstLine(r.stdout), want)
 				}
 				got := helpFlags(r.stdout)
@@ -267,7 +289,10 @@ func TestHelp(t *testing.T) {
 					if !ok {
 						continue
 					}
-					if !strings.Contains(usage, "[$"+env+"]") {
+					if env == "" && strings.Contains(usage, "[$") {
+						t.Errorf("--%s: usage %q names a variable, want none", name, usage)
+					}
+					if env != "" && !strings.Contains(usage, "[$"+env+"]") {
 						t.Errorf("--%s: usage %q does not name [$%s]", name, usage, env)
 					}
 				}
@@ -279,14 +304,15 @@ func TestHelp(t *testing.T) {
 			})
 		}
 	}
-	for _, args := range [][]string{{"--help"}, {"-h"}, {"help"}} {
+	for _, args := range [][]string{{"--help"}, {"-h"}, {"help"}, {"dead", "--help"}} {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {
 			t.Parallel()
 			r := runCLI(args...)
 			if r.code != 0 || r.stderr != "" {
 				t.Fatalf("exit code %d, stderr %q; want 0 and nothing", r.code, r.stderr)
 			}
-			for _, cmd := range []string{"stagedrain migrate", "stagedrain run", "stagedrain status", "stagedrain health", "stagedrain bench", "stagedrain version"} {
+			for _, cmd := range []string{"stagedrain migrate", "stagedrain run", "stagedrain status", "stagedrain health",
+				"stagedrain dead list", "stagedrain dead retry", "stagedrain dead purge", "stagedrain bench", "stagedrain version"} {
 				if !strings.Contains(r.stdout, cmd) {
 					t.Errorf("usage does not mention %q:\n%s", cmd, r.stdout)
 				}

@@ -28,15 +28,21 @@ type commonFlags struct {
 }
 
 func (c *commonFlags) register(f *flagSet) {
-	defer f.required("database-url", "schema", "log-format", "log-level")
-	f.fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL connection `URL` (required; never logged)")
-	f.env("database-url", "DATABASE_URL")
-	f.fs.StringVar(&c.schema, "schema", "public", "PostgreSQL `schema` of the staged_jobs table")
-	f.env("schema", "STAGEDRAIN_SCHEMA")
+	c.registerDatabase(f)
+	defer f.required("log-format", "log-level")
 	f.fs.StringVar(&c.logFormat, "log-format", "json", "log `format`: json or console")
 	f.env("log-format", "STAGEDRAIN_LOG_FORMAT")
 	f.fs.StringVar(&c.logLevel, "log-level", "info", "log `level`: debug (a line per batch), info, warn or error")
 	f.env("log-level", "STAGEDRAIN_LOG_LEVEL")
+}
+
+// registerDatabase declares --database-url and --schema alone (for dead).
+func (c *commonFlags) registerDatabase(f *flagSet) {
+	defer f.required("database-url", "schema")
+	f.fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL connection `URL` (required; never logged)")
+	f.env("database-url", "DATABASE_URL")
+	f.fs.StringVar(&c.schema, "schema", "public", "PostgreSQL `schema` of the staged_jobs table")
+	f.env("schema", "STAGEDRAIN_SCHEMA")
 }
 
 func (c *commonFlags) check(f *flagSet) error {
@@ -140,6 +146,7 @@ type runFlags struct {
 	leaderInterval  time.Duration
 	maxBackoff      time.Duration
 	shutdownTimeout time.Duration
+	maxPayloadBytes int
 	pollOnly        bool
 	migrate         bool
 	metricsAddr     string
@@ -156,6 +163,7 @@ var flagOfField = map[string]string{
 	"LeaderInterval":  "leader-interval",
 	"MaxBackoff":      "max-backoff",
 	"ShutdownTimeout": "shutdown-timeout",
+	"MaxPayloadBytes": "max-payload-bytes",
 }
 
 // newRunFlags declares run's flags.
@@ -180,6 +188,8 @@ func newRunFlags() (*flagSet, *runFlags) {
 	f.env("max-backoff", "STAGEDRAIN_MAX_BACKOFF")
 	f.fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long the batch in flight at SIGTERM may take to finish before it is rolled back")
 	f.env("shutdown-timeout", "STAGEDRAIN_SHUTDOWN_TIMEOUT")
+	f.fs.IntVar(&c.maxPayloadBytes, "max-payload-bytes", 1<<20, "largest job payload (JSON `bytes`) pushed; a bigger one moves to staged_jobs_dead")
+	f.env("max-payload-bytes", "STAGEDRAIN_MAX_PAYLOAD_BYTES")
 	f.fs.BoolVar(&c.pollOnly, "poll-only", false, "drain on the fallback poll alone: no LISTEN, no wake-up gate (for PgBouncer in transaction pooling mode; pair with a short --poll-interval)")
 	f.env("poll-only", "STAGEDRAIN_POLL_ONLY")
 	f.fs.BoolVar(&c.migrate, "migrate", false, "run migrate before draining (retried until PostgreSQL answers)")
@@ -201,6 +211,9 @@ func runCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	// mistake, so say so instead.
 	if c.batchSize < 1 {
 		return usagef("run: %s must be between 1 and 100000, got %d", f.source("batch-size"), c.batchSize)
+	}
+	if c.maxPayloadBytes < 1 {
+		return usagef("run: %s must be positive, got %d", f.source("max-payload-bytes"), c.maxPayloadBytes)
 	}
 	for name, d := range map[string]time.Duration{
 		"poll-interval": c.pollInterval, "leader-interval": c.leaderInterval,
@@ -243,6 +256,7 @@ func runCmd(ctx context.Context, args []string, stdout io.Writer) error {
 		LeaderInterval:  c.leaderInterval,
 		MaxBackoff:      c.maxBackoff,
 		ShutdownTimeout: c.shutdownTimeout,
+		MaxPayloadBytes: c.maxPayloadBytes,
 		PollOnly:        c.pollOnly,
 		Logger:          log,
 	})

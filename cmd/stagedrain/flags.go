@@ -21,6 +21,8 @@ type flagSet struct {
 	envs     map[string]string // flag name -> environment variable
 	fromEnv  map[string]bool   // flags whose value came from the environment
 	nonEmpty map[string]bool   // string flags that may not be set to ""
+	operands string            // what the command takes after its flags ("ID..."), or "" for nothing
+	args     []string          // the operands given, in order, after parse
 }
 
 func newFlagSet(cmd, desc string) *flagSet {
@@ -61,16 +63,25 @@ var singleDash = regexp.MustCompile(`(^|[\s:])-([a-zA-Z])`)
 // parse parses args, then fills each flag not given from its environment
 // variable. --help prints the flags to stdout and returns errHelp.
 func (f *flagSet) parse(args []string, stdout io.Writer) error {
-	if err := f.fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			f.printHelp(stdout)
-			return errHelp
+	// Operands and flags may mix ("retry 4 5 --database-url ..."): parse
+	// again after each operand.
+	for rest := args; ; {
+		if err := f.fs.Parse(rest); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				f.printHelp(stdout)
+				return errHelp
+			}
+			msg := singleDash.ReplaceAllString(err.Error(), "$1--$2")
+			return usagef("%s: %s (see 'stagedrain %s --help')", f.cmd, msg, f.cmd)
 		}
-		msg := singleDash.ReplaceAllString(err.Error(), "$1--$2")
-		return usagef("%s: %s (see 'stagedrain %s --help')", f.cmd, msg, f.cmd)
-	}
-	if f.fs.NArg() > 0 {
-		return usagef("%s: unexpected argument %q (see 'stagedrain %s --help')", f.cmd, f.fs.Arg(0), f.cmd)
+		if f.fs.NArg() == 0 {
+			break
+		}
+		if f.operands == "" {
+			return usagef("%s: unexpected argument %q (see 'stagedrain %s --help')", f.cmd, f.fs.Arg(0), f.cmd)
+		}
+		f.args = append(f.args, f.fs.Arg(0))
+		rest = f.fs.Args()[1:]
 	}
 	given := make(map[string]bool)
 	f.fs.Visit(func(fl *flag.Flag) { given[fl.Name] = true })
@@ -103,7 +114,11 @@ func (f *flagSet) parse(args []string, stdout io.Writer) error {
 }
 
 func (f *flagSet) printHelp(w io.Writer) {
-	fmt.Fprintf(w, "Usage: stagedrain %s [flags]\n\n%s\n", f.cmd, f.desc)
+	operands := ""
+	if f.operands != "" {
+		operands = " " + f.operands
+	}
+	fmt.Fprintf(w, "Usage: stagedrain %s [flags]%s\n\n%s\n", f.cmd, operands, f.desc)
 	n := 0
 	f.fs.VisitAll(func(*flag.Flag) { n++ })
 	if n == 0 {
@@ -126,14 +141,17 @@ func (f *flagSet) printHelp(w io.Writer) {
 }
 
 // commandFlags returns the flags of every command that has flags, in the
-// order of the usage text.
+// order of the usage text. For dead, the flags its subcommands share; their
+// own (--json, --all, --older-than) say what to do, not how to connect, and
+// have no environment variable: a leftover STAGEDRAIN_* must never purge.
 func commandFlags() []*flagSet {
 	m, _ := newMigrateFlags()
 	r, _ := newRunFlags()
 	s, _ := newStatusFlags()
 	h, _ := newHealthFlags()
 	b, _ := newBenchFlags()
-	return []*flagSet{m, r, s, h, b}
+	d, _ := newDeadFlags("dead", "")
+	return []*flagSet{m, r, s, h, b, d}
 }
 
 // unknownEnv returns, sorted, the names of the STAGEDRAIN_* variables of

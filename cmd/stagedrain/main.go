@@ -5,6 +5,7 @@
 //	stagedrain run       drain committed jobs into Redis until stopped
 //	stagedrain status    show the backlog, the dead letters and who leads
 //	stagedrain health    exit 0 if the local relay is ready (a healthcheck)
+//	stagedrain dead      list, retry or purge the rows that could never be pushed
 //	stagedrain bench     measure the relay and its cost on this machine
 //	stagedrain version   print the version
 //
@@ -54,6 +55,12 @@ Usage:
   stagedrain run [flags]       drain committed jobs into Redis until SIGINT/SIGTERM
   stagedrain status [flags]    show the backlog by queue, dead letters and who leads
   stagedrain health [flags]    exit 0 if the relay here answers /readyz with 200, else 1
+  stagedrain dead list [flags] [--json]
+                               show the rows that could never be pushed (staged_jobs_dead)
+  stagedrain dead retry [flags] ID...|--all
+                               move dead rows back into staged_jobs, keeping id and jid
+  stagedrain dead purge [flags] ID...|--all|--older-than DURATION
+                               delete dead rows (DURATION: 36h, 7d, ...)
   stagedrain bench [flags]     measure latency, throughput and the relay's cost here
   stagedrain version           print the version
 
@@ -88,7 +95,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return usagef("a command is required: migrate, run, status, health, bench or version (see 'stagedrain --help')")
+		return usagef("a command is required: migrate, run, status, health, dead, bench or version (see 'stagedrain --help')")
 	}
 	switch cmd, rest := args[0], args[1:]; cmd {
 	case "migrate":
@@ -99,6 +106,8 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return statusCmd(ctx, rest, stdout)
 	case "health":
 		return healthCmd(ctx, rest, stdout)
+	case "dead":
+		return deadCmd(ctx, rest, stdout)
 	case "bench":
 		return benchCmd(ctx, rest, stdout, stderr)
 	case "version":
@@ -107,6 +116,6 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmt.Fprint(stdout, usage)
 		return errHelp
 	default:
-		return usagef("unknown command %q: want migrate, run, status, health, bench or version (see 'stagedrain --help')", cmd)
+		return usagef("unknown command %q: want migrate, run, status, health, dead, bench or version (see 'stagedrain --help')", cmd)
 	}
 }

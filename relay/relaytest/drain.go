@@ -41,8 +41,10 @@ type DrainConfig struct {
 //
 // The test fails, with the relay's warnings and errors, if the relay stops
 // with an error (say the schema was never migrated), if the drain takes
-// longer than cfg.Timeout, or if rows stay staged: a job Redis refuses, or
-// another relay leading the schema (Drain's relay then waits as a standby).
+// longer than cfg.Timeout, if rows stay staged (Redis out of memory, or
+// another relay leading the schema: Drain's relay then waits as a standby),
+// or if the relay moved a job to staged_jobs_dead (poison: Redis refused it
+// with WRONGTYPE, its payload is too big, a column is NULL).
 // Commit what the test staged before calling Drain: the relay sees only
 // committed rows.
 func Drain(ctx context.Context, t testing.TB, cfg DrainConfig) int {
@@ -120,6 +122,10 @@ func Drain(ctx context.Context, t testing.TB, cfg DrainConfig) int {
 	halt()
 	if runErr != nil {
 		t.Fatalf("relaytest: Drain: the relay stopped: %v; relay logs: %s", runErr, relayLogs(logs, zapcore.WarnLevel))
+	}
+	if dead := logs.FilterMessage("job dead-lettered"); dead.Len() > 0 {
+		t.Fatalf("relaytest: Drain: %d jobs dead-lettered (moved to %s); relay logs: %s",
+			dead.Len(), pgx.Identifier{cfg.Schema, "staged_jobs_dead"}.Sanitize(), relayLogs(logs, zapcore.WarnLevel))
 	}
 	drained := 0
 	for _, e := range logs.FilterMessage("batch drained").All() {

@@ -305,3 +305,23 @@ func TestDrainFailure(t *testing.T) {
 	})
 	checkContains(t, msg, "relaytest: Drain: the relay stopped", "run 'stagedrain migrate' first")
 }
+
+// Drain fails the test, naming the reason, when the relay dead-letters a
+// job: here one to a queue whose key holds a string (WRONGTYPE).
+func TestDrainFailsOnDeadLetter(t *testing.T) {
+	t.Parallel()
+	schema, conn := migrated(t)
+	rdb, ns := testenv.Redis(t)
+	ctx := context.Background()
+	if err := rdb.Set(ctx, ns+":queue:broken", "not a list", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := relay.NewStager(schema).Stage(ctx, conn, relay.Job{Name: "Bounced", Queue: "broken"}); err != nil {
+		t.Fatal(err)
+	}
+	msg := failure(t, func(tb testing.TB) {
+		relaytest.Drain(ctx, tb, relaytest.DrainConfig{
+			DatabaseURL: testenv.DatabaseURL(), Schema: schema, Redis: rdb, RedisNamespace: ns})
+	})
+	checkContains(t, msg, "relaytest: Drain: 1 jobs dead-lettered", "staged_jobs_dead", "WRONGTYPE")
+}
