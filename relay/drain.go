@@ -195,7 +195,7 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 // notification, and the relay a wake-up.
 const (
 	lingerFor  = 5 * time.Millisecond
-	lingerStep = 200 * time.Microsecond
+	lingerStep = 100 * time.Microsecond
 )
 
 // After a short batch of n jobs, the next claim starts no sooner than
