@@ -51,6 +51,7 @@ func (c nullCols) String() string {
 type tableSQL struct {
 	claim    string
 	reinsert string
+	backlog  string
 	bury     string
 	version  string
 }
@@ -75,6 +76,10 @@ func newTableSQL(schema string) tableSQL {
 			` WHERE id > $3 AND id <> ALL($2) ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)` +
 			` DELETE FROM ` + table + ` t USING b WHERE t.id = b.id RETURNING ` +
 			`t.id, t.job_name, t.job_args, t.queue, t.run_at, t.jid, t.created_at, t.options`,
+		// For the summary line: staged rows, counted up to $1, and the
+		// oldest created_at among the 100 lowest ids.
+		backlog: `SELECT (SELECT count(*) FROM (SELECT FROM ` + table + ` LIMIT $1) c),
+			(SELECT min(created_at) FROM (SELECT created_at FROM ` + table + ` ORDER BY id LIMIT 100) o)`,
 		// Puts back, unchanged, the rows of a batch that were not pushed.
 		reinsert: `INSERT INTO ` + table + ` (` + claimColumns + `)
 			SELECT id, job_name, job_args::jsonb, queue, run_at, jid, created_at, options::jsonb

@@ -288,7 +288,8 @@ func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (left []
 		}
 	}()
 
-	res, err := r.sink.push(bctx, b.jobs, time.Now())
+	pushedAt := time.Now()
+	res, err := r.sink.push(bctx, b.jobs, pushedAt)
 	if err != nil {
 		return nil, err
 	}
@@ -321,6 +322,9 @@ func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (left []
 		return nil, fmt.Errorf("commit: %w", err)
 	}
 	b.conn.Release()
+	r.summary.batch(b.jobs, func(id int64) bool {
+		return slices.Contains(left, id) || slices.ContainsFunc(dead, func(j stagedJob) bool { return j.id == id })
+	}, pushedAt, len(dead))
 	for i := range dead {
 		j := &dead[i]
 		log.Error("job dead-lettered", zap.Int64("id", j.id), zap.String("jid", j.jid),

@@ -3,6 +3,7 @@ package relay_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"regexp"
 	"slices"
 	"sync/atomic"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/stagedrain/stagedrain/relay"
 	"github.com/stagedrain/stagedrain/relay/internal/testenv"
@@ -301,5 +303,39 @@ func TestLowIDCommittedDuringDrainIsDelivered(t *testing.T) {
 	h.waitQueueLen("default", 11, 10*time.Second)
 	if got := h.queueJIDs("default"); !slices.Contains(got, lateJID) {
 		t.Fatalf("delivered %v, want the late job %s among them", got, lateJID)
+	}
+}
+
+// While jobs flow, the leader logs one info line per interval saying what
+// it did; every such line counts work (an idle window logs nothing), and
+// together they count every job.
+func TestSummaryLine(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	r, err := relay.New(h.config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay.SetSummaryEvery(r, 50*time.Millisecond)
+	h.run(r)
+	var jobs []relay.Job
+	for range 30 {
+		jobs = append(jobs, relay.Job{Name: "Summarized"})
+	}
+	h.stageMany(jobs...)
+	h.waitQueueLen("default", 30, 10*time.Second)
+	testenv.WaitFor(t, 10*time.Second, "summary lines counting 30 jobs", func() (bool, string) {
+		total := 0
+		for _, e := range h.logs.FilterMessage("drained").All() {
+			total += int(e.ContextMap()["jobs"].(int64))
+		}
+		return total == 30, fmt.Sprintf("%d jobs in %d lines", total, h.logs.FilterMessage("drained").Len())
+	})
+	for _, e := range h.logs.FilterMessage("drained").All() {
+		f := e.ContextMap()
+		if e.Level != zapcore.InfoLevel || f["jobs"].(int64) == 0 || f["batches"].(int64) == 0 ||
+			f["p99_latency"] == nil || f["backlog"] == nil {
+			t.Errorf("summary line %v %v: want info with jobs, batches, p99_latency and backlog", e.Level, f)
+		}
 	}
 }

@@ -21,3 +21,6 @@ var (
 	AwakeLockName   = awakeLockName
 	BarrierLockName = barrierLockName
 )
+
+// SetSummaryEvery sets how often r logs its summary line (default 10s).
+func SetSummaryEvery(r *Relay, d time.Duration) { r.summaryEvery = d }

@@ -45,6 +45,10 @@ type Relay struct {
 	hooks testHooks
 	// listens counts the listener's completed LISTENs, for hooks.idle.
 	listens atomic.Int64
+	// summary counts what the drain did for the info line logged every
+	// summaryEvery (a field so that tests can shorten it).
+	summary      summary
+	summaryEvery time.Duration
 
 	// state is what Status and CheckReady report (health.go).
 	state state
@@ -91,7 +95,8 @@ func New(cfg Config) (*Relay, error) {
 		lockKey: "stagedrain:" + cfg.Schema,
 		version: version,
 
-		gateTimeout: defaultGateTimeout,
+		gateTimeout:  defaultGateTimeout,
+		summaryEvery: summaryEvery,
 	}
 	r.state.init()
 	return r, nil
@@ -231,6 +236,7 @@ func (r *Relay) lead(ctx context.Context, lockConn *pgx.Conn, pool *pgxpool.Pool
 	g.Go(func() error { poll(ctx, r.cfg.PollInterval, wake); return nil })
 	g.Go(func() error { return r.drainLoop(ctx, pool, wake, gt) })
 	g.Go(func() error { return r.keepLock(ctx, lockConn, &lockMu) })
+	g.Go(func() error { r.summarize(ctx, lockConn, &lockMu, r.summaryEvery); return nil })
 	return g.Wait()
 }
 

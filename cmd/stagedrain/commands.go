@@ -84,7 +84,13 @@ func (c *commonFlags) logger(cmd string, stdout io.Writer) (*zap.Logger, error) 
 		return nil, usagef("%s: --log-format must be json or console, got %q", cmd, c.logFormat)
 	}
 	core := zapcore.NewCore(enc, zapcore.Lock(zapcore.AddSync(stdout)), level)
-	return zap.New(oneLineErrors{core}).Named("stagedrain"), nil
+	// Every line names the process, so the lines of several relays (a
+	// leader and its standbys) can be told apart in one log stream.
+	host, err := os.Hostname()
+	if err != nil {
+		host = "unknown"
+	}
+	return zap.New(oneLineErrors{core}).Named("stagedrain").With(zap.String("host", host), zap.Int("pid", os.Getpid())), nil
 }
 
 // newMigrateFlags declares migrate's flags.

@@ -117,6 +117,9 @@ func checkAllJSON(t *testing.T, p *proc) {
 		if _, err := l.time(); err != nil {
 			t.Errorf("%s: log line time: %v: %s", p.name, err, l.raw)
 		}
+		if pid, _ := l.fields["pid"].(float64); l.str("host") == "" || int(pid) != p.cmd.Process.Pid {
+			t.Errorf("%s: log line does not name host and pid %d: %s", p.name, p.cmd.Process.Pid, l.raw)
+		}
 	}
 }
 
