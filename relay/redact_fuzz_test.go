@@ -1,0 +1,66 @@
+package relay
+
+import (
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Whatever else a connection string holds, its password never shows in what
+// the relay says of it: DescribeDatabase, CheckDatabaseURL's error, or the
+// error of Config.Validate (which the CLI prints).
+func FuzzDatabaseURLNeverShowsPassword(f *testing.F) {
+	f.Add("s3cret-pw", "sslmode=disable")
+	f.Add("p@ss:word/with?odd#chars", "sslmode=bogus")
+	f.Add("pässwörd", "connect_timeout=x")
+	f.Add("hunter22", "application_name=x&target_session_attrs=nonsense")
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
+	defer rdb.Close()
+	f.Fuzz(func(t *testing.T, password, query string) {
+		if len(password) < 6 || strings.Contains(query, password) {
+			t.Skip() // too short to tell a leak from a coincidence
+		}
+		if q := strings.ToLower(query); strings.Contains(q, "ssl") || strings.Contains(q, "file") || strings.Contains(q, "service") {
+			t.Skip() // parameters that make pgx read files (/dev/zero reads forever)
+		}
+		u := url.URL{Scheme: "postgres", User: url.UserPassword("user", password),
+			Host: "127.0.0.1:5432", Path: "/db", RawQuery: query}
+		escaped := strings.ReplaceAll(strings.ReplaceAll(password, `\`, `\\`), `'`, `\'`)
+		for _, conn := range []string{
+			u.String(),
+			"host=127.0.0.1 user=user password='" + escaped + "' dbname=db " + query,
+		} {
+			says := []string{DescribeDatabase(conn)}
+			if err := CheckDatabaseURL(conn); err != nil {
+				says = append(says, err.Error())
+			}
+			if err := (Config{DatabaseURL: conn, Redis: rdb}).WithDefaults().Validate(); err != nil {
+				says = append(says, err.Error())
+			}
+			for _, s := range says {
+				if strings.Contains(s, password) || strings.Contains(s, url.QueryEscape(password)) || strings.Contains(s, url.PathEscape(password)) {
+					t.Fatalf("the password shows in %q (connection string %q)", s, conn)
+				}
+			}
+		}
+	})
+}
+
+// DescribeRedis names a client's target as host:port/db and never its
+// password or user name's secret.
+func FuzzDescribeRedisNeverShowsPassword(f *testing.F) {
+	f.Add("s3cret-pw", "127.0.0.1:6379", 3)
+	f.Add("p@ss:word", "[::1]:6380", 0)
+	f.Fuzz(func(t *testing.T, password, addr string, db int) {
+		if len(password) < 6 || strings.Contains(addr, password) {
+			t.Skip()
+		}
+		rdb := redis.NewClient(&redis.Options{Addr: addr, Password: password, DB: db})
+		defer rdb.Close()
+		if s := DescribeRedis(rdb); strings.Contains(s, password) {
+			t.Fatalf("DescribeRedis = %q shows the password", s)
+		}
+	})
+}
