@@ -256,23 +256,33 @@ type latencyCase struct {
 	p50, p99      time.Duration // targets; 0 means none
 }
 
-// benchLatency measures, at fixed offered rates, the time from COMMIT
-// returning in the app to the job being visible in Redis.
-func (b *bench) benchLatency(ctx context.Context) error {
+// freshRelay empties the scratch table and Redis keys, then starts the
+// relay with its trigger and waits until it is ready.
+func (b *bench) freshRelay(ctx context.Context) (*relayProc, error) {
 	conn, err := b.connect(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	err = b.reset(ctx, conn)
 	conn.Close(context.WithoutCancel(ctx))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	p, err := b.startRelay(false)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := b.waitReady(ctx, p, true); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// benchLatency measures, at fixed offered rates, the time from COMMIT
+// returning in the app to the job being visible in Redis.
+func (b *bench) benchLatency(ctx context.Context) error {
+	p, err := b.freshRelay(ctx)
+	if err != nil {
 		return err
 	}
 	for _, c := range []latencyCase{
@@ -464,20 +474,8 @@ func percentile(sorted []time.Duration, q float64) time.Duration {
 // database would add its own. Without a scratch database the counts are
 // those of every session of the user's database: an upper bound.
 func (b *bench) benchIdle(ctx context.Context) error {
-	conn, err := b.connect(ctx)
+	p, err := b.freshRelay(ctx)
 	if err != nil {
-		return err
-	}
-	err = b.reset(ctx, conn)
-	conn.Close(context.WithoutCancel(ctx))
-	if err != nil {
-		return err
-	}
-	p, err := b.startRelay(false)
-	if err != nil {
-		return err
-	}
-	if err := b.waitReady(ctx, p, true); err != nil {
 		return err
 	}
 	b.progress("idle: relay running, nothing staged: %s warm-up, then a %s window ...", b.cfg.idleWarmup, b.cfg.idleWindow)
