@@ -85,35 +85,7 @@ func newSidekiqSink(rdb redis.UniversalClient, namespace string, ts TimestampFor
 // So is a batch that Redis refused whole, for reasons that waiting may fix.
 func (s *sidekiqSink) push(ctx context.Context, batch []stagedJob, now time.Time) (pushResult, error) {
 	var res pushResult
-	s.reset()
-	for i := range batch {
-		j := &batch[i]
-		start := len(s.buf)
-		var err error
-		s.buf, err = appendSidekiqPayload(s.buf, j, now, s.ts)
-		if err != nil {
-			s.buf = s.buf[:start]
-			res.rejected = append(res.rejected, rejectedJob{id: j.id, reason: err.Error()})
-			continue
-		}
-		if n := len(s.buf) - start; n > s.maxPayload {
-			s.buf = s.buf[:start]
-			res.rejected = append(res.rejected, rejectedJob{id: j.id,
-				reason: fmt.Sprintf("payload is %d bytes, over the limit of %d (MaxPayloadBytes)", n, s.maxPayload)})
-			continue
-		}
-		// Appending may move buf, but never rewrites bytes already written,
-		// so this slice stays valid until the next batch resets buf.
-		payload := s.buf[start:len(s.buf):len(s.buf)]
-		if isScheduled(j, now) {
-			s.sched.ids = append(s.sched.ids, j.id)
-			s.sched.zs = append(s.sched.zs, redis.Z{Score: epochSeconds(*j.runAt), Member: payload})
-			continue
-		}
-		g := s.group(j.queue)
-		g.ids = append(g.ids, j.id)
-		g.payloads = append(g.payloads, payload)
-	}
+	s.build(batch, now, &res)
 	if len(s.queues) == 0 && len(s.sched.ids) == 0 {
 		return res, nil
 	}
@@ -279,6 +251,42 @@ func carriedByOne(cmds []redis.Cmder, err error) bool {
 		}
 	}
 	return false
+}
+
+// build resets the sink and builds batch's payloads into it, grouped by
+// queue (immediate jobs) or into the schedule; rows no worker could run are
+// added to res.rejected. It allocates nothing per job once the sink's
+// buffers have grown to the batch size.
+func (s *sidekiqSink) build(batch []stagedJob, now time.Time, res *pushResult) {
+	s.reset()
+	for i := range batch {
+		j := &batch[i]
+		start := len(s.buf)
+		var err error
+		s.buf, err = appendSidekiqPayload(s.buf, j, now, s.ts)
+		if err != nil {
+			s.buf = s.buf[:start]
+			res.rejected = append(res.rejected, rejectedJob{id: j.id, reason: err.Error()})
+			continue
+		}
+		if n := len(s.buf) - start; n > s.maxPayload {
+			s.buf = s.buf[:start]
+			res.rejected = append(res.rejected, rejectedJob{id: j.id,
+				reason: fmt.Sprintf("payload is %d bytes, over the limit of %d (MaxPayloadBytes)", n, s.maxPayload)})
+			continue
+		}
+		// Appending may move buf, but never rewrites bytes already written,
+		// so this slice stays valid until the next batch resets buf.
+		payload := s.buf[start:len(s.buf):len(s.buf)]
+		if isScheduled(j, now) {
+			s.sched.ids = append(s.sched.ids, j.id)
+			s.sched.zs = append(s.sched.zs, redis.Z{Score: epochSeconds(*j.runAt), Member: payload})
+			continue
+		}
+		g := s.group(j.queue)
+		g.ids = append(g.ids, j.id)
+		g.payloads = append(g.payloads, payload)
+	}
 }
 
 // group returns the queue group for name, adding it on first use.

@@ -1,0 +1,78 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/stagedrain/stagedrain/relay/internal/testenv"
+)
+
+// BenchmarkBatchBuild measures building a 1000-job batch for Redis, every
+// payload and the grouping by queue (4 queues, a tenth of the jobs
+// scheduled), without the network: one op is one job. After the first
+// batch the sink's buffers are reused, so it should not allocate per job.
+func BenchmarkBatchBuild(b *testing.B) {
+	now := time.Now()
+	later := now.Add(time.Hour)
+	batch := make([]stagedJob, 1000)
+	for i := range batch {
+		batch[i] = stagedJob{id: int64(i), name: "WelcomeEmailJob", args: []byte(`[42, "welcome", {"locale": "en"}]`),
+			queue: fmt.Sprintf("q%d", i%4), jid: "0123456789abcdef01234567", createdAt: now, options: []byte(`{}`)}
+		if i%10 == 0 {
+			batch[i].runAt = &later
+		}
+	}
+	s := newSidekiqSink(nil, "", TimestampSeconds, defaultMaxPayloadBytes)
+	var res pushResult
+	b.ReportAllocs()
+	n := 0
+	for b.Loop() {
+		if n%len(batch) == 0 {
+			res = pushResult{}
+			s.build(batch, now, &res)
+		}
+		n++
+	}
+	if len(res.rejected) != 0 {
+		b.Fatalf("%d jobs rejected", len(res.rejected))
+	}
+}
+
+// BenchmarkClaim measures claiming (and deleting, then rolling back) a
+// 1000-row batch with the relay's claim statement: one op is one job.
+func BenchmarkClaim(b *testing.B) {
+	ctx := context.Background()
+	schema := testenv.Schema(b)
+	conn := testenv.Conn(b, testenv.DatabaseURL())
+	if _, err := Migrate(ctx, conn, schema); err != nil {
+		b.Fatal(err)
+	}
+	table := pgx.Identifier{schema, "staged_jobs"}.Sanitize()
+	if _, err := conn.Exec(ctx, `INSERT INTO `+table+` (job_name, job_args, queue)
+		SELECT 'BenchJob', jsonb_build_array(g, 'some argument'), 'q' || (g % 4) FROM generate_series(1, 1000) g`); err != nil {
+		b.Fatal(err)
+	}
+	sql := newTableSQL(schema).claim
+	var buf []stagedJob
+	b.ReportAllocs()
+	n := 0
+	for b.Loop() {
+		if n%1000 == 0 {
+			var err error
+			if buf, err = claimBatch(ctx, conn, sql, 1000, nil, fromStart, buf); err != nil {
+				b.Fatal(err)
+			}
+			if len(buf) != 1000 {
+				b.Fatalf("claimed %d rows, want 1000", len(buf))
+			}
+			if _, err := conn.Exec(ctx, "ROLLBACK"); err != nil {
+				b.Fatal(err)
+			}
+		}
+		n++
+	}
+}
