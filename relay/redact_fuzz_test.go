@@ -20,10 +20,10 @@ func FuzzDatabaseURLNeverShowsPassword(f *testing.F) {
 	defer rdb.Close()
 	f.Fuzz(func(t *testing.T, password, query string) {
 		if len(password) < 6 || strings.Contains(query, password) {
-			t.Skip() // too short to tell a leak from a coincidence
+			return // too short to tell a leak from a coincidence
 		}
 		if q := strings.ToLower(query); strings.Contains(q, "ssl") || strings.Contains(q, "file") || strings.Contains(q, "service") {
-			t.Skip() // parameters that make pgx read files (/dev/zero reads forever)
+			return // parameters that make pgx read files (/dev/zero reads forever)
 		}
 		u := url.URL{Scheme: "postgres", User: url.UserPassword("user", password),
 			Host: "127.0.0.1:5432", Path: "/db", RawQuery: query}
@@ -55,7 +55,7 @@ func FuzzDescribeRedisNeverShowsPassword(f *testing.F) {
 	f.Add("p@ss:word", "[::1]:6380", 0)
 	f.Fuzz(func(t *testing.T, password, addr string, db int) {
 		if len(password) < 6 || strings.Contains(addr, password) {
-			t.Skip()
+			return // too short to tell a leak from a coincidence
 		}
 		rdb := redis.NewClient(&redis.Options{Addr: addr, Password: password, DB: db})
 		defer rdb.Close()
