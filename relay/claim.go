@@ -54,6 +54,7 @@ type tableSQL struct {
 	backlog  string
 	bury     string
 	version  string
+	staged   string
 }
 
 // claimColumns are the columns a batch reads, in stagedJob's scan order.
@@ -91,6 +92,9 @@ func newTableSQL(schema string) tableSQL {
 		// staged_jobs by hand, not moved by dead retry) replaces it and
 		// counts one more attempt: failing the commit instead would block
 		// the queue on it for good.
+		// Which of $1 are still staged (for the handoff record; rows a
+		// transaction is deleting count until it commits).
+		staged: `SELECT id FROM ` + table + ` WHERE id = ANY($1)`,
 		bury: `INSERT INTO ` + dead + ` AS d (` + claimColumns + `, reason, attempts)
 			SELECT id, job_name, job_args::jsonb, queue, run_at, jid, created_at, options::jsonb, reason, 1
 			FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::timestamptz[], $6::text[], $7::timestamptz[], $8::text[], $9::text[])

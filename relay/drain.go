@@ -40,7 +40,7 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 				}
 				break
 			}
-			if isFatal(err) || errors.Is(err, errLostLock) {
+			if isFatal(err) || errors.Is(err, errLostLock) || errors.Is(err, errFenced) {
 				return err
 			}
 			if ctx.Err() != nil {
@@ -58,6 +58,12 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 			if !sleep(ctx, wait) {
 				return nil
 			}
+		}
+		if err := r.handoff.tidy(ctx, func(ids []int64) ([]int64, error) {
+			return r.stillStaged(ctx, pool, ids)
+		}); err != nil && ctx.Err() == nil {
+			// The records stay until a later drain deletes them.
+			log.Warn("could not tidy the handoff record", zap.Error(err))
 		}
 		if r.hooks.idle != nil {
 			r.hooks.idle(listens)
@@ -255,9 +261,10 @@ func (c claimed) rollback(ctx context.Context) {
 // finish pushes a claimed batch, moves its poison rows to staged_jobs_dead,
 // puts back the rows Redis deferred, and commits, which makes the claim's
 // delete of the pushed rows final. Any failure rolls the transaction back:
-// the rows stay staged, and a push that did reach Redis is repeated later
-// with the same jids (at least once). left lists the rows it left staged
-// (deferred by Redis, and logged).
+// the rows stay staged, and the handoff record (handoff.go) says which of
+// them the push delivered, so that they are deleted, not pushed again, when
+// claimed next. left lists the rows it left staged (deferred by Redis, and
+// logged).
 //
 // A row is poison when it can never be pushed: the payload builder rejects
 // it (a NULL column, options that override a column), its payload is over
@@ -268,7 +275,7 @@ func (c claimed) rollback(ctx context.Context) {
 //
 // Once claimed, a batch is not cut short by ctx: when ctx ends it gets
 // ShutdownTimeout to finish, so a stop between push and delete does not
-// cause a duplicate.
+// leave work for the next leader.
 func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (left []int64, err error) {
 	bctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
@@ -289,10 +296,17 @@ func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (left []
 	}()
 
 	pushedAt := time.Now()
-	res, err := r.sink.push(bctx, b.jobs, pushedAt)
+	res, err := r.push(bctx, b.jobs, pushedAt)
 	if err != nil {
 		return nil, err
 	}
+	defer func() {
+		if err != nil {
+			// The push delivered these rows; the delete may not have
+			// committed. Claimed again, they are deleted, not pushed.
+			r.handoff.uncommitted(res.field, res.pushed)
+		}
+	}()
 	for _, rj := range res.deferred {
 		log.Warn("job refused by Redis, left staged", zap.Int64("id", rj.id), zap.String("reason", rj.reason))
 		left = append(left, rj.id)
@@ -322,6 +336,7 @@ func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (left []
 		return nil, fmt.Errorf("commit: %w", err)
 	}
 	b.conn.Release()
+	r.handoff.committed(res.field, res.redelivered)
 	r.summary.batch(b.jobs, func(id int64) bool {
 		return slices.Contains(left, id) || slices.ContainsFunc(dead, func(j stagedJob) bool { return j.id == id })
 	}, pushedAt, len(dead))
@@ -333,6 +348,7 @@ func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (left []
 	if ce := log.Check(zap.DebugLevel, "batch drained"); ce != nil {
 		ce.Write(
 			zap.Int("count", len(res.pushed)),
+			zap.Int("already_pushed", len(res.redelivered)),
 			zap.Int("left_staged", len(res.deferred)),
 			zap.Int("dead_lettered", len(dead)),
 			zap.Strings("queues", res.queues),

@@ -24,3 +24,9 @@ var (
 
 // SetSummaryEvery sets how often r logs its summary line (default 10s).
 func SetSummaryEvery(r *Relay, d time.Duration) { r.summaryEvery = d }
+
+// HandoffKeys returns the fence and record keys of a schema.
+func HandoffKeys(namespace, database, schema string) (fence, record string) {
+	k := newHandoffKeys(namespace, database, schema)
+	return k.fence, k.record
+}

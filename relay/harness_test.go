@@ -272,3 +272,22 @@ func (h *harness) waitQueueLen(q string, n int64, timeout time.Duration) {
 		return got == n, fmt.Sprintf("%d jobs, %d rows staged", got, h.staged())
 	})
 }
+
+// handoffKeys returns the fence and record keys of h's schema.
+func (h *harness) handoffKeys() (fence, record string) {
+	return relay.HandoffKeys(h.ns, h.conn.Config().Database, h.schema)
+}
+
+// waitRecordEmpty waits until the handoff record holds no batch: every
+// batch's delete committed and its record was deleted.
+func (h *harness) waitRecordEmpty() {
+	h.t.Helper()
+	_, record := h.handoffKeys()
+	testenv.WaitFor(h.t, 15*time.Second, "an empty handoff record", func() (bool, string) {
+		m, err := h.rdb.HGetAll(context.Background(), record).Result()
+		if err != nil {
+			return false, err.Error()
+		}
+		return len(m) == 0, fmt.Sprintf("record %v", m)
+	})
+}

@@ -13,8 +13,8 @@ import (
 
 // BenchmarkBatchBuild measures building a 1000-job batch for Redis, every
 // payload and the grouping by queue (4 queues, a tenth of the jobs
-// scheduled), without the network: one op is one job. After the first
-// batch the sink's buffers are reused, so it should not allocate per job.
+// scheduled) and its commands for the push step, without the network: one
+// op is one job. After the first batch the target's buffers are reused, so it should not allocate per job.
 func BenchmarkBatchBuild(b *testing.B) {
 	now := time.Now()
 	later := now.Add(time.Hour)
@@ -26,14 +26,16 @@ func BenchmarkBatchBuild(b *testing.B) {
 			batch[i].runAt = &later
 		}
 	}
-	s := newSidekiqSink(nil, "", TimestampSeconds, defaultMaxPayloadBytes)
+	s := newSidekiqTarget("", TimestampSeconds, defaultMaxPayloadBytes)
+	var u pushUnit
 	var res pushResult
 	b.ReportAllocs()
 	n := 0
 	for b.Loop() {
 		if n%len(batch) == 0 {
-			res = pushResult{}
-			s.build(batch, now, &res)
+			res = pushResult{queues: res.queues[:0]}
+			u.reset()
+			s.add(&u, batch, now, &res)
 		}
 		n++
 	}

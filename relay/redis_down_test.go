@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -55,5 +56,10 @@ func TestRedisDownAtStartAndMidRun(t *testing.T) {
 		t.Fatalf("after restart delivered %s, want %s (first batch was %v)", got, second, first)
 	}
 	h.waitStaged(0)
-	h.waitLog("batch succeeded after retries", 1)
+	// The fresh Redis has no fence: the relay steps down, leads again,
+	// and takes a new one before it pushes.
+	h.waitLog("stepped down", 1)
+	if err := fmt.Sprint(h.logs.FilterMessage("stepped down").All()[0].ContextMap()["error"]); !strings.Contains(err, "the fence is gone") {
+		t.Fatalf("stepped down with %s, want the missing fence", err)
+	}
 }

@@ -37,7 +37,9 @@ type Relay struct {
 	log     *zap.Logger
 	pgCfg   *pgx.ConnConfig
 	sql     tableSQL
-	sink    *sidekiqSink
+	target  target
+	handoff *handoff
+	holder  string // names this relay in the fence hash
 	lockKey string
 	version int // the schema version this binary needs: its latest migration
 
@@ -91,7 +93,9 @@ func New(cfg Config) (*Relay, error) {
 		log:     cfg.Logger,
 		pgCfg:   pgCfg,
 		sql:     newTableSQL(cfg.Schema),
-		sink:    newSidekiqSink(cfg.Redis, cfg.RedisNamespace, cfg.TimestampFormat, cfg.MaxPayloadBytes),
+		target:  newSidekiqTarget(cfg.RedisNamespace, cfg.TimestampFormat, cfg.MaxPayloadBytes),
+		handoff: newHandoff(cfg.Redis, newHandoffKeys(cfg.RedisNamespace, pgCfg.Database, cfg.Schema)),
+		holder:  applicationName("leader"),
 		lockKey: "stagedrain:" + cfg.Schema,
 		version: version,
 
@@ -218,6 +222,7 @@ const healthySession = 10 * time.Second
 // fails (an error): the listener, the fallback poll, the drain loop, and a
 // watch on the lock connection.
 func (r *Relay) lead(ctx context.Context, lockConn *pgx.Conn, pool *pgxpool.Pool) error {
+	r.handoff.reset() // a new leadership takes the fence at its first push
 	g, ctx := errgroup.WithContext(ctx)
 	wake := make(chan struct{}, 1)
 	wake <- struct{}{} // drain at start

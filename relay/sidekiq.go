@@ -2,37 +2,25 @@ package relay
 
 import (
 	"bytes"
-	"cmp"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
-
-	"github.com/redis/go-redis/v9"
 )
 
-// sidekiqSink pushes batches in Sidekiq's layout (see keys.go): an immediate
-// job is SADD queues <q> + LPUSH queue:<q> <json>; a job whose run_at is in
-// the future is ZADD schedule <epoch seconds> <json>. A whole batch, however
-// many queues it mixes, goes in one MULTI/EXEC round trip.
+// sidekiqTarget writes batches in Sidekiq's layout (see keys.go): an
+// immediate job is SADD queues <q> + LPUSH queue:<q> <json>; a job whose
+// run_at is in the future is ZADD schedule <epoch seconds> <json>. It only
+// builds the commands: the relay runs them, with its fence and record, in
+// one atomic step (handoff.go), one op per queue and one for the schedule,
+// so a WRONGTYPE on one queue's key refuses only that queue's jobs.
 //
-// A job counts as pushed only on positive evidence (txOutcome): EXEC ran and
-// answered the job's command with a success reply. Redis may refuse part of
-// an executed batch (a WRONGTYPE on one queue's key): the jobs of the other
-// queues still count as pushed, and only the refused ones are held back, so
-// one bad key does not hold up every queue. A refusal that waiting cannot
-// fix makes its jobs poison (refused); one that it can (OOM, READONLY, see
-// isTransientReply) leaves them staged (deferred).
-//
-// A sidekiqSink is used by one goroutine at a time: it reuses its buffers.
-type sidekiqSink struct {
-	rdb        redis.UniversalClient
+// A sidekiqTarget is used by one goroutine at a time: it reuses its buffers.
+type sidekiqTarget struct {
 	keys       sidekiqKeys
 	ts         TimestampFormat
 	maxPayload int // bytes; a bigger payload is rejected
@@ -41,22 +29,18 @@ type sidekiqSink struct {
 	queues  []queueGroup   // immediate jobs by queue, queues in order of first use
 	queueAt map[string]int // queue name -> index in queues
 	sched   scheduleGroup  // scheduled jobs
-
-	jobCmds  []jobCmd // the LPUSHes, then the ZADD, of the batch
-	refusals []error  // txOutcome's verdict on each of jobCmds
+	names   []any          // the queue names, for SADD queues
 }
 
 type queueGroup struct {
 	name     string
 	ids      []int64
 	payloads []any
-	cmd      *redis.IntCmd // the LPUSH
 }
 
 type scheduleGroup struct {
-	ids []int64
-	zs  []redis.Z
-	cmd *redis.IntCmd // the ZADD
+	ids   []int64
+	pairs []any // score, member, score, member, ...
 }
 
 // rejectedJob is a row that was not pushed, and why.
@@ -67,82 +51,47 @@ type rejectedJob struct {
 
 // pushResult says which rows of a batch went to Redis.
 type pushResult struct {
-	pushed    []int64
-	rejected  []rejectedJob // poison: no worker could run them, or too big; not sent
-	refused   []rejectedJob // poison: sent, and Redis answered an error waiting cannot fix
-	deferred  []rejectedJob // sent, and Redis answered an error waiting may fix: stay staged
-	queues    []string      // the queues of the immediate jobs, for the log
-	scheduled int           // how many jobs were scheduled, for the log
+	pushed      []int64
+	redelivered []int64       // pushed by an earlier push whose delete did not commit: not pushed again
+	rejected    []rejectedJob // poison: no worker could run them, or too big; not sent
+	refused     []rejectedJob // poison: sent, and Redis answered an error waiting cannot fix
+	deferred    []rejectedJob // sent, and Redis answered an error waiting may fix: stay staged
+	queues      []string      // the queues of the immediate jobs, for the log
+	scheduled   int           // how many jobs were scheduled, for the log
+	field       string        // the push's field in the handoff record, "" if it pushed nothing
 }
 
-func newSidekiqSink(rdb redis.UniversalClient, namespace string, ts TimestampFormat, maxPayload int) *sidekiqSink {
-	return &sidekiqSink{rdb: rdb, keys: newSidekiqKeys(namespace), ts: ts, maxPayload: maxPayload, queueAt: make(map[string]int)}
+func newSidekiqTarget(namespace string, ts TimestampFormat, maxPayload int) *sidekiqTarget {
+	return &sidekiqTarget{keys: newSidekiqKeys(namespace), ts: ts, maxPayload: maxPayload, queueAt: make(map[string]int)}
 }
 
-// push writes batch to Redis in one round trip. now is the enqueue time: a
-// job whose run_at is after now is scheduled, any other runs at once. An
-// error means nothing is known to have been pushed: retry the whole batch.
-// So is a batch that Redis refused whole, for reasons that waiting may fix.
-func (s *sidekiqSink) push(ctx context.Context, batch []stagedJob, now time.Time) (pushResult, error) {
-	var res pushResult
-	s.build(batch, now, &res)
-	if len(s.queues) == 0 && len(s.sched.ids) == 0 {
-		return res, nil
-	}
-
-	executed, err := s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		for i := range s.queues {
-			g := &s.queues[i]
-			p.SAdd(ctx, s.keys.queues(), g.name)
-			g.cmd = p.LPush(ctx, s.keys.queue(g.name), g.payloads...)
+// add builds batch into u: its payloads, grouped by queue, and the commands
+// that push them. now is the enqueue time: a job whose run_at is after now
+// is scheduled, any other runs at once. Rows no worker could run are added
+// to res.rejected.
+func (s *sidekiqTarget) add(u *pushUnit, batch []stagedJob, now time.Time, res *pushResult) {
+	s.build(batch, now, res)
+	if len(s.queues) > 0 {
+		// SADD queues only feeds Sidekiq's UI: a job is pushed when its
+		// LPUSH is, so this op delivers no row.
+		s.names = s.names[:0]
+		for _, g := range s.queues {
+			s.names = append(s.names, g.name)
 		}
-		if len(s.sched.ids) > 0 {
-			s.sched.cmd = p.ZAdd(ctx, s.keys.schedule(), s.sched.zs...)
-		}
-		p.Ping(ctx) // last: its PONG proves that EXEC ran (see txOutcome)
-		return nil
-	})
-	s.jobCmds = s.jobCmds[:0]
-	for _, g := range s.queues {
-		s.jobCmds = append(s.jobCmds, jobCmd{cmd: g.cmd, min: int64(len(g.payloads)), max: math.MaxInt64})
+		u.begin(nil, "")
+		u.variadic("SADD", s.keys.queues(), 1, s.names)
 	}
-	if s.sched.cmd != nil {
-		s.jobCmds = append(s.jobCmds, jobCmd{cmd: s.sched.cmd, min: 0, max: int64(len(s.sched.zs))})
+	for i := range s.queues {
+		g := &s.queues[i]
+		u.begin(g.ids, "")
+		u.variadic("LPUSH", s.keys.queue(g.name), 1, g.payloads)
+		res.queues = append(res.queues, g.name)
 	}
-	s.refusals, err = txOutcome(s.refusals[:0], executed, err, s.jobCmds)
-	if err != nil {
-		return pushResult{}, fmt.Errorf("push batch: %w", err)
+	if len(s.sched.ids) > 0 {
+		u.begin(s.sched.ids, "")
+		u.variadic("ZADD", s.keys.schedule(), 2, s.sched.pairs)
+		res.scheduled = len(s.sched.ids)
 	}
-	// SADD queues only feeds Sidekiq's UI: a job is pushed when its LPUSH is.
-	collect := func(ids []int64, refusal error) {
-		if refusal != nil {
-			to := &res.refused
-			if isTransientReply(refusal) {
-				to = &res.deferred
-			}
-			for _, id := range ids {
-				*to = append(*to, rejectedJob{id: id, reason: refusal.Error()})
-			}
-			return
-		}
-		res.pushed = append(res.pushed, ids...)
-	}
-	for i, g := range s.queues {
-		collect(g.ids, s.refusals[i])
-	}
-	if s.sched.cmd != nil {
-		collect(s.sched.ids, s.refusals[len(s.queues)])
-	}
-	res.queues = make([]string, len(s.queues))
-	for i, g := range s.queues {
-		res.queues[i] = g.name
-	}
-	res.scheduled = len(s.sched.ids)
-	if len(res.pushed)+len(res.rejected)+len(res.refused) == 0 {
-		// Nothing went anywhere: wait, with backoff, rather than spin.
-		return pushResult{}, fmt.Errorf("push batch: Redis refused all %d jobs: %s", len(res.deferred), res.deferred[0].reason)
-	}
-	return res, nil
 }
 
 // isTransientReply reports whether err, Redis's error reply to one command
@@ -161,103 +110,12 @@ func isTransientReply(err error) bool {
 	return false
 }
 
-// jobCmd is a command of a push transaction that carries jobs (an LPUSH or
-// the ZADD) and the range its integer reply lies in when Redis ran it:
-// LPUSH answers the list's new length, at least the number of payloads; ZADD
-// the number of members added, at most the number given.
-type jobCmd struct {
-	cmd      *redis.IntCmd
-	min, max int64
-}
-
-// txOutcome decides which job commands of a MULTI/EXEC pushed their jobs,
-// from the commands TxPipelined executed (a PING last) and the error it
-// returned. A job counts as pushed only on positive evidence: EXEC ran, and
-// Redis answered the job's command with an integer in its range.
-//
-// EXEC ran when the PING queued last answered PONG: replies are read in
-// order, so every command before it was answered too. A reply the client
-// never read leaves a command with neither an error nor a value, which is
-// what go-redis leaves behind when Redis refuses the connection's setup
-// (HELLO, AUTH, SELECT): that, EXECABORT, a timeout, a missing or
-// mistyped reply, or an error no executed command carries is an error here,
-// and the whole batch stays staged.
-//
-// Otherwise txOutcome appends to dst one entry per job command, in order:
-// nil when its jobs were pushed, or the error Redis answered it with (a
-// WRONGTYPE on one queue's key): those jobs are refused and stay staged
-// while the others count as pushed.
-func txOutcome(dst []error, executed []redis.Cmder, execErr error, jobs []jobCmd) ([]error, error) {
-	if len(executed) == 0 {
-		return dst, fmt.Errorf("transaction not run: %w", cmp.Or(execErr, errNoReply))
-	}
-	ping, ok := executed[len(executed)-1].(*redis.StatusCmd)
-	if !ok || ping.Err() != nil || ping.Val() != "PONG" {
-		var pingErr error
-		if ok {
-			pingErr = ping.Err()
-		}
-		err := cmp.Or(execErr, pingErr, errNoReply)
-		if cause := queueRefusal(executed); cause != nil && redis.IsExecAbortError(err) {
-			// Say why Redis discarded it (OOM under maxmemory, say).
-			return dst, fmt.Errorf("transaction not confirmed: %w (%w)", err, cause)
-		}
-		return dst, fmt.Errorf("transaction not confirmed: %w", err)
-	}
-	if execErr != nil && (!isCommandError(execErr) || !carriedByOne(executed, execErr)) {
-		return dst, execErr
-	}
-	for _, j := range jobs {
-		err, val := j.cmd.Err(), j.cmd.Val()
-		switch {
-		case err == nil && val >= j.min && val <= j.max:
-			dst = append(dst, nil)
-		case err != nil && isCommandError(err):
-			dst = append(dst, err)
-		case err != nil:
-			return dst, fmt.Errorf("%s: %w", j.cmd.Name(), err)
-		default:
-			return dst, fmt.Errorf("%s: reply %d, want %d to %d: %w", j.cmd.Name(), val, j.min, j.max, errNoReply)
-		}
-	}
-	return dst, nil
-}
-
-var errNoReply = errors.New("no reply proves that Redis ran the transaction")
-
-// queueRefusal returns the first error reply with which Redis refused to
-// queue a command of a MULTI (which then made EXEC answer EXECABORT), or nil.
-func queueRefusal(cmds []redis.Cmder) error {
-	for _, c := range cmds {
-		if err := c.Err(); err != nil && isCommandError(err) {
-			return err
-		}
-	}
-	return nil
-}
-
-// isCommandError reports whether err is Redis's answer to one command of an
-// executed transaction (say WRONGTYPE), rather than a failure of the whole.
-func isCommandError(err error) bool {
-	_, ok := err.(redis.Error) // not wrapped: go-redis wraps setup failures
-	return ok && !redis.IsExecAbortError(err) && !errors.Is(err, redis.TxFailedErr)
-}
-
-// carriedByOne reports whether err is the error of one of cmds.
-func carriedByOne(cmds []redis.Cmder, err error) bool {
-	for _, c := range cmds {
-		if errors.Is(c.Err(), err) {
-			return true
-		}
-	}
-	return false
-}
-
-// build resets the sink and builds batch's payloads into it, grouped by
+// build resets the target and builds batch's payloads into it, grouped by
 // queue (immediate jobs) or into the schedule; rows no worker could run are
-// added to res.rejected. It allocates nothing per job once the sink's
-// buffers have grown to the batch size.
-func (s *sidekiqSink) build(batch []stagedJob, now time.Time, res *pushResult) {
+// added to res.rejected. It allocates nothing per job once the target's
+// buffers have grown to the batch size, but for boxing each payload (and a
+// scheduled job's score) into an argument.
+func (s *sidekiqTarget) build(batch []stagedJob, now time.Time, res *pushResult) {
 	s.reset()
 	for i := range batch {
 		j := &batch[i]
@@ -280,7 +138,7 @@ func (s *sidekiqSink) build(batch []stagedJob, now time.Time, res *pushResult) {
 		payload := s.buf[start:len(s.buf):len(s.buf)]
 		if isScheduled(j, now) {
 			s.sched.ids = append(s.sched.ids, j.id)
-			s.sched.zs = append(s.sched.zs, redis.Z{Score: epochSeconds(*j.runAt), Member: payload})
+			s.sched.pairs = append(s.sched.pairs, epochSeconds(*j.runAt), payload)
 			continue
 		}
 		g := s.group(j.queue)
@@ -290,7 +148,7 @@ func (s *sidekiqSink) build(batch []stagedJob, now time.Time, res *pushResult) {
 }
 
 // group returns the queue group for name, adding it on first use.
-func (s *sidekiqSink) group(name string) *queueGroup {
+func (s *sidekiqTarget) group(name string) *queueGroup {
 	i, ok := s.queueAt[name]
 	if !ok {
 		i = len(s.queues)
@@ -298,7 +156,7 @@ func (s *sidekiqSink) group(name string) *queueGroup {
 		if i < cap(s.queues) {
 			s.queues = s.queues[:i+1] // reuse the slices of an earlier batch
 			g := &s.queues[i]
-			g.name, g.ids, g.payloads, g.cmd = name, g.ids[:0], g.payloads[:0], nil
+			g.name, g.ids, g.payloads = name, g.ids[:0], g.payloads[:0]
 		} else {
 			s.queues = append(s.queues, queueGroup{name: name})
 		}
@@ -306,11 +164,11 @@ func (s *sidekiqSink) group(name string) *queueGroup {
 	return &s.queues[i]
 }
 
-func (s *sidekiqSink) reset() {
+func (s *sidekiqTarget) reset() {
 	s.buf = s.buf[:0]
 	s.queues = s.queues[:0]
 	clear(s.queueAt)
-	s.sched.ids, s.sched.zs, s.sched.cmd = s.sched.ids[:0], s.sched.zs[:0], nil
+	s.sched.ids, s.sched.pairs = s.sched.ids[:0], s.sched.pairs[:0]
 }
 
 func isScheduled(j *stagedJob, now time.Time) bool {

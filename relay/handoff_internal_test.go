@@ -1,0 +1,111 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/stagedrain/stagedrain/relay/internal/testenv"
+)
+
+// Of two handoffs that took the fence one after the other, the first is
+// refused whole: none of its commands runs, nothing is recorded. The second
+// pushes, and records what it delivered.
+func TestFenceRefusesTheDeposedLeader(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb, ns := testenv.Redis(t)
+	keys := newHandoffKeys(ns, "test", "fenced")
+	old, cur := newHandoff(rdb, keys), newHandoff(rdb, keys)
+	if err := old.acquire(ctx, "old"); err != nil {
+		t.Fatal(err)
+	}
+	if err := cur.acquire(ctx, "current"); err != nil {
+		t.Fatal(err)
+	}
+	list := ns + ":list"
+	build := func(u *pushUnit, ids []int64) {
+		u.reset()
+		u.begin(nil, "")
+		u.command("SADD", ns+":set", "x")
+		u.begin(ids, "")
+		u.variadic("LPUSH", list, 1, []any{"a", "b"})
+	}
+	build(&old.unit, []int64{1, 2})
+	if _, err := old.push(ctx, &old.unit); !errors.Is(err, errFenced) {
+		t.Fatalf("the deposed leader's push: %v, want errFenced", err)
+	}
+	if n, _ := rdb.Exists(ctx, list, ns+":set", keys.record).Result(); n != 0 {
+		t.Fatalf("%d keys written by a refused push, want none", n)
+	}
+	build(&cur.unit, []int64{3, 4})
+	field, err := cur.push(ctx, &cur.unit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := rdb.LRange(ctx, list, 0, -1).Result(); len(got) != 2 {
+		t.Fatalf("list %v after the leader's push, want its 2 values", got)
+	}
+	if rec, _ := rdb.HGetAll(ctx, keys.record).Result(); rec[field] != "3,4" || len(rec) != 1 {
+		t.Fatalf("record %v, want {%s: 3,4}", rec, field)
+	}
+}
+
+// An op whose command Redis refuses (WRONGTYPE) is reported and not
+// recorded; the other ops of the push run and are recorded. Long commands
+// are split at maxCommandArgs; a guarded op whose key exists is skipped and
+// counts as done.
+func TestPushUnitOps(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb, ns := testenv.Redis(t)
+	keys := newHandoffKeys(ns, "test", "ops")
+	h := newHandoff(rdb, keys)
+	if err := h.acquire(ctx, "me"); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.Set(ctx, ns+":string", "x", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	many := make([]any, 2500)
+	manyIDs := make([]int64, 2500)
+	for i := range many {
+		many[i], manyIDs[i] = i, int64(100+i)
+	}
+	u := &h.unit
+	u.reset()
+	u.begin([]int64{1}, "")
+	u.variadic("LPUSH", ns+":string", 1, []any{"refused"})
+	u.begin(manyIDs, "")
+	u.variadic("LPUSH", ns+":many", 1, many)
+	u.begin([]int64{2}, ns+":string") // exists: skipped
+	u.command("LPUSH", ns+":skipped", "never")
+	field, err := h.push(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.ops[0].err == nil || u.ops[1].err != nil || u.ops[2].err != nil {
+		t.Fatalf("outcomes %v %v %v, want WRONGTYPE, nil, nil", u.ops[0].err, u.ops[1].err, u.ops[2].err)
+	}
+	if isTransientReply(u.ops[0].err) {
+		t.Fatalf("%v counted transient", u.ops[0].err)
+	}
+	if n, _ := rdb.LLen(ctx, ns+":many").Result(); n != 2500 {
+		t.Fatalf("%d values pushed in split commands, want 2500", n)
+	}
+	if n, _ := rdb.Exists(ctx, ns+":skipped").Result(); n != 0 {
+		t.Fatal("a guarded op ran although its key exists")
+	}
+	rec, _ := rdb.HGet(ctx, keys.record, field).Result()
+	if len(rec) == 0 || rec[:4] != "100," || rec[len(rec)-2:] != ",2" {
+		t.Fatalf("record %q, want the ids of the two ops that delivered", rec)
+	}
+	// The next push deletes the records of committed batches.
+	h.committed(field, nil)
+	if err := h.tidy(ctx, func([]int64) ([]int64, error) { return nil, nil }); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := rdb.Exists(ctx, keys.record).Result(); n != 0 {
+		t.Fatal("record left after its batch committed and tidy ran")
+	}
+}

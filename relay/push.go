@@ -1,0 +1,92 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// A target turns staged rows into the Redis commands of one job system's
+// format. It only adds commands to the batch's pushUnit: the relay runs
+// them in its atomic push step (handoff.go), with the fence check and the
+// handoff record, so every target gets the same guarantees.
+type target interface {
+	// add builds batch into u, one op per group of rows that succeed or
+	// fail together, and adds rows no worker could run to res.rejected.
+	// now is the enqueue time.
+	add(u *pushUnit, batch []stagedJob, now time.Time, res *pushResult)
+}
+
+// push pushes a claimed batch to Redis in one atomic step and says what
+// became of each row. Rows that an earlier push delivered, and whose delete
+// did not commit, are not pushed again (res.redelivered): the batch's
+// commit deletes them. An error means nothing is known to have been pushed:
+// the whole batch stays staged. So is a batch that Redis refused whole, for
+// reasons that waiting may fix.
+func (r *Relay) push(ctx context.Context, batch []stagedJob, now time.Time) (pushResult, error) {
+	h := r.handoff
+	var res pushResult
+	if err := h.ready(ctx, r.holder); err != nil {
+		return res, fmt.Errorf("push batch: %w", err)
+	}
+	if len(h.delivered) > 0 {
+		fresh := make([]stagedJob, 0, len(batch))
+		for _, j := range batch {
+			if h.wasDelivered(j.id) {
+				res.redelivered = append(res.redelivered, j.id)
+			} else {
+				fresh = append(fresh, j)
+			}
+		}
+		batch = fresh
+	}
+	u := &h.unit
+	u.reset()
+	r.target.add(u, batch, now, &res)
+	if len(u.ops) == 0 {
+		return res, nil
+	}
+	field, err := h.push(ctx, u)
+	if err != nil {
+		return pushResult{}, fmt.Errorf("push batch: %w", err)
+	}
+	for _, op := range u.ops {
+		switch {
+		case op.ids == nil: // bookkeeping
+		case op.err == nil:
+			res.pushed = append(res.pushed, op.ids...)
+		default:
+			to := &res.refused
+			if isTransientReply(op.err) {
+				to = &res.deferred
+			}
+			for _, id := range op.ids {
+				*to = append(*to, rejectedJob{id: id, reason: op.err.Error()})
+			}
+		}
+	}
+	if len(res.pushed) > 0 {
+		res.field = field
+	}
+	if len(res.pushed)+len(res.rejected)+len(res.refused)+len(res.redelivered) == 0 {
+		// Nothing went anywhere: wait, with backoff, rather than spin.
+		return pushResult{}, fmt.Errorf("push batch: Redis refused all %d jobs: %s", len(res.deferred), res.deferred[0].reason)
+	}
+	return res, nil
+}
+
+// stillStaged returns those of ids that are still rows of staged_jobs.
+func (r *Relay) stillStaged(ctx context.Context, pool *pgxpool.Pool, ids []int64) ([]int64, error) {
+	rows, err := pool.Query(ctx, r.sql.staged, ids)
+	if err != nil {
+		return nil, fmt.Errorf("read staged ids: %w", err)
+	}
+	still, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("read staged ids: %w", err)
+	}
+	return still, nil
+}
