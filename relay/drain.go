@@ -34,6 +34,7 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 		for attempt := 0; ; {
 			err := r.drain(ctx, pool, &bufs, g, log)
 			if err == nil {
+				g.idleAt = time.Now()
 				r.state.drained()
 				if attempt > 0 {
 					log.Info("batch succeeded after retries", zap.Int("attempts", attempt+1))
@@ -83,7 +84,11 @@ type claimed struct {
 // relay is idle.
 //
 // From the second batch on, the relay marks itself awake (see gate): jobs
-// are flowing, and commits need not NOTIFY while it keeps claiming. When a
+// are flowing, and commits need not NOTIFY while it keeps claiming. So it
+// does from the first batch when the last drain ended less than lingerFor
+// ago: commits arrive that often, and each one notifying would serialize
+// them on PostgreSQL's notify lock, so slowly that no drain would ever find
+// a second batch. When a
 // claim comes back empty it goes idle, waits for the commits that saw it
 // awake, and claims once more; only an empty claim after that ends the
 // drain.
@@ -103,6 +108,7 @@ type claimed struct {
 func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]stagedJob, g *gate, log *zap.Logger) error {
 	var skip []int64
 	fullScan, lastFound := time.Now(), time.Now()
+	var rate flowRate
 	claimFromStart := func(buf *[]stagedJob) (claimed, error) {
 		fullScan = time.Now()
 		return r.claim(ctx, pool, buf, skip, fromStart)
@@ -119,12 +125,12 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 				// hold rows that committed late.
 			case !g.awake || g.pinned:
 				return nil
-			case time.Since(lastFound) < lingerFor:
+			case time.Since(lastFound) < rate.linger():
 				// Jobs were flowing a moment ago: look again shortly
 				// rather than go idle, which would make the next commits
 				// NOTIFY (serialized by PostgreSQL's notify lock) and
 				// wake the relay again at once.
-				if !sleep(ctx, lingerStep) {
+				if !sleep(ctx, lingerStepAfter(time.Since(lastFound))) {
 					return nil
 				}
 			default:
@@ -142,7 +148,8 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 			continue
 		}
 		lastFound = time.Now()
-		if i > 1 {
+		rate.found(len(cur.jobs), lastFound)
+		if i > 1 || lastFound.Sub(g.idleAt) < lingerFor {
 			if err := g.wake(ctx); err != nil {
 				cur.rollback(ctx)
 				return err
@@ -194,15 +201,57 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 	}
 }
 
-// While awake, an empty claim is followed by another lingerStep later, for
-// up to lingerFor since the last claim that found jobs; only then does the
-// relay go idle. Under a steady flow of commits it stays awake, and they
-// need not NOTIFY; a lull longer than lingerFor costs the next commit a
-// notification, and the relay a wake-up.
+// While awake, an empty claim is followed by another one a quarter of the
+// time since the last claim that found jobs later (at least minLingerStep,
+// at most maxLingerStep), for up to lingerFor since that claim, or
+// lingerFast while jobs flow at fastFlow or more; only then does the relay
+// go idle. Under a steady flow of commits it stays awake, and they need not
+// NOTIFY; a lull longer than that costs the next commit a notification,
+// and the relay a wake-up. Below fastFlow, a notification per commit costs
+// the app little (commits rarely overlap), and lingering would cost
+// PostgreSQL more empty claims than it saves.
 const (
-	lingerFor  = 5 * time.Millisecond
-	lingerStep = 100 * time.Microsecond
+	lingerFor     = 5 * time.Millisecond
+	lingerFast    = 20 * time.Millisecond
+	minLingerStep = 100 * time.Microsecond
+	maxLingerStep = time.Millisecond
 )
+
+// fastFlow is the rate of jobs (per second) from which the relay lingers
+// lingerFast.
+const fastFlow = 500
+
+func lingerStepAfter(quiet time.Duration) time.Duration {
+	return min(max(quiet/4, minLingerStep), maxLingerStep)
+}
+
+// flowRate measures the rate at which a drain finds jobs, over windows of
+// at least rateWindow.
+type flowRate struct {
+	start time.Time
+	jobs  int
+	fast  bool // the last full window ran at fastFlow or more
+}
+
+const rateWindow = 20 * time.Millisecond
+
+func (f *flowRate) found(n int, now time.Time) {
+	if f.start.IsZero() {
+		f.start = now
+	}
+	f.jobs += n
+	if d := now.Sub(f.start); d >= rateWindow {
+		f.fast = float64(f.jobs) >= fastFlow*d.Seconds()
+		f.start, f.jobs = now, 0
+	}
+}
+
+func (f *flowRate) linger() time.Duration {
+	if f.fast {
+		return lingerFast
+	}
+	return lingerFor
+}
 
 // After a short batch of n jobs, the next claim starts no sooner than
 // n x pacePerJob (at most maxPace) after that batch's claim. Below about

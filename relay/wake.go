@@ -50,7 +50,8 @@ type gate struct {
 	awakeKey   string
 	barrierKey string
 	awake      bool
-	pinned     bool // poll-only: never goes idle
+	pinned     bool      // poll-only: never goes idle
+	idleAt     time.Time // when the relay last went idle, or a drain ended
 }
 
 // Each gate lock has 16 shards (two-key advisory locks: hashtext(name),
@@ -97,6 +98,7 @@ func (g *gate) sleep(ctx context.Context) (timedOut bool, err error) {
 		return false, nil
 	}
 	g.awake = false
+	g.idleAt = time.Now()
 	return g.barrier(ctx, true)
 }
 
