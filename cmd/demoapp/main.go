@@ -78,6 +78,7 @@ func parse(args []string, getenv func(string) string, out io.Writer) (config, er
 	fs.IntVar(&c.rollbackEvery, "rollback-every", 4, "roll back every Nth transaction on purpose; 0 never")
 	fs.DurationVar(&c.interval, "interval", 2*time.Second, "pause between two sign-ups")
 	for _, fe := range envs {
+		fs.Lookup(fe[0]).Usage += " [$" + fe[1] + "]"
 		if v := getenv(fe[1]); v != "" {
 			if err := fs.Set(fe[0], v); err != nil {
 				return c, usageError{fmt.Errorf("$%s: %v", fe[1], err)}
