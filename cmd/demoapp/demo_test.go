@@ -1,0 +1,310 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/stagedrain/stagedrain/relay"
+	"github.com/stagedrain/stagedrain/relay/relaytest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// testDatabaseURL is the shared test database: $TEST_DATABASE_URL, or the
+// PostgreSQL on 127.0.0.1:5432.
+func testDatabaseURL() string {
+	if u := os.Getenv("TEST_DATABASE_URL"); u != "" {
+		return u
+	}
+	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+}
+
+func noEnv(string) string { return "" }
+
+// The demo's lines, as the app and the worker log them.
+var (
+	committedRE  = regexp.MustCompile(`committed: user (\d+) \(\S+\) and its WelcomeJob jid=([0-9a-f]{24}), in one transaction$`)
+	rolledBackRE = regexp.MustCompile(`rolled back on purpose: user (\d+) \(\S+\) and its WelcomeJob jid=([0-9a-f]{24}) are gone`)
+	welcomedRE   = regexp.MustCompile(`welcome email for user (\d+) \(jid ([0-9a-f]{24})\)`)
+)
+
+// TestDemoCommittedUsersReachTheWorker runs the compose demo's story here:
+// the demo app signs up users, rolling every 4th back; the relay drains
+// staged_jobs into Redis; a real Sidekiq (Debian's ruby-sidekiq) runs
+// cmd/demoworker/worker.rb. The worker must have run exactly the committed
+// users' WelcomeJobs, each once, with the jid the app staged, and none of
+// the rolled-back ones.
+func TestDemoCommittedUsersReachTheWorker(t *testing.T) {
+	ctx := t.Context()
+	dbURL := testDatabaseURL()
+	schema := relaytest.Schema(t, dbURL)
+	conn := relaytest.Conn(t, dbURL)
+	if _, err := relay.Migrate(ctx, conn, schema); err != nil {
+		t.Fatalf("migrate %s: %v", schema, err)
+	}
+	// A private Redis, on a DB other than 0: the relay and Sidekiq must
+	// both honour the URL's DB number to meet.
+	redisURL := startRedis(t) + "/5"
+	opts, err := redis.ParseURL(redisURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.DisableIdentity = true
+	rdb := redis.NewClient(opts)
+	t.Cleanup(func() { _ = rdb.Close() }) // after the relay's cleanup below
+
+	worker := startWorker(t, redisURL)
+
+	r, err := relay.New(relay.Config{
+		DatabaseURL: dbURL, Redis: rdb, Schema: schema,
+		Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	relayCtx, stopRelay := context.WithCancel(context.Background())
+	relayDone := make(chan error, 1)
+	go func() { relayDone <- r.Run(relayCtx) }()
+	t.Cleanup(func() {
+		stopRelay()
+		if err := <-relayDone; err != nil {
+			t.Errorf("relay: %v", err)
+		}
+	})
+
+	// 13 users, every 4th rolled back: 4, 8 and 12 roll back, and the last
+	// one (13) commits, so its job is the last the worker runs.
+	var out bytes.Buffer
+	err = run(ctx, []string{"--database-url", dbURL, "--schema", schema,
+		"--users", "13", "--rollback-every", "4", "--interval", "0"}, noEnv, &out)
+	if err != nil {
+		t.Fatalf("demoapp: %v\n%s", err, out.String())
+	}
+	committed, rolledBack := map[int64]string{}, map[int64]string{}
+	var last int64
+	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		if m := committedRE.FindStringSubmatch(line); m != nil {
+			id, _ := strconv.ParseInt(m[1], 10, 64)
+			committed[id], last = m[2], id
+		} else if m := rolledBackRE.FindStringSubmatch(line); m != nil {
+			id, _ := strconv.ParseInt(m[1], 10, 64)
+			rolledBack[id] = m[2]
+		}
+	}
+	if len(committed) != 10 || len(rolledBack) != 3 {
+		t.Fatalf("demoapp logged %d commits and %d rollbacks, want 10 and 3:\n%s", len(committed), len(rolledBack), out.String())
+	}
+	// What the app says it committed is what the database holds.
+	var ids []int64
+	rows, err := conn.Query(ctx, `SELECT id FROM "`+schema+`".demo_users ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	want := make([]int64, 0, len(committed))
+	for id := range committed {
+		want = append(want, id)
+	}
+	slices.Sort(want)
+	if !slices.Equal(ids, want) {
+		t.Fatalf("demo_users holds %v, the app logged commits of %v", ids, want)
+	}
+
+	// Sidekiq runs one job at a time (--concurrency 1), in the order the
+	// relay pushed them (id order): once the last committed user's job
+	// has run, every job staged before it has run too.
+	relaytest.WaitFor(t, 60*time.Second, fmt.Sprintf("the worker to run user %d's WelcomeJob", last), func() (bool, string) {
+		got := worker.welcomed()
+		_, ok := got[last]
+		return ok, fmt.Sprintf("welcomed %v; worker output:\n%s", got, worker.out.String())
+	})
+	got := worker.welcomed()
+	for id, jid := range committed {
+		if jids := got[id]; len(jids) != 1 || jids[0] != jid {
+			t.Errorf("user %d committed with jid %s: the worker ran jids %v for it, want exactly that one", id, jid, jids)
+		}
+	}
+	for id, jids := range got {
+		if _, ok := committed[id]; !ok {
+			t.Errorf("the worker ran a WelcomeJob for user %d (jids %v), which was never committed (rolled back: %v)", id, jids, rolledBack[id] != "")
+		}
+	}
+	if n, err := rdb.LLen(ctx, "queue:default").Result(); err != nil || n != 0 {
+		t.Errorf("queue:default holds %d jobs (%v), want none left", n, err)
+	}
+	var staged int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM "`+schema+`".staged_jobs`).Scan(&staged); err != nil || staged != 0 {
+		t.Errorf("staged_jobs holds %d rows (%v), want none left", staged, err)
+	}
+	if t.Failed() {
+		t.Logf("demoapp output:\n%s\nworker output:\n%s", out.String(), worker.out.String())
+	}
+}
+
+// worker is a running `sidekiq -r cmd/demoworker/worker.rb`.
+type worker struct {
+	out syncBuffer
+}
+
+// welcomed returns the jids of the WelcomeJobs the worker logged, by user id.
+func (w *worker) welcomed() map[int64][]string {
+	got := map[int64][]string{}
+	for _, m := range welcomedRE.FindAllStringSubmatch(w.out.String(), -1) {
+		id, _ := strconv.ParseInt(m[1], 10, 64)
+		got[id] = append(got[id], m[2])
+	}
+	return got
+}
+
+// startWorker starts Sidekiq on the demo's worker file, reading redisURL,
+// in a process group of its own that is killed when the test ends.
+func startWorker(t *testing.T, redisURL string) *worker {
+	t.Helper()
+	file, err := filepath.Abs("../demoworker/worker.rb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &worker{}
+	cmd := exec.Command("sidekiq", "--require", file, "--queue", "default", "--concurrency", "1")
+	cmd.Env = append(slices.DeleteFunc(os.Environ(), func(kv string) bool {
+		return strings.HasPrefix(kv, "REDIS_URL=") || strings.HasPrefix(kv, "REDIS_PROVIDER=")
+	}), "REDIS_URL="+redisURL, "RUBYOPT=-W0") // -W0: Debian's redis gem warns of deprecations on every BRPOP
+	cmd.Stdout, cmd.Stderr = &w.out, &w.out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.WaitDelay = 5 * time.Second
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start sidekiq (Debian: apt-get install ruby-sidekiq): %v", err)
+	}
+	t.Cleanup(func() {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		_ = cmd.Wait()
+	})
+	return w
+}
+
+// syncBuffer is a bytes.Buffer that a process writes while the test reads.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// startRedis starts a private redis-server on a free loopback port, waits
+// until it answers, kills it when the test ends, and returns its URL
+// without a DB.
+func startRedis(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("find a free port: %v", err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	cmd := exec.Command("redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", t.TempDir(), "--daemonize", "no", "--loglevel", "warning")
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start redis-server: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	rdb := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", port), DisableIdentity: true, MaxRetries: -1})
+	defer rdb.Close()
+	relaytest.WaitFor(t, 10*time.Second, "redis-server to answer PING", func() (bool, string) {
+		err := rdb.Ping(context.Background()).Err()
+		return err == nil, fmt.Sprint(err)
+	})
+	return fmt.Sprintf("redis://127.0.0.1:%d", port)
+}
+
+// TestFlags: the environment sets every flag, the command line wins, and
+// bad values are usage errors naming where they came from.
+func TestFlags(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{
+		"DATABASE_URL": "postgres://db/app", "DEMOAPP_SCHEMA": "demo", "DEMOAPP_USERS": "7",
+		"DEMOAPP_ROLLBACK_EVERY": "3", "DEMOAPP_INTERVAL": "250ms",
+	}
+	c, err := parse([]string{"--users", "9"}, func(k string) string { return env[k] }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (config{"postgres://db/app", "demo", 9, 3, 250 * time.Millisecond}); c != want {
+		t.Errorf("parsed %+v, want %+v", c, want)
+	}
+	if len(envs) != len(env) {
+		t.Errorf("demoapp reads %d variables, this test sets %d", len(envs), len(env))
+	}
+
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{nil, nil, "--database-url or $DATABASE_URL is required"},
+		{[]string{"--database-url", "x", "--users", "-1"}, nil, "must not be negative"},
+		{[]string{"--database-url", "x", "--bogus"}, nil, "flag provided but not defined: -bogus"},
+		{[]string{"--database-url", "x", "extra"}, nil, `unexpected argument "extra"`},
+		{nil, map[string]string{"DATABASE_URL": "x", "DEMOAPP_INTERVAL": "soon"}, "$DEMOAPP_INTERVAL: "},
+	} {
+		_, err := parse(tc.args, func(k string) string { return tc.env[k] }, nil)
+		var ue usageError
+		if !errors.As(err, &ue) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("parse(%q, %v) = %v, want a usage error containing %q", tc.args, tc.env, err, tc.want)
+		}
+	}
+}
+
+// TestMissingTable: against a schema stagedrain never migrated, the demo
+// says what to run, and creates nothing.
+func TestMissingTable(t *testing.T) {
+	t.Parallel()
+	dbURL := testDatabaseURL()
+	schema := relaytest.Schema(t, dbURL)
+	err := run(t.Context(), []string{"--database-url", dbURL, "--schema", schema}, noEnv, new(bytes.Buffer))
+	if err == nil || !strings.Contains(err.Error(), "run 'stagedrain migrate'") {
+		t.Fatalf("run on an unmigrated schema: %v, want it to ask for stagedrain migrate", err)
+	}
+}
