@@ -41,11 +41,12 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 				break
 			}
 			if isFatal(err) || errors.Is(err, errLostLock) {
-				return err
+				return err // counted by Run's loop
 			}
 			if ctx.Err() != nil {
 				return nil
 			}
+			r.metrics.batchFailed(err)
 			attempt++
 			wait := backoff(attempt, r.cfg.MaxBackoff)
 			level := zap.WarnLevel
@@ -291,7 +292,7 @@ func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (left []
 	pushedAt := time.Now()
 	res, err := r.sink.push(bctx, b.jobs, pushedAt)
 	if err != nil {
-		return nil, err
+		return nil, targetError{err}
 	}
 	for _, rj := range res.deferred {
 		log.Warn("job refused by Redis, left staged", zap.Int64("id", rj.id), zap.String("reason", rj.reason))
@@ -324,7 +325,7 @@ func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (left []
 	b.conn.Release()
 	r.summary.batch(b.jobs, func(id int64) bool {
 		return slices.Contains(left, id) || slices.ContainsFunc(dead, func(j stagedJob) bool { return j.id == id })
-	}, pushedAt, len(dead))
+	}, b.start, pushedAt, len(dead))
 	for i := range dead {
 		j := &dead[i]
 		log.Error("job dead-lettered", zap.Int64("id", j.id), zap.String("jid", j.jid),

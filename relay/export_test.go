@@ -24,3 +24,7 @@ var (
 
 // SetSummaryEvery sets how often r logs its summary line (default 10s).
 func SetSummaryEvery(r *Relay, d time.Duration) { r.summaryEvery = d }
+
+// SetBacklogTTL sets how long a scrape of r's metrics reuses the leader's
+// backlog sample (default 5s); 0 samples on every scrape.
+func SetBacklogTTL(r *Relay, d time.Duration) { r.backlog.ttl = d }

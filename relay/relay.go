@@ -46,9 +46,14 @@ type Relay struct {
 	// listens counts the listener's completed LISTENs, for hooks.idle.
 	listens atomic.Int64
 	// summary counts what the drain did for the info line logged every
-	// summaryEvery (a field so that tests can shorten it).
+	// summaryEvery (a field so that tests can shorten it), and feeds
+	// metrics (metrics.go), the Prometheus metrics of MetricsHandler.
 	summary      summary
 	summaryEvery time.Duration
+	metrics      *metrics
+	// backlog is the leader's sample of the backlog, for the summary line
+	// and the backlog gauges.
+	backlog backlog
 
 	// state is what Status and CheckReady report (health.go).
 	state state
@@ -98,7 +103,10 @@ func New(cfg Config) (*Relay, error) {
 		gateTimeout:  defaultGateTimeout,
 		summaryEvery: summaryEvery,
 	}
-	r.state.init()
+	r.backlog.sql, r.backlog.ttl = r.sql.backlog, backlogTTL
+	r.metrics = newMetrics(targetSidekiq, &r.backlog)
+	r.summary.metrics = r.metrics
+	r.state.init(r.metrics.leader)
 	return r, nil
 }
 
@@ -161,6 +169,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		r.state.setRole(RoleStarting)
 		r.state.failed(err)
+		r.metrics.sessionFailed(err)
 		if isFatal(err) {
 			return err
 		}
@@ -195,6 +204,7 @@ func (r *Relay) checkRedis(ctx context.Context) error {
 		if err == nil || ctx.Err() != nil {
 			return nil
 		}
+		r.metrics.errRedis.Inc()
 		if isRedisRefusal(err) {
 			return fmt.Errorf("redis %s: %w", DescribeRedis(r.cfg.Redis), err)
 		}
@@ -233,10 +243,12 @@ func (r *Relay) lead(ctx context.Context, lockConn *pgx.Conn, pool *pgxpool.Pool
 	} else {
 		g.Go(func() error { return r.listen(ctx, wake) })
 	}
-	g.Go(func() error { poll(ctx, r.cfg.PollInterval, wake); return nil })
+	g.Go(func() error { poll(ctx, r.cfg.PollInterval, wake, r.metrics.wakePoll); return nil })
 	g.Go(func() error { return r.drainLoop(ctx, pool, wake, gt) })
 	g.Go(func() error { return r.keepLock(ctx, lockConn, &lockMu) })
-	g.Go(func() error { r.summarize(ctx, lockConn, &lockMu, r.summaryEvery); return nil })
+	r.backlog.attach(lockConn, &lockMu)
+	defer r.backlog.detach()
+	g.Go(func() error { r.summarize(ctx, r.summaryEvery); return nil })
 	return g.Wait()
 }
 
