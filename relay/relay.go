@@ -226,13 +226,12 @@ const healthySession = 10 * time.Second
 
 // lead runs the leader's work until ctx ends (nil) or the lock connection
 // fails (an error): the listener, the fallback poll, the drain loop, and a
-// watch on the lock connection.
-func (r *Relay) lead(ctx context.Context, lockConn *pgx.Conn, pool *pgxpool.Pool) error {
+// watch on the lock connection. lockMu guards lockConn, which they share.
+func (r *Relay) lead(ctx context.Context, lockConn *pgx.Conn, lockMu *sync.Mutex, pool *pgxpool.Pool) error {
 	g, ctx := errgroup.WithContext(ctx)
 	wake := make(chan struct{}, 1)
 	wake <- struct{}{} // drain at start
-	var lockMu sync.Mutex
-	gt := &gate{mu: &lockMu, conn: lockConn,
+	gt := &gate{mu: lockMu, conn: lockConn,
 		awakeKey: awakeLockName(r.cfg.Schema), barrierKey: barrierLockName(r.cfg.Schema)}
 	if r.cfg.PollOnly {
 		// Awake for good: commits never NOTIFY, since nobody listens.
@@ -245,9 +244,7 @@ func (r *Relay) lead(ctx context.Context, lockConn *pgx.Conn, pool *pgxpool.Pool
 	}
 	g.Go(func() error { poll(ctx, r.cfg.PollInterval, wake, r.metrics.wakePoll); return nil })
 	g.Go(func() error { return r.drainLoop(ctx, pool, wake, gt) })
-	g.Go(func() error { return r.keepLock(ctx, lockConn, &lockMu) })
-	r.backlog.attach(lockConn, &lockMu)
-	defer r.backlog.detach()
+	g.Go(func() error { return r.keepLock(ctx, lockConn, lockMu) })
 	g.Go(func() error { r.summarize(ctx, r.summaryEvery); return nil })
 	return g.Wait()
 }
