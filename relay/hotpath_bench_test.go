@@ -93,7 +93,7 @@ func BenchmarkBatchRecord(b *testing.B) {
 		b.Run(fmt.Sprintf("metrics=%v", withMetrics), func(b *testing.B) {
 			var s summary
 			if withMetrics {
-				s.metrics = newMetrics(targetSidekiq, &backlog{})
+				s.metrics = newMetrics(targetSidekiq, &backlog{}, &s.mu)
 			}
 			b.ReportAllocs()
 			n := 0

@@ -25,7 +25,7 @@ type metrics struct {
 	batches   prometheus.Counter
 	batchSize prometheus.Histogram
 	batchDur  prometheus.Histogram
-	latency   prometheus.Histogram
+	latency   latencyHistogram
 	dead      prometheus.Counter
 	leader    prometheus.Gauge
 
@@ -34,15 +34,64 @@ type metrics struct {
 	errRedis, errPostgres, errLostLock prometheus.Counter
 
 	// The per-queue counters of jobs_pushed_total and one batch's counts,
-	// guarded by the summary's mutex (batches finish one at a time).
+	// guarded by the summary's mutex, which job and batch are called under.
 	queues  map[string]*queueCount
 	touched []*queueCount
 }
 
+// latencyHistogram is stagedrain_job_latency_seconds, kept under the
+// summary's mutex, which the drain holds anyway while it counts a batch: a
+// job costs a bucket search and two additions, and no atomic operation, as
+// a prometheus.Histogram's Observe would.
+type latencyHistogram struct {
+	mu     *sync.Mutex                     // the summary's
+	counts [len(latencyBuckets) + 1]uint64 // per bucket, not cumulative; the last: above every bound
+	sum    float64                         // seconds
+}
+
+// latencyBuckets are secondsBuckets as durations, for the search per job.
+var latencyBuckets = func() (b [14]time.Duration) {
+	for i, s := range secondsBuckets {
+		b[i] = time.Duration(s * float64(time.Second))
+	}
+	return b
+}()
+
+var latencyDesc = prometheus.NewDesc("stagedrain_job_latency_seconds",
+	"Time from a pushed job's created_at (its INSERT statement's start) to its push.", nil, nil)
+
+// observe counts a job's latency; h.mu is held.
+func (h *latencyHistogram) observe(d time.Duration) {
+	d = max(d, 0)
+	i := 0
+	for i < len(latencyBuckets) && d > latencyBuckets[i] {
+		i++
+	}
+	h.counts[i]++
+	h.sum += float64(d) * 1e-9 // not d.Seconds(): no integer division
+}
+
+func (h *latencyHistogram) Describe(ch chan<- *prometheus.Desc) { ch <- latencyDesc }
+
+func (h *latencyHistogram) Collect(ch chan<- prometheus.Metric) {
+	h.mu.Lock()
+	counts, sum := h.counts, h.sum
+	h.mu.Unlock()
+	buckets := make(map[float64]uint64, len(secondsBuckets))
+	var n uint64
+	for i, bound := range secondsBuckets {
+		n += counts[i]
+		buckets[bound] = n
+	}
+	n += counts[len(secondsBuckets)]
+	ch <- prometheus.MustNewConstHistogram(latencyDesc, n, sum, buckets)
+}
+
 // queueCount is one queue's counter and its jobs in the batch being counted.
 type queueCount struct {
-	c prometheus.Counter
-	n int
+	name string
+	c    prometheus.Counter
+	n    int
 }
 
 // targetSidekiq is the target label of jobs pushed in Sidekiq's layout.
@@ -57,7 +106,10 @@ var (
 	batchSizeBuckets = []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000}
 )
 
-func newMetrics(target string, b *backlog) *metrics {
+// newMetrics returns the metrics of a relay pushing to target, with the
+// backlog gauges sampled by b; mu is the mutex that job and batch are
+// called under (the summary's).
+func newMetrics(target string, b *backlog, mu *sync.Mutex) *metrics {
 	m := &metrics{reg: prometheus.NewRegistry(), target: target, queues: make(map[string]*queueCount)}
 	m.pushed = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "stagedrain_jobs_pushed_total",
@@ -77,11 +129,7 @@ func newMetrics(target string, b *backlog) *metrics {
 		Help:    "Time from a batch's claim to its commit.",
 		Buckets: secondsBuckets,
 	})
-	m.latency = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name:    "stagedrain_job_latency_seconds",
-		Help:    "Time from a pushed job's created_at (its INSERT statement's start) to its push.",
-		Buckets: secondsBuckets,
-	})
+	m.latency.mu = mu
 	m.dead = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "stagedrain_jobs_dead_lettered_total",
 		Help: "Poison rows moved to staged_jobs_dead.",
@@ -106,17 +154,27 @@ func newMetrics(target string, b *backlog) *metrics {
 	m.errLostLock = errs.WithLabelValues("lost_lock")
 
 	b.errs = m.errPostgres
-	m.reg.MustRegister(m.pushed, m.batches, m.batchSize, m.batchDur, m.latency, m.dead, m.leader,
+	m.reg.MustRegister(m.pushed, m.batches, m.batchSize, m.batchDur, &m.latency, m.dead, m.leader,
 		wakeups, errs, backlogCollector{b})
 	return m
 }
 
 // job counts a pushed job of a batch being counted, with its latency.
 func (m *metrics) job(j *stagedJob, latency time.Duration) {
-	m.latency.Observe(max(latency, 0).Seconds())
-	q := m.queues[j.queue]
+	m.latency.observe(latency)
+	// A batch holds few queues: look among them before hashing the name.
+	var q *queueCount
+	for _, t := range m.touched {
+		if t.name == j.queue {
+			q = t
+			break
+		}
+	}
 	if q == nil {
-		q = &queueCount{c: m.pushed.WithLabelValues(j.queue, m.target)}
+		q = m.queues[j.queue]
+	}
+	if q == nil {
+		q = &queueCount{name: j.queue, c: m.pushed.WithLabelValues(j.queue, m.target)}
 		m.queues[j.queue] = q
 	}
 	if q.n == 0 {

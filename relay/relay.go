@@ -104,7 +104,7 @@ func New(cfg Config) (*Relay, error) {
 		summaryEvery: summaryEvery,
 	}
 	r.backlog.sql, r.backlog.ttl = r.sql.backlog, backlogTTL
-	r.metrics = newMetrics(targetSidekiq, &r.backlog)
+	r.metrics = newMetrics(targetSidekiq, &r.backlog, &r.summary.mu)
 	r.summary.metrics = r.metrics
 	r.state.init(r.metrics.leader)
 	return r, nil
