@@ -318,7 +318,6 @@ func (b *backlog) sample(ctx context.Context, maxAge time.Duration) (backlogSamp
 		s.oldest = *oldest
 	}
 	if err != nil {
-		err = fmt.Errorf("backlog: %w", err)
 		if b.errs != nil {
 			b.errs.Inc()
 		}

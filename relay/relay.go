@@ -12,7 +12,8 @@
 //
 // The data flows through these files: listen.go (LISTEN) -> wake.go (wake
 // and poll) -> drain.go (one batch) -> claim.go (claim and delete SQL) ->
-// sidekiq.go (push); leader.go chooses which relay does it.
+// sidekiq.go (push); leader.go chooses which relay does it; summary.go and
+// metrics.go count what it did, for the logs and for Prometheus.
 package relay
 
 import (
