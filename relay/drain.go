@@ -42,11 +42,12 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 				break
 			}
 			if isFatal(err) || errors.Is(err, errLostLock) || errors.Is(err, errFenced) {
-				return err
+				return err // counted by Run's loop
 			}
 			if ctx.Err() != nil {
 				return nil
 			}
+			r.metrics.batchFailed(err)
 			attempt++
 			wait := backoff(attempt, r.cfg.MaxBackoff)
 			level := zap.WarnLevel
@@ -347,7 +348,7 @@ func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (left []
 	pushedAt := time.Now()
 	res, err := r.push(bctx, b.jobs, pushedAt)
 	if err != nil {
-		return nil, err
+		return nil, targetError{err}
 	}
 	defer func() {
 		if err != nil {
@@ -388,7 +389,7 @@ func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (left []
 	r.handoff.committed(res.field, res.redelivered)
 	r.summary.batch(b.jobs, func(id int64) bool {
 		return slices.Contains(left, id) || slices.ContainsFunc(dead, func(j stagedJob) bool { return j.id == id })
-	}, pushedAt, len(dead))
+	}, b.start, pushedAt, len(dead))
 	for i := range dead {
 		j := &dead[i]
 		log.Error("job dead-lettered", zap.Int64("id", j.id), zap.String("jid", j.jid),

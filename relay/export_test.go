@@ -30,3 +30,7 @@ func HandoffKeys(namespace, database, schema string) (fence, record string) {
 	k := newHandoffKeys(namespace, database, schema)
 	return k.fence, k.record
 }
+
+// SetBacklogTTL sets how long a scrape of r's metrics reuses the leader's
+// backlog sample (default 5s); 0 samples on every scrape.
+func SetBacklogTTL(r *Relay, d time.Duration) { r.backlog.ttl = d }

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Role is what a Relay is doing.
@@ -46,7 +48,8 @@ type Status struct {
 type state struct {
 	mu     sync.Mutex
 	status Status
-	pgOK   time.Time // the lock connection last answered
+	pgOK   time.Time        // the lock connection last answered
+	leader prometheus.Gauge // stagedrain_leader: 1 while Role is RoleLeader
 
 	// The Redis PING of CheckReady, at most one every redisCheckTTL.
 	redisMu   sync.Mutex
@@ -59,8 +62,9 @@ type state struct {
 // frequent probes cost Redis at most one PING a second per relay.
 const redisCheckTTL = time.Second
 
-func (s *state) init() {
+func (s *state) init(leader prometheus.Gauge) {
 	s.status = Status{Role: RoleStarting, Since: time.Now()}
+	s.leader = leader
 }
 
 // setRole records a change of role; same role, no change.
@@ -69,6 +73,11 @@ func (s *state) setRole(role Role) {
 	defer s.mu.Unlock()
 	if s.status.Role != role {
 		s.status.Role, s.status.Since = role, time.Now()
+		if role == RoleLeader {
+			s.leader.Set(1)
+		} else {
+			s.leader.Set(0)
+		}
 	}
 }
 
@@ -161,6 +170,7 @@ func (r *Relay) checkRedisCached(ctx context.Context) error {
 		if err != nil {
 			err = redactErr(err)
 			s.failed(fmt.Errorf("redis ping: %w", err))
+			r.metrics.errRedis.Inc()
 		}
 		s.redisMu.Lock()
 		s.redisAt, s.redisErr, s.redisBusy = time.Now(), err, nil

@@ -78,3 +78,33 @@ func BenchmarkClaim(b *testing.B) {
 		n++
 	}
 }
+
+// BenchmarkBatchRecord measures recording a committed 1000-job batch (4
+// queues) as finish does, in one summary.batch call: the summary line's
+// latency buckets, and with metrics the Prometheus latency histogram, the
+// per-queue counters and the batch histograms. One op is one job; neither
+// should allocate.
+func BenchmarkBatchRecord(b *testing.B) {
+	now := time.Now()
+	batch := make([]stagedJob, 1000)
+	for i := range batch {
+		batch[i] = stagedJob{id: int64(i), queue: fmt.Sprintf("q%d", i%4), createdAt: now.Add(-time.Duration(i) * 10 * time.Microsecond)}
+	}
+	none := func(int64) bool { return false }
+	for _, withMetrics := range []bool{false, true} {
+		b.Run(fmt.Sprintf("metrics=%v", withMetrics), func(b *testing.B) {
+			var s summary
+			if withMetrics {
+				s.metrics = newMetrics(targetSidekiq, &backlog{}, &s.mu)
+			}
+			b.ReportAllocs()
+			n := 0
+			for b.Loop() {
+				if n%len(batch) == 0 {
+					s.batch(batch, none, now, now, 0)
+				}
+				n++
+			}
+		})
+	}
+}

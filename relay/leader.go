@@ -75,9 +75,13 @@ func (r *Relay) campaign(ctx context.Context, pool *pgxpool.Pool) (connected tim
 		}
 	}
 
+	// The backlog gauges are the leader's, sampled on its lock connection.
+	var lockMu sync.Mutex
+	r.backlog.attach(conn, &lockMu)
 	r.state.setRole(RoleLeader)
 	r.log.Info("became leader", zap.String("schema", r.cfg.Schema))
-	err = r.lead(ctx, conn, pool)
+	err = r.lead(ctx, conn, &lockMu, pool)
+	r.backlog.detach()
 	if ctx.Err() != nil {
 		// Closing the connection would release the lock as well; unlock
 		// first so a standby need not wait for the server to notice.

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgxlisten"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 )
 
@@ -33,9 +34,12 @@ type wakeHandler struct {
 	failures atomic.Int64  // connect attempts failed in a row
 	listens  *atomic.Int64 // the Relay's count of LISTENs, for testHooks.idle
 	channel  string
+
+	notifies, reconnects prometheus.Counter // wake-ups by cause
 }
 
 func (h *wakeHandler) HandleNotification(context.Context, *pgconn.Notification, *pgx.Conn) error {
+	h.notifies.Inc()
 	trySendWakeup(h.wake)
 	return nil
 }
@@ -50,6 +54,7 @@ func (h *wakeHandler) HandleBacklog(context.Context, string, *pgx.Conn) error {
 	} else {
 		h.log.Info("listener reconnected", zap.String("channel", h.channel), zap.Int64("reconnects", n-1))
 	}
+	h.reconnects.Inc()
 	trySendWakeup(h.wake)
 	return nil
 }
@@ -59,7 +64,8 @@ func (h *wakeHandler) HandleBacklog(context.Context, string, *pgx.Conn) error {
 // replaced by the shortest step of that backoff.
 func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) error {
 	log := r.log.Named("listener")
-	h := &wakeHandler{wake: wake, log: log, listens: &r.listens, channel: ChannelName(r.cfg.Schema)}
+	h := &wakeHandler{wake: wake, log: log, listens: &r.listens, channel: ChannelName(r.cfg.Schema),
+		notifies: r.metrics.wakeNotify, reconnects: r.metrics.wakeReconnect}
 	l := &pgxlisten.Listener{
 		Connect: func(ctx context.Context) (*pgx.Conn, error) {
 			if n := h.failures.Load(); n > 0 && !sleep(ctx, backoff(int(n), r.cfg.MaxBackoff)) {
@@ -76,6 +82,7 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) error {
 			if ctx.Err() != nil {
 				return // shutting down
 			}
+			r.metrics.errPostgres.Inc()
 			log.Warn("listener error, reconnecting", zap.Error(err), zap.Int64("attempt", h.failures.Load()))
 		},
 		ReconnectDelay: minBackoff,

@@ -12,7 +12,8 @@
 //
 // The data flows through these files: listen.go (LISTEN) -> wake.go (wake
 // and poll) -> drain.go (one batch) -> claim.go (claim and delete SQL) ->
-// sidekiq.go (push); leader.go chooses which relay does it.
+// sidekiq.go (push); leader.go chooses which relay does it; summary.go and
+// metrics.go count what it did, for the logs and for Prometheus.
 package relay
 
 import (
@@ -48,9 +49,14 @@ type Relay struct {
 	// listens counts the listener's completed LISTENs, for hooks.idle.
 	listens atomic.Int64
 	// summary counts what the drain did for the info line logged every
-	// summaryEvery (a field so that tests can shorten it).
+	// summaryEvery (a field so that tests can shorten it), and feeds
+	// metrics (metrics.go), the Prometheus metrics of MetricsHandler.
 	summary      summary
 	summaryEvery time.Duration
+	metrics      *metrics
+	// backlog is the leader's sample of the backlog, for the summary line
+	// and the backlog gauges.
+	backlog backlog
 
 	// state is what Status and CheckReady report (health.go).
 	state state
@@ -102,7 +108,10 @@ func New(cfg Config) (*Relay, error) {
 		gateTimeout:  defaultGateTimeout,
 		summaryEvery: summaryEvery,
 	}
-	r.state.init()
+	r.backlog.sql, r.backlog.ttl = r.sql.backlog, backlogTTL
+	r.metrics = newMetrics(targetSidekiq, &r.backlog, &r.summary.mu)
+	r.summary.metrics = r.metrics
+	r.state.init(r.metrics.leader)
 	return r, nil
 }
 
@@ -165,6 +174,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		r.state.setRole(RoleStarting)
 		r.state.failed(err)
+		r.metrics.sessionFailed(err)
 		if isFatal(err) {
 			return err
 		}
@@ -199,6 +209,7 @@ func (r *Relay) checkRedis(ctx context.Context) error {
 		if err == nil || ctx.Err() != nil {
 			return nil
 		}
+		r.metrics.errRedis.Inc()
 		if isRedisRefusal(err) {
 			return fmt.Errorf("redis %s: %w", DescribeRedis(r.cfg.Redis), err)
 		}
@@ -220,14 +231,13 @@ const healthySession = 10 * time.Second
 
 // lead runs the leader's work until ctx ends (nil) or the lock connection
 // fails (an error): the listener, the fallback poll, the drain loop, and a
-// watch on the lock connection.
-func (r *Relay) lead(ctx context.Context, lockConn *pgx.Conn, pool *pgxpool.Pool) error {
+// watch on the lock connection. lockMu guards lockConn, which they share.
+func (r *Relay) lead(ctx context.Context, lockConn *pgx.Conn, lockMu *sync.Mutex, pool *pgxpool.Pool) error {
 	r.handoff.reset() // a new leadership takes the fence at its first push
 	g, ctx := errgroup.WithContext(ctx)
 	wake := make(chan struct{}, 1)
 	wake <- struct{}{} // drain at start
-	var lockMu sync.Mutex
-	gt := &gate{mu: &lockMu, conn: lockConn,
+	gt := &gate{mu: lockMu, conn: lockConn,
 		awakeKey: awakeLockName(r.cfg.Schema), barrierKey: barrierLockName(r.cfg.Schema)}
 	if r.cfg.PollOnly {
 		// Awake for good: commits never NOTIFY, since nobody listens.
@@ -238,10 +248,10 @@ func (r *Relay) lead(ctx context.Context, lockConn *pgx.Conn, pool *pgxpool.Pool
 	} else {
 		g.Go(func() error { return r.listen(ctx, wake) })
 	}
-	g.Go(func() error { poll(ctx, r.cfg.PollInterval, wake); return nil })
+	g.Go(func() error { poll(ctx, r.cfg.PollInterval, wake, r.metrics.wakePoll); return nil })
 	g.Go(func() error { return r.drainLoop(ctx, pool, wake, gt) })
-	g.Go(func() error { return r.keepLock(ctx, lockConn, &lockMu) })
-	g.Go(func() error { r.summarize(ctx, lockConn, &lockMu, r.summaryEvery); return nil })
+	g.Go(func() error { return r.keepLock(ctx, lockConn, lockMu) })
+	g.Go(func() error { r.summarize(ctx, r.summaryEvery); return nil })
 	return g.Wait()
 }
 

@@ -6,7 +6,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 )
 
@@ -25,17 +24,22 @@ var latencyBounds = [...]time.Duration{
 
 // summary counts what the drain did since the last summary line. It does
 // not allocate per job: latencies go into fixed buckets.
+//
+// It also feeds the Prometheus metrics of each batch (metrics.go), when
+// metrics is set, so that the drain records a batch in one call.
 type summary struct {
 	mu      sync.Mutex
+	metrics *metrics // nil: no Prometheus metrics (unit tests)
 	jobs    int
 	batches int
 	dead    int
 	buckets [len(latencyBounds) + 1]int // the last: above every bound
 }
 
-// batch records a finished batch: pushed jobs' latencies at pushedAt (the
-// jobs whose ids are not in notPushed), and how many were dead-lettered.
-func (s *summary) batch(jobs []stagedJob, notPushed func(id int64) bool, pushedAt time.Time, dead int) {
+// batch records a finished batch, claimed at start and committed now:
+// pushed jobs' latencies at pushedAt (the jobs whose ids are not in
+// notPushed), and how many were dead-lettered.
+func (s *summary) batch(jobs []stagedJob, notPushed func(id int64) bool, start, pushedAt time.Time, dead int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.batches++
@@ -51,6 +55,12 @@ func (s *summary) batch(jobs []stagedJob, notPushed func(id int64) bool, pushedA
 			b++
 		}
 		s.buckets[b]++
+		if s.metrics != nil {
+			s.metrics.job(&jobs[i], lat)
+		}
+	}
+	if s.metrics != nil {
+		s.metrics.batch(len(jobs), dead, time.Since(start))
 	}
 }
 
@@ -80,10 +90,10 @@ func (s *summary) take() summaryWindow {
 // summarize logs, every interval, one info line of what the drain did,
 // while it does anything: jobs pushed, batches, jobs dead-lettered, the
 // p99 of created_at-to-push latency (as a histogram bucket's bound), and the
-// backlog and its oldest job's age. The backlog query counts at most
-// backlogCap rows and reads the oldest of the lowest ids, so it stays cheap
-// on a large table; it runs only for a line that is logged.
-func (r *Relay) summarize(ctx context.Context, conn *pgx.Conn, mu *sync.Mutex, interval time.Duration) {
+// backlog and its oldest job's age. The backlog query (backlog.sample)
+// counts at most backlogCap rows and reads the oldest of the lowest ids, so
+// it stays cheap on a large table; it runs only for a line that is logged.
+func (r *Relay) summarize(ctx context.Context, interval time.Duration) {
 	for sleep(ctx, interval) {
 		w := r.summary.take()
 		if w.jobs == 0 && w.dead == 0 {
@@ -98,23 +108,17 @@ func (r *Relay) summarize(ctx context.Context, conn *pgx.Conn, mu *sync.Mutex, i
 		} else {
 			fields = append(fields, zap.String("p99_latency", "> "+latencyBounds[len(latencyBounds)-1].String()))
 		}
-		var backlog int
-		var oldest *time.Time
-		mu.Lock()
-		err := withTimeout(ctx, time.Second, func(ctx context.Context) error {
-			return conn.QueryRow(ctx, r.sql.backlog, backlogCap).Scan(&backlog, &oldest)
-		})
-		mu.Unlock()
+		b, err := r.backlog.sample(ctx, 0)
 		switch {
 		case err != nil:
 			fields = append(fields, zap.String("backlog", fmt.Sprintf("unknown: %v", err)))
-		case backlog > backlogCap-1:
+		case b.count > backlogCap-1:
 			fields = append(fields, zap.String("backlog", fmt.Sprintf("%d+", backlogCap-1)))
 		default:
-			fields = append(fields, zap.Int("backlog", backlog))
+			fields = append(fields, zap.Int("backlog", b.count))
 		}
-		if oldest != nil {
-			fields = append(fields, zap.Duration("oldest_age", time.Since(*oldest).Round(time.Millisecond)))
+		if err == nil && !b.oldest.IsZero() {
+			fields = append(fields, zap.Duration("oldest_age", b.at.Sub(b.oldest).Round(time.Millisecond)))
 		}
 		r.log.Info("drained", fields...)
 	}

@@ -19,12 +19,12 @@ func TestSummaryWindow(t *testing.T) {
 		jobs = append(jobs, stagedJob{id: int64(i), createdAt: now.Add(-lat)})
 	}
 	jobs = append(jobs, stagedJob{id: 1000, createdAt: now.Add(-time.Hour)}) // left staged
-	s.batch(jobs, func(id int64) bool { return id == 1000 }, now, 2)
+	s.batch(jobs, func(id int64) bool { return id == 1000 }, now, now, 2)
 	w := s.take()
 	if w.jobs != 100 || w.batches != 1 || w.dead != 2 || w.p99 != time.Millisecond {
 		t.Fatalf("window = %+v, want 100 jobs, 1 batch, 2 dead, p99 1ms", w)
 	}
-	s.batch(jobs[99:100], func(int64) bool { return false }, now, 0)
+	s.batch(jobs[99:100], func(int64) bool { return false }, now, now, 0)
 	if w := s.take(); w.jobs != 1 || w.p99 != 50*time.Millisecond {
 		t.Fatalf("second window = %+v, want 1 job with p99 50ms", w)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // A wake-up is a token in a channel of capacity 1: any number of
@@ -22,9 +23,11 @@ func trySendWakeup(wake chan<- struct{}) {
 }
 
 // poll wakes the drain every jittered interval until ctx ends: the fallback
-// that makes a lost notification cost latency, never a job.
-func poll(ctx context.Context, interval time.Duration, wake chan<- struct{}) {
+// that makes a lost notification cost latency, never a job. It counts each
+// wake-up in polls.
+func poll(ctx context.Context, interval time.Duration, wake chan<- struct{}, polls prometheus.Counter) {
 	for sleep(ctx, jitter(interval)) {
+		polls.Inc()
 		trySendWakeup(wake)
 	}
 }

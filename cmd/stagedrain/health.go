@@ -11,22 +11,25 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/stagedrain/stagedrain/relay"
 )
 
-// defaultMetricsAddr is where run serves /healthz and /readyz (and, later,
-// /metrics). All interfaces, as exporters do: a container's probes come from
-// outside its loopback (the kubelet dials the pod's IP). The endpoints say
-// nothing secret and change nothing.
+// defaultMetricsAddr is where run serves /healthz, /readyz and /metrics.
+// All interfaces, as exporters do: a container's probes come from outside
+// its loopback (the kubelet dials the pod's IP). The endpoints say nothing
+// secret and change nothing.
 const defaultMetricsAddr = ":9187"
 
 // registerMetricsAddr declares --metrics-addr, shared by run and health.
 func registerMetricsAddr(f *flagSet, addr *string) {
 	f.fs.StringVar(addr, "metrics-addr", defaultMetricsAddr,
-		"`host:port` of the HTTP listener for /healthz and /readyz; empty or off turns it off")
+		"`host:port` of the HTTP listener for /healthz, /readyz and /metrics; empty or off turns it off")
 	f.env("metrics-addr", "STAGEDRAIN_METRICS_ADDR")
 }
 
@@ -48,7 +51,20 @@ func (h healthServer) handler() http.Handler {
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("GET /readyz", h.readyz)
+	mux.Handle("GET /metrics", h.metrics())
 	return mux
+}
+
+// metrics serves the relay's metrics (relay.MetricsHandler's) with the Go
+// runtime's (go_*) and the process's (process_*), from a registry of this
+// listener's own.
+func (h healthServer) metrics() http.Handler {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return promhttp.HandlerFor(prometheus.Gatherers{h.r.MetricsGatherer(), reg}, promhttp.HandlerOpts{
+		ErrorLog:      zap.NewStdLog(h.log.Named("metrics")),
+		ErrorHandling: promhttp.ContinueOnError, // serve what was gathered
+	})
 }
 
 // readyBody is /readyz's JSON body.

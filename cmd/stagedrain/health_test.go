@@ -135,7 +135,44 @@ func waitReady(t *testing.T, addr string, code int, role string) readyBody {
 	return body
 }
 
-// /healthz and /readyz of a leader and a standby; /readyz goes 503 while
+// checkMetrics GETs addr's /metrics and checks that it is Prometheus's
+// text format, with the relay's metrics, Go's and the process's, and that
+// each series in want has the value given ("" for a series that must be
+// absent).
+func checkMetrics(t *testing.T, addr string, want map[string]string) {
+	t.Helper()
+	c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
+	resp, err := c.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatalf("GET /metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/plain; version=0.0.4") {
+		t.Fatalf("GET /metrics of %s: %s, Content-Type %q, %v; want 200 in the text format", addr, resp.Status, resp.Header.Get("Content-Type"), err)
+	}
+	values := make(map[string]string) // series -> value
+	for _, l := range strings.Split(string(raw), "\n") {
+		if series, value, ok := strings.Cut(l, " "); ok && !strings.HasPrefix(l, "#") {
+			values[series] = value
+		}
+	}
+	for _, series := range []string{"go_goroutines", "process_resident_memory_bytes",
+		`stagedrain_wakeups_total{cause="reconnect"}`, `stagedrain_errors_total{kind="redis"}`, "stagedrain_batches_total"} {
+		if _, ok := values[series]; !ok {
+			t.Errorf("/metrics of %s has no %s", addr, series)
+		}
+	}
+	for series, v := range want {
+		if got, ok := values[series]; v == "" && ok {
+			t.Errorf("/metrics of %s: %s = %s, want none", addr, series, got)
+		} else if v != "" && got != v {
+			t.Errorf("/metrics of %s: %s = %q, want %q", addr, series, got, v)
+		}
+	}
+}
+
+// /healthz, /readyz and /metrics of a leader and a standby; /readyz goes 503 while
 // Redis is unreachable and 200 once it is back; stagedrain health exits 0
 // and 1 accordingly; the listener goes with the relay.
 func TestHealthEndpoints(t *testing.T) {
@@ -158,6 +195,7 @@ func TestHealthEndpoints(t *testing.T) {
 	if err != nil || code != http.StatusOK || raw != "ok\n" {
 		t.Errorf("/healthz = %d %q, %v; want 200 \"ok\\n\"", code, raw, err)
 	}
+	checkMetrics(t, leaderAddr, map[string]string{"stagedrain_leader": "1", "stagedrain_backlog_jobs": "0"})
 	if r := runCLI("health", "--metrics-addr", leaderAddr); r.code != 0 || r.stdout != "ready: leader\n" || r.stderr != "" {
 		t.Errorf("health against the leader: exit %d, stdout %q, stderr %q; want 0, \"ready: leader\\n\"", r.code, r.stdout, r.stderr)
 	}
@@ -169,6 +207,8 @@ func TestHealthEndpoints(t *testing.T) {
 
 	inProcessRelay(t, args(standbyAddr)...)
 	waitReady(t, standbyAddr, http.StatusOK, "standby")
+	// Only the leader reports the backlog.
+	checkMetrics(t, standbyAddr, map[string]string{"stagedrain_leader": "0", "stagedrain_backlog_jobs": ""})
 	if r := runCLI("health", "--metrics-addr", standbyAddr); r.code != 0 || r.stdout != "ready: standby\n" {
 		t.Errorf("health against the standby: exit %d, stdout %q, stderr %q; want 0, \"ready: standby\\n\"", r.code, r.stdout, r.stderr)
 	}
