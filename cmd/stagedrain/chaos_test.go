@@ -94,9 +94,9 @@ func TestChaos(t *testing.T) {
 	t.Logf("chaos %s: seed %d, %d producers, %d committed jobs over %s, %d kills, %d SIGSTOPs, %d PostgreSQL restarts, %d Redis stops, %d poison transactions",
 		plan.name, seed, plan.producers, plan.committed, plan.window, plan.kills, plan.stops, plan.pgRestarts, plan.redisStops, plan.poison)
 	c := newChaos(t, plan, seed)
+	defer func() { t.Logf("timeline:\n%s", c.timelineText()) }() // also when a wait fails the test
 	c.run()
 	f := c.verdict()
-	t.Logf("timeline:\n%s", c.timelineText())
 	f.log(t)
 	f.check(t)
 }
