@@ -20,17 +20,19 @@ import (
 )
 
 // stoppableRedis is a private redis-server that a test stops and starts
-// again on the same port.
+// again on the same port and directory. args are added to its command line:
+// "--appendonly", "yes" keeps its data across a stop.
 type stoppableRedis struct {
 	t    *testing.T
 	port int
 	dir  string
+	args []string
 	cmd  *exec.Cmd
 }
 
-func newStoppableRedis(t *testing.T) *stoppableRedis {
+func newStoppableRedis(t *testing.T, args ...string) *stoppableRedis {
 	t.Helper()
-	s := &stoppableRedis{t: t, port: freePort(t), dir: t.TempDir()}
+	s := &stoppableRedis{t: t, port: freePort(t), dir: t.TempDir(), args: args}
 	s.start()
 	t.Cleanup(s.stop)
 	return s
@@ -40,8 +42,8 @@ func (s *stoppableRedis) url() string { return fmt.Sprintf("redis://127.0.0.1:%d
 
 func (s *stoppableRedis) start() {
 	s.t.Helper()
-	cmd := exec.Command("redis-server", "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", s.dir, "--daemonize", "no", "--loglevel", "warning")
+	cmd := exec.Command("redis-server", append([]string{"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", s.dir, "--daemonize", "no", "--loglevel", "warning"}, s.args...)...)
 	if err := cmd.Start(); err != nil {
 		s.t.Fatalf("start redis-server: %v", err)
 	}
@@ -54,6 +56,8 @@ func (s *stoppableRedis) start() {
 	})
 }
 
+// stop kills the server (SIGKILL: what it acknowledged is on disk only if
+// its args say so) and waits for it to exit.
 func (s *stoppableRedis) stop() {
 	if s.cmd == nil {
 		return

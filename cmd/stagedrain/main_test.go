@@ -101,6 +101,9 @@ type proc struct {
 	stderr *lineLog
 	exited chan struct{} // closed once Wait has returned
 	err    error         // Wait's result, set before exited is closed
+	// failTail, when above 0, limits what a failing test shows of the
+	// process's stdout to its last failTail lines (a long-running relay).
+	failTail int
 }
 
 // startProc starts the stagedrain binary with args and env (see childEnv).
@@ -138,7 +141,11 @@ func startProc(t *testing.T, name string, env []string, args ...string) *proc {
 			t.Errorf("%s: still running 10s after SIGKILL", name)
 		}
 		if t.Failed() {
-			t.Logf("%s output:\n%s", name, p.output())
+			if p.failTail > 0 {
+				t.Logf("%s output (the last %d lines of stdout):\n%s", name, p.failTail, p.tail(p.failTail))
+			} else {
+				t.Logf("%s output:\n%s", name, p.output())
+			}
 		}
 	})
 	return p
@@ -195,6 +202,19 @@ func (p *proc) count(logger, msg string) int {
 func (p *proc) output() string {
 	var b strings.Builder
 	for _, l := range p.stdout.snapshot() {
+		fmt.Fprintf(&b, "  stdout: %s\n", l.raw)
+	}
+	for _, l := range p.stderr.snapshot() {
+		fmt.Fprintf(&b, "  stderr: %s\n", l.raw)
+	}
+	return b.String()
+}
+
+// tail is output with only the last n lines of stdout.
+func (p *proc) tail(n int) string {
+	var b strings.Builder
+	stdout := p.stdout.snapshot()
+	for _, l := range stdout[max(0, len(stdout)-n):] {
 		fmt.Fprintf(&b, "  stdout: %s\n", l.raw)
 	}
 	for _, l := range p.stderr.snapshot() {
