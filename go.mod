@@ -9,6 +9,7 @@ require (
 	go.uber.org/goleak v1.3.0
 	go.uber.org/zap v1.28.0
 	golang.org/x/sync v0.25.0
+	google.golang.org/protobuf v1.36.10
 )
 
 require (
