@@ -50,6 +50,8 @@ func (c nullCols) String() string {
 // identifier quoted once, here.
 type tableSQL struct {
 	claim    string
+	claimDue string // claim, of rows whose run_at is due only
+	nextDue  string
 	reinsert string
 	backlog  string
 	bury     string
@@ -73,10 +75,16 @@ func newTableSQL(schema string) tableSQL {
 		// row; a rollback, if the push fails, undoes the delete. It deletes
 		// exactly the claimed ids: never "id <= max", which under READ
 		// COMMITTED would delete a lower id committed after the claim.
-		claim: `WITH b AS MATERIALIZED (SELECT id FROM ` + table +
-			` WHERE id > $3 AND id <> ALL($2) ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)` +
-			` DELETE FROM ` + table + ` t USING b WHERE t.id = b.id RETURNING ` +
-			`t.id, t.job_name, t.job_args, t.queue, t.run_at, t.jid, t.created_at, t.options`,
+		claim: claimSQL(table, ""),
+		// For a target with no scheduler (streams): rows whose run_at is
+		// not in the future only. The scan by id steps over the future
+		// rows below the batch's last id, each a heap fetch (see README).
+		claimDue: claimSQL(table, ` AND (run_at IS NULL OR run_at <= now())`),
+		// Microseconds until the earliest future run_at, NULL if none: when
+		// to wake for it. A scan of the table, which holds the backlog and
+		// the future rows (see README).
+		nextDue: `SELECT ceil(extract(epoch FROM min(run_at) - now()) * 1e6)::bigint FROM ` + table +
+			` WHERE run_at > now()`,
 		// For the summary line: staged rows, counted up to $1, and the
 		// oldest created_at among the 100 lowest ids.
 		backlog: `SELECT (SELECT count(*) FROM (SELECT FROM ` + table + ` LIMIT $1) c),
@@ -106,6 +114,14 @@ func newTableSQL(schema string) tableSQL {
 		// and an undefined_table error when it never ran.
 		version: `SELECT max(version) FROM ` + migrations,
 	}
+}
+
+// claimSQL is the claim statement, with extra conditions on the rows.
+func claimSQL(table, where string) string {
+	return `WITH b AS MATERIALIZED (SELECT id FROM ` + table +
+		` WHERE id > $3 AND id <> ALL($2)` + where + ` ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)` +
+		` DELETE FROM ` + table + ` t USING b WHERE t.id = b.id RETURNING ` +
+		`t.id, t.job_name, t.job_args, t.queue, t.run_at, t.jid, t.created_at, t.options`
 }
 
 // claimBatch begins a transaction on conn and, in the same round trip,

@@ -24,6 +24,23 @@ const (
 	TimestampMillis TimestampFormat = "millis"
 )
 
+// Target names the job system whose Redis layout the relay writes. One
+// relay writes one target.
+type Target string
+
+const (
+	// TargetSidekiq writes Sidekiq's queues and schedule (sidekiq.go). The
+	// default.
+	TargetSidekiq Target = "sidekiq"
+	// TargetAsynq writes asynq's tasks (asynq.go): hibiken/asynq servers
+	// process them. asynq's key names are fixed: RedisNamespace must be "".
+	TargetAsynq Target = "asynq"
+	// TargetStreams appends an entry to the Redis stream stream:<queue> per
+	// job (streams.go). Streams have no scheduler: a job whose run_at is in
+	// the future stays staged until it is due.
+	TargetStreams Target = "streams"
+)
+
 // Config configures a Relay. The zero value of every field but DatabaseURL
 // and Redis means its default; WithDefaults fills them in.
 type Config struct {
@@ -45,10 +62,20 @@ type Config struct {
 	// Schema is the PostgreSQL schema holding staged_jobs. Default "public".
 	Schema string
 
+	// Target is the job system the jobs are written for: TargetSidekiq,
+	// TargetAsynq or TargetStreams. Default TargetSidekiq.
+	Target Target
+
 	// RedisNamespace, when set, prefixes every Redis key with
-	// RedisNamespace + ":" (the redis-namespace layout of Sidekiq 6 apps).
-	// Default "" (no prefix, as Sidekiq 7 and later use).
+	// RedisNamespace + ":": Sidekiq's (the redis-namespace layout of
+	// Sidekiq 6 apps), the streams', and the relay's own fence and handoff
+	// record. Default "" (no prefix, as Sidekiq 7 and later use). asynq's
+	// key names are fixed, so it must be "" with TargetAsynq.
 	RedisNamespace string
+
+	// StreamMaxLen, for TargetStreams, trims each stream to about this many
+	// entries as it is written (XADD MAXLEN ~). Default 0: no trimming.
+	StreamMaxLen int64
 
 	// BatchSize is the most rows claimed, pushed and deleted per batch.
 	// Default 1000.
@@ -64,8 +91,10 @@ type Config struct {
 	// transaction pooling mode, where LISTEN does not work. Default false.
 	PollOnly bool
 
-	// TimestampFormat is how created_at and enqueued_at are written.
-	// Default TimestampSeconds.
+	// TimestampFormat is how created_at and enqueued_at are written into a
+	// Sidekiq payload; TargetAsynq writes no such field, and TargetStreams
+	// writes integer epoch milliseconds, so for them it must be
+	// TimestampSeconds. Default TimestampSeconds.
 	TimestampFormat TimestampFormat
 
 	// LeaderInterval is how often a standby tries to take the leader lock,
@@ -78,10 +107,11 @@ type Config struct {
 	// shortens a wait, so none exceeds MaxBackoff. Default 5s.
 	MaxBackoff time.Duration
 
-	// MaxPayloadBytes is the largest Sidekiq payload (the job's JSON) the
-	// relay pushes. A row whose payload is bigger is poison: it moves to
-	// staged_jobs_dead instead of into Redis. Default 1 MiB (1048576); at
-	// most 512 MiB, Redis's own limit on a string.
+	// MaxPayloadBytes is the largest job payload the relay pushes: a
+	// Sidekiq job's JSON, an asynq task's encoded message, the sum of a
+	// stream entry's field values. A row whose payload is bigger is poison:
+	// it moves to staged_jobs_dead instead of into Redis. Default 1 MiB
+	// (1048576); at most 512 MiB, Redis's own limit on a string.
 	MaxPayloadBytes int
 
 	// ShutdownTimeout bounds how long a batch in flight when the context
@@ -108,6 +138,7 @@ const (
 // WithDefaults returns a copy of c with every unset field set to its default.
 func (c Config) WithDefaults() Config {
 	c.Schema = cmp.Or(c.Schema, defaultSchema)
+	c.Target = cmp.Or(c.Target, TargetSidekiq)
 	c.BatchSize = cmp.Or(c.BatchSize, defaultBatchSize)
 	c.PollInterval = cmp.Or(c.PollInterval, defaultPollInterval)
 	c.TimestampFormat = cmp.Or(c.TimestampFormat, TimestampSeconds)
@@ -155,6 +186,16 @@ func (c Config) Validate() error {
 		return fieldErr("MaxPayloadBytes", "must be between 1 and %d, got %d", maxMaxPayloadBytes, c.MaxPayloadBytes)
 	case c.ShutdownTimeout < 0:
 		return fieldErr("ShutdownTimeout", "must not be negative, got %s", c.ShutdownTimeout)
+	case c.Target != TargetSidekiq && c.Target != TargetAsynq && c.Target != TargetStreams:
+		return fieldErr("Target", "must be %q, %q or %q, got %q", TargetSidekiq, TargetAsynq, TargetStreams, c.Target)
+	case c.Target == TargetAsynq && c.RedisNamespace != "":
+		return fieldErr("RedisNamespace", "must be empty with the asynq target: asynq's key names are fixed, and its servers would never see namespaced tasks")
+	case c.Target != TargetSidekiq && c.TimestampFormat != TimestampSeconds:
+		return fieldErr("TimestampFormat", "applies to the sidekiq target only, got %q with the %s target", c.TimestampFormat, c.Target)
+	case c.StreamMaxLen < 0:
+		return fieldErr("StreamMaxLen", "must not be negative, got %d", c.StreamMaxLen)
+	case c.StreamMaxLen > 0 && c.Target != TargetStreams:
+		return fieldErr("StreamMaxLen", "applies to the streams target only, got %d with the %s target", c.StreamMaxLen, c.Target)
 	}
 	if err := validateSchemaName(c.Schema); err != nil {
 		return err

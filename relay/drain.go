@@ -24,11 +24,18 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 	if _, err := g.barrier(ctx, false); err != nil {
 		return err
 	}
+	// due wakes the drain when the earliest future run_at is due, for a
+	// target with no scheduler (dueOnly).
+	due := time.NewTimer(time.Hour)
+	due.Stop()
+	defer due.Stop()
+	var dueC <-chan time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-wake:
+		case <-dueC:
 		}
 		listens := r.listens.Load()
 		for attempt := 0; ; {
@@ -66,6 +73,9 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 		}); err != nil && ctx.Err() == nil {
 			// The records stay until a later drain deletes them.
 			log.Warn("could not tidy the handoff record", zap.Error(err))
+		}
+		if r.dueOnly {
+			dueC = r.armDue(ctx, pool, due, log)
 		}
 		if r.hooks.idle != nil {
 			r.hooks.idle(listens)
@@ -403,6 +413,7 @@ func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (left []
 			zap.Int("dead_lettered", len(dead)),
 			zap.Strings("queues", res.queues),
 			zap.Int("scheduled", res.scheduled),
+			zap.Int("skipped", res.skipped),
 			zap.Duration("duration", time.Since(b.start)),
 		)
 	}

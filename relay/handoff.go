@@ -43,16 +43,17 @@ import (
 // KEYS[1] the fence hash, KEYS[2] the record hash, then the keys of the ops'
 // commands, in order. ARGV[1] the token, ARGV[2] this batch's record field,
 // ARGV[3] how many record fields to delete, then those fields; then for
-// each op: a guard (1 when the op's first key, which no command uses, is a
-// key whose existence means the op ran before: it is then skipped and counts
-// as done; 0 for none), its
-// number of commands, the ids it delivers as comma-separated text ("" for
-// bookkeeping), then for each command: its name, its number of keys, its
-// number of arguments, and the arguments.
+// each op: its number of guard keys (the op's first keys, which no command
+// uses: if any of them exists, the op is skipped and counts as done, as
+// when a key's existence means the op ran before), its number of commands,
+// the ids it delivers as comma-separated text ("" for bookkeeping), then
+// for each command: its name, its number of keys, its number of arguments,
+// and the arguments.
 //
 // It answers two elements per op: 1 and the last command's reply when the
-// op ran, 2 and "" when its guard skipped it, 0 and the error reply of the
-// command that failed (the op's later commands are not run).
+// op ran, 2 and the guard key that existed when a guard skipped it, 0 and
+// the error reply of the command that failed (the op's later commands are
+// not run).
 var handoffScript = redis.NewScript(`
 local token = redis.call('HGET', KEYS[1], 'token')
 if not token then
@@ -74,8 +75,8 @@ while a <= #ARGV do
   local guard, ncmds, ids = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), ARGV[a + 2]
   a = a + 3
   local status, reply = 1, ''
-  if guard == 1 then
-    if redis.call('EXISTS', KEYS[k]) == 1 then status = 2 end
+  for g = 1, guard do
+    if status == 1 and redis.call('EXISTS', KEYS[k]) == 1 then status, reply = 2, KEYS[k] end
     k = k + 1
   end
   for c = 1, ncmds do
@@ -346,9 +347,10 @@ type pushUnit struct {
 
 // unitOp is one op of a pushUnit and, after settle, its outcome.
 type unitOp struct {
-	ids   []int64 // the rows it delivers; nil for bookkeeping
-	err   error   // the error reply that refused it, after settle
-	reply any     // its last command's reply, after settle
+	ids     []int64 // the rows it delivers; nil for bookkeeping
+	err     error   // the error reply that refused it, after settle
+	reply   any     // its last command's reply (or the guard key that skipped it), after settle
+	skipped bool    // a guard key existed: the op did not run, and counts as done
 }
 
 func (u *pushUnit) reset() {
@@ -356,14 +358,16 @@ func (u *pushUnit) reset() {
 }
 
 // begin starts an op that delivers the rows ids (nil: bookkeeping, whose
-// failure matters to no row). When guard is not "", the op is skipped, and
-// counts as done, if that key exists.
-func (u *pushUnit) begin(ids []int64, guard string) {
+// failure matters to no row). The op is skipped, and counts as done, if any
+// of the guard keys exists ("" guards nothing).
+func (u *pushUnit) begin(ids []int64, guards ...string) {
 	u.ops = append(u.ops, unitOp{ids: ids})
 	g := 0
-	if guard != "" {
-		u.keys = append(u.keys, guard)
-		g = 1
+	for _, key := range guards {
+		if key != "" {
+			u.keys = append(u.keys, key)
+			g++
+		}
 	}
 	start := len(u.ids)
 	for i, id := range ids {
@@ -406,7 +410,7 @@ func (u *pushUnit) settle(reply []any) error {
 		status, _ := reply[2*i].(int64)
 		switch status {
 		case 1, 2:
-			op.reply, op.err = reply[2*i+1], nil
+			op.reply, op.err, op.skipped = reply[2*i+1], nil, status == 2
 		case 0:
 			msg, _ := reply[2*i+1].(string)
 			op.err = replyError(msg)

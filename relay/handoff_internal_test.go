@@ -80,6 +80,10 @@ func TestPushUnitOps(t *testing.T) {
 	u.variadic("LPUSH", ns+":many", 1, many)
 	u.begin([]int64{2}, ns+":string") // exists: skipped
 	u.command("LPUSH", ns+":skipped", "never")
+	u.begin([]int64{3}, ns+":absent", ns+":string") // the second exists: skipped
+	u.command("LPUSH", ns+":skipped", "never")
+	u.begin([]int64{4}, ns+":absent", "") // none exists: runs
+	u.command("LPUSH", ns+":guarded", "ran")
 	field, err := h.push(ctx, u)
 	if err != nil {
 		t.Fatal(err)
@@ -96,8 +100,15 @@ func TestPushUnitOps(t *testing.T) {
 	if n, _ := rdb.Exists(ctx, ns+":skipped").Result(); n != 0 {
 		t.Fatal("a guarded op ran although its key exists")
 	}
+	if !u.ops[3].skipped || u.ops[3].reply != ns+":string" || u.ops[4].skipped {
+		t.Fatalf("op with guards absent, string: skipped %v by %v; op with guard absent: skipped %v; want skipped by %s, then run",
+			u.ops[3].skipped, u.ops[3].reply, u.ops[4].skipped, ns+":string")
+	}
+	if got, _ := rdb.LRange(ctx, ns+":guarded", 0, -1).Result(); len(got) != 1 {
+		t.Fatalf("list %v, want the value of the op whose guard key does not exist", got)
+	}
 	rec, _ := rdb.HGet(ctx, keys.record, field).Result()
-	if len(rec) == 0 || rec[:4] != "100," || rec[len(rec)-2:] != ",2" {
+	if len(rec) == 0 || rec[:4] != "100," || rec[len(rec)-6:] != ",2,3,4" {
 		t.Fatalf("record %q, want the ids of the two ops that delivered", rec)
 	}
 	// The next push deletes the records of committed batches.

@@ -1,7 +1,14 @@
 package relay
 
-// sidekiqKeys builds every Redis key the Sidekiq target writes. Keep them all
-// here: a user's workers find jobs only if these match Sidekiq's layout.
+import (
+	"crypto/md5"
+	"encoding/hex"
+)
+
+// Every Redis key a target writes is built here: a user's workers find jobs
+// only if these match their job system's layout.
+
+// sidekiqKeys builds the keys the Sidekiq target writes.
 type sidekiqKeys struct {
 	prefix string // "" or "<namespace>:"
 }
@@ -21,3 +28,47 @@ func (k sidekiqKeys) queue(name string) string { return k.prefix + "queue:" + na
 
 // schedule is the sorted set of scheduled jobs, scored by float epoch seconds.
 func (k sidekiqKeys) schedule() string { return k.prefix + "schedule" }
+
+// asynqKeys builds the keys the asynq target writes, as hibiken/asynq
+// v0.26.0 names them (internal/base/base.go). asynq's names are fixed: no
+// namespace applies. The {<queue>} hash tag keeps a queue's keys in one
+// cluster slot, as asynq's own scripts need.
+type asynqKeys struct{}
+
+// queues is the set of queue names asynq's Inspector and UI list.
+func (asynqKeys) queues() string { return "asynq:queues" }
+
+func (asynqKeys) queuePrefix(queue string) string { return "asynq:{" + queue + "}:" }
+
+// task is a task's hash: msg (the encoded TaskMessage), state, and more.
+func (k asynqKeys) task(queue, id string) string { return k.queuePrefix(queue) + "t:" + id }
+
+// pending is the list of a queue's pending task ids; servers pop from the
+// right.
+func (k asynqKeys) pending(queue string) string { return k.queuePrefix(queue) + "pending" }
+
+// scheduled is the sorted set of a queue's scheduled task ids, scored by
+// integer epoch seconds.
+func (k asynqKeys) scheduled(queue string) string { return k.queuePrefix(queue) + "scheduled" }
+
+// unique is a task's uniqueness lock: its queue, type and the MD5 of its
+// payload (asynq's base.UniqueKey, for a non-nil payload).
+func (k asynqKeys) unique(queue, typename string, payload []byte) string {
+	sum := md5.Sum(payload)
+	return k.queuePrefix(queue) + "unique:" + typename + ":" + hex.EncodeToString(sum[:])
+}
+
+// streamKeys builds the keys the streams target writes.
+type streamKeys struct {
+	prefix string // "" or "<namespace>:"
+}
+
+func newStreamKeys(namespace string) streamKeys {
+	if namespace == "" {
+		return streamKeys{}
+	}
+	return streamKeys{prefix: namespace + ":"}
+}
+
+// stream is the stream a queue's jobs are added to.
+func (k streamKeys) stream(queue string) string { return k.prefix + "stream:" + queue }

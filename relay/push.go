@@ -1,7 +1,9 @@
 package relay
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -58,6 +60,9 @@ func (r *Relay) push(ctx context.Context, batch []stagedJob, now time.Time) (pus
 		case op.ids == nil: // bookkeeping
 		case op.err == nil:
 			res.pushed = append(res.pushed, op.ids...)
+			if op.skipped {
+				res.skipped += len(op.ids)
+			}
 		default:
 			to := &res.refused
 			if isTransientReply(op.err) {
@@ -89,4 +94,23 @@ func (r *Relay) stillStaged(ctx context.Context, pool *pgxpool.Pool, ids []int64
 		return nil, fmt.Errorf("read staged ids: %w", err)
 	}
 	return still, nil
+}
+
+// checkJob reports a row no worker of any target could run (a NULL or empty
+// column, job_args that is not an array: possible only where the table's
+// constraints were removed), and returns its job_args JSON text, trimmed.
+func checkJob(j *stagedJob) ([]byte, error) {
+	switch {
+	case j.nulls != 0:
+		return nil, fmt.Errorf("%s is NULL", j.nulls)
+	case j.name == "":
+		return nil, errors.New("job_name is empty")
+	case j.queue == "":
+		return nil, errors.New("queue is empty")
+	}
+	args := bytes.TrimSpace(j.args)
+	if len(args) == 0 || args[0] != '[' {
+		return nil, errors.New("job_args is not a JSON array")
+	}
+	return args, nil
 }

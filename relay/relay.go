@@ -12,8 +12,9 @@
 //
 // The data flows through these files: listen.go (LISTEN) -> wake.go (wake
 // and poll) -> drain.go (one batch) -> claim.go (claim and delete SQL) ->
-// sidekiq.go (push); leader.go chooses which relay does it; summary.go and
-// metrics.go count what it did, for the logs and for Prometheus.
+// push.go (the atomic push step, handoff.go, with a target's commands:
+// sidekiq.go, asynq.go, streams.go); leader.go chooses which relay does it;
+// summary.go and metrics.go count what it did, for the logs and Prometheus.
 package relay
 
 import (
@@ -34,11 +35,14 @@ import (
 // Relay drains one schema's staged_jobs into Redis. Create it with New and
 // start it with Run.
 type Relay struct {
-	cfg     Config
-	log     *zap.Logger
-	pgCfg   *pgx.ConnConfig
-	sql     tableSQL
-	target  target
+	cfg    Config
+	log    *zap.Logger
+	pgCfg  *pgx.ConnConfig
+	sql    tableSQL
+	target target
+	// dueOnly: the target has no scheduler, so rows are claimed only once
+	// their run_at is due, and the drain loop wakes for the next one.
+	dueOnly bool
 	handoff *handoff
 	holder  string // names this relay in the fence hash
 	lockKey string
@@ -99,7 +103,6 @@ func New(cfg Config) (*Relay, error) {
 		log:     cfg.Logger,
 		pgCfg:   pgCfg,
 		sql:     newTableSQL(cfg.Schema),
-		target:  newSidekiqTarget(cfg.RedisNamespace, cfg.TimestampFormat, cfg.MaxPayloadBytes),
 		handoff: newHandoff(cfg.Redis, newHandoffKeys(cfg.RedisNamespace, pgCfg.Database, cfg.Schema)),
 		holder:  applicationName("leader"),
 		lockKey: "stagedrain:" + cfg.Schema,
@@ -108,8 +111,17 @@ func New(cfg Config) (*Relay, error) {
 		gateTimeout:  defaultGateTimeout,
 		summaryEvery: summaryEvery,
 	}
+	switch cfg.Target {
+	case TargetAsynq:
+		r.target = newAsynqTarget(cfg.MaxPayloadBytes)
+	case TargetStreams:
+		r.target = newStreamTarget(cfg.RedisNamespace, cfg.StreamMaxLen, cfg.MaxPayloadBytes)
+		r.sql.claim, r.dueOnly = r.sql.claimDue, true
+	default:
+		r.target = newSidekiqTarget(cfg.RedisNamespace, cfg.TimestampFormat, cfg.MaxPayloadBytes)
+	}
 	r.backlog.sql, r.backlog.ttl = r.sql.backlog, backlogTTL
-	r.metrics = newMetrics(targetSidekiq, &r.backlog, &r.summary.mu)
+	r.metrics = newMetrics(string(cfg.Target), &r.backlog, &r.summary.mu)
 	r.summary.metrics = r.metrics
 	r.state.init(r.metrics.leader)
 	return r, nil
@@ -135,6 +147,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		zap.String("database", DescribeDatabase(r.cfg.DatabaseURL)),
 		zap.String("redis", DescribeRedis(r.cfg.Redis)),
 		zap.String("channel", ChannelName(r.cfg.Schema)),
+		zap.String("target", string(r.cfg.Target)),
 		zap.Int("batch_size", r.cfg.BatchSize),
 		zap.Duration("poll_interval", r.cfg.PollInterval),
 		zap.Bool("poll_only", r.cfg.PollOnly),

@@ -58,6 +58,7 @@ type pushResult struct {
 	deferred    []rejectedJob // sent, and Redis answered an error waiting may fix: stay staged
 	queues      []string      // the queues of the immediate jobs, for the log
 	scheduled   int           // how many jobs were scheduled, for the log
+	skipped     int           // how many of pushed a guard skipped (the task was there already), for the log
 	field       string        // the push's field in the handoff record, "" if it pushed nothing
 }
 

@@ -9,7 +9,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
 )
 
 // A wake-up is a token in a channel of capacity 1: any number of
@@ -30,6 +32,28 @@ func poll(ctx context.Context, interval time.Duration, wake chan<- struct{}, pol
 		polls.Inc()
 		trySendWakeup(wake)
 	}
+}
+
+// armDue sets due to fire when the earliest future run_at of staged_jobs
+// is due, or after the poll interval if that is sooner (the poll wakes the
+// drain then anyway, and the next drain arms due again), and returns its
+// channel; nil when no row waits for its run_at. For a target with no
+// scheduler, whose claim skips rows not yet due: without it, a job due in
+// 200ms would wait for the next poll. PostgreSQL computes the wait from
+// its own clock, the one the claim's run_at <= now() reads.
+func (r *Relay) armDue(ctx context.Context, pool *pgxpool.Pool, due *time.Timer, log *zap.Logger) <-chan time.Time {
+	var us *int64
+	if err := pool.QueryRow(ctx, r.sql.nextDue).Scan(&us); err != nil {
+		if ctx.Err() == nil {
+			log.Warn("could not read the next run_at; the poll wakes for it", zap.Error(err))
+		}
+		return nil
+	}
+	if us == nil {
+		return nil
+	}
+	due.Reset(min(time.Duration(*us)*time.Microsecond, r.cfg.PollInterval))
+	return due.C
 }
 
 // gate tells committing transactions whether to NOTIFY (see

@@ -92,6 +92,12 @@ func TestUsageErrors(t *testing.T) {
 		{"batch size not a number", []string{"run", "--database-url", db, "--batch-size", "many"}, []string{"-batch-size"}},
 
 		{"bad timestamp format", []string{"run", "--database-url", db, "--timestamp-format", "nanos"}, []string{"--timestamp-format", "nanos"}},
+		{"unknown target", []string{"run", "--database-url", db, "--target", "resque"}, []string{"run: --target", `"sidekiq", "asynq" or "streams", got "resque"`}},
+		{"empty target", []string{"run", "--database-url", db, "--target="}, []string{"--target", "must not be empty"}},
+		{"asynq with a namespace", []string{"run", "--database-url", db, "--target", "asynq", "--redis-namespace", "app"}, []string{"run: --redis-namespace", "asynq's key names are fixed"}},
+		{"millis without sidekiq", []string{"run", "--database-url", db, "--target", "streams", "--timestamp-format", "millis"}, []string{"run: --timestamp-format", "sidekiq target only"}},
+		{"stream maxlen negative", []string{"run", "--database-url", db, "--target", "streams", "--stream-maxlen", "-1"}, []string{"run: --stream-maxlen", "negative"}},
+		{"stream maxlen without streams", []string{"run", "--database-url", db, "--stream-maxlen", "100"}, []string{"run: --stream-maxlen", "streams target only"}},
 		{"bad log level, run", []string{"run", "--database-url", db, "--log-level", "loud"}, []string{"--log-level", "loud"}},
 		{"bad log level, migrate", []string{"migrate", "--database-url", db, "--log-level", "loud"}, []string{"--log-level", "loud"}},
 		{"bad log format", []string{"migrate", "--database-url", db, "--log-format", "xml"}, []string{"--log-format", "xml"}},
@@ -160,6 +166,7 @@ func TestEnvUsageErrors(t *testing.T) {
 		{"duration", "STAGEDRAIN_POLL_INTERVAL", "five-xyz", []string{"run", "--database-url", db}, []string{"$STAGEDRAIN_POLL_INTERVAL", "--poll-interval"}},
 		{"bool", "STAGEDRAIN_MIGRATE", "perhaps-xyz", []string{"run", "--database-url", db}, []string{"$STAGEDRAIN_MIGRATE", "--migrate"}},
 		{"zero batch size", "STAGEDRAIN_BATCH_SIZE", "0", []string{"run", "--database-url", db}, []string{"--batch-size"}},
+		{"unknown target", "STAGEDRAIN_TARGET", "kafka", []string{"run", "--database-url", db}, []string{"run: $STAGEDRAIN_TARGET (--target)", `got "kafka"`}},
 		{"log level", "STAGEDRAIN_LOG_LEVEL", "loud", []string{"migrate", "--database-url", db}, []string{"--log-level"}},
 		{"database url", "DATABASE_URL", "postgres://u:s3cretpw@h:badport/x", []string{"migrate"}, []string{"--database-url"}},
 		{"schema too long, run", "STAGEDRAIN_SCHEMA", strings.Repeat("s", 64), []string{"run", "--database-url", db}, []string{"run: $STAGEDRAIN_SCHEMA (--schema)", "1 to 63 bytes"}},
@@ -225,7 +232,9 @@ func TestHelp(t *testing.T) {
 	}
 	runFlags := map[string]string{
 		"redis-url":         "REDIS_URL",
+		"target":            "STAGEDRAIN_TARGET",
 		"redis-namespace":   "STAGEDRAIN_REDIS_NAMESPACE",
+		"stream-maxlen":     "STAGEDRAIN_STREAM_MAXLEN",
 		"batch-size":        "STAGEDRAIN_BATCH_SIZE",
 		"poll-interval":     "STAGEDRAIN_POLL_INTERVAL",
 		"timestamp-format":  "STAGEDRAIN_TIMESTAMP_FORMAT",

@@ -145,7 +145,9 @@ func warnUnknownEnv(log *zap.Logger) {
 type runFlags struct {
 	commonFlags
 	redisURL        string
+	target          string
 	redisNamespace  string
+	streamMaxLen    int64
 	batchSize       int
 	pollInterval    time.Duration
 	timestampFormat string
@@ -170,6 +172,9 @@ var flagOfField = map[string]string{
 	"MaxBackoff":      "max-backoff",
 	"ShutdownTimeout": "shutdown-timeout",
 	"MaxPayloadBytes": "max-payload-bytes",
+	"Target":          "target",
+	"RedisNamespace":  "redis-namespace",
+	"StreamMaxLen":    "stream-maxlen",
 }
 
 // newRunFlags declares run's flags.
@@ -180,8 +185,12 @@ func newRunFlags() (*flagSet, *runFlags) {
 	c.register(f)
 	f.fs.StringVar(&c.redisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis `URL` (password never logged)")
 	f.env("redis-url", "REDIS_URL")
-	f.fs.StringVar(&c.redisNamespace, "redis-namespace", "", "prefix every Redis key with `namespace`: (Sidekiq 6 redis-namespace apps)")
+	f.fs.StringVar(&c.target, "target", "sidekiq", "the job `system` jobs are written for: sidekiq, asynq or streams (Redis streams)")
+	f.env("target", "STAGEDRAIN_TARGET")
+	f.fs.StringVar(&c.redisNamespace, "redis-namespace", "", "prefix every Redis key with `namespace`: (Sidekiq 6 redis-namespace apps; not with --target asynq)")
 	f.env("redis-namespace", "STAGEDRAIN_REDIS_NAMESPACE")
+	f.fs.Int64Var(&c.streamMaxLen, "stream-maxlen", 0, "with --target streams, trim each stream to about this many `entries` (XADD MAXLEN ~); 0 keeps every entry")
+	f.env("stream-maxlen", "STAGEDRAIN_STREAM_MAXLEN")
 	f.fs.IntVar(&c.batchSize, "batch-size", 1000, "most jobs claimed, pushed and deleted per batch (1-100000)")
 	f.env("batch-size", "STAGEDRAIN_BATCH_SIZE")
 	f.fs.DurationVar(&c.pollInterval, "poll-interval", time.Second, "mean `interval` of the jittered fallback poll")
@@ -201,7 +210,7 @@ func newRunFlags() (*flagSet, *runFlags) {
 	f.fs.BoolVar(&c.migrate, "migrate", false, "run migrate before draining (retried until PostgreSQL answers)")
 	f.env("migrate", "STAGEDRAIN_MIGRATE")
 	registerMetricsAddr(f, &c.metricsAddr)
-	f.required("redis-url", "timestamp-format")
+	f.required("redis-url", "timestamp-format", "target")
 	return f, c
 }
 
@@ -255,7 +264,9 @@ func runCmd(ctx context.Context, args []string, stdout io.Writer) error {
 		DatabaseURL:     c.databaseURL,
 		Redis:           rdb,
 		Schema:          c.schema,
+		Target:          relay.Target(c.target),
 		RedisNamespace:  c.redisNamespace,
+		StreamMaxLen:    c.streamMaxLen,
 		BatchSize:       c.batchSize,
 		PollInterval:    c.pollInterval,
 		TimestampFormat: relay.TimestampFormat(c.timestampFormat),
