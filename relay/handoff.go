@@ -83,10 +83,16 @@ while a <= #ARGV do
     local name, nkeys, nargs = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
     a = a + 3
     if status == 1 then
-      local args = {}
-      for i = 1, nkeys do args[i] = KEYS[k + i - 1] end
-      for i = 1, nargs do args[nkeys + i] = ARGV[a + i - 1] end
-      local r = redis.pcall(name, unpack(args))
+      local r
+      if nkeys == 1 then
+        -- The common case, without copying the arguments into a table.
+        r = redis.pcall(name, KEYS[k], unpack(ARGV, a, a + nargs - 1))
+      else
+        local args = {}
+        for i = 1, nkeys do args[i] = KEYS[k + i - 1] end
+        for i = 1, nargs do args[nkeys + i] = ARGV[a + i - 1] end
+        r = redis.pcall(name, unpack(args))
+      end
       if type(r) == 'table' and r.err then
         status, reply = 0, r.err
       elseif r == false or type(r) == 'table' then
