@@ -3,6 +3,8 @@ package relay
 import (
 	"context"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // SetAfterPush makes r run f between each batch's push and its delete; an
@@ -24,3 +26,11 @@ var (
 
 // SetSummaryEvery sets how often r logs its summary line (default 10s).
 func SetSummaryEvery(r *Relay, d time.Duration) { r.summaryEvery = d }
+
+// SetDrainIdleInTx sets the drain sessions' idle_in_transaction_session_timeout
+// (default 30s).
+func SetDrainIdleInTx(r *Relay, d time.Duration) { r.drainIdleInTx = d }
+
+// ConnConfig is the connection config r uses for role ("leader",
+// "listener", "drain"), before what each adds of its own.
+func ConnConfig(r *Relay, role string) *pgx.ConnConfig { return r.connConfig(role) }

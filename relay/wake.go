@@ -50,7 +50,8 @@ type gate struct {
 	awakeKey   string
 	barrierKey string
 	awake      bool
-	pinned     bool // poll-only: never goes idle
+	pinned     bool          // poll-only: never goes idle
+	timeout    time.Duration // bounds each statement: lock_timeout plus the lock connection's query timeout
 }
 
 // Each gate lock has 16 shards (two-key advisory locks: hashtext(name),
@@ -79,7 +80,10 @@ func (g *gate) wake(ctx context.Context) error {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	_, err := g.conn.Exec(ctx, gateLockSQL, g.awakeKey)
+	err := withDeadline(ctx, g.timeout, func(ctx context.Context) error {
+		_, err := g.conn.Exec(ctx, gateLockSQL, g.awakeKey)
+		return err
+	})
 	if err != nil && !isLockTimeout(err) {
 		return fmt.Errorf("%w: mark awake: %w", errLostLock, err)
 	}
@@ -110,7 +114,9 @@ func (g *gate) barrier(ctx context.Context, unlock bool) (timedOut bool, err err
 		b.Queue(gateUnlockSQL, g.awakeKey)
 	}
 	b.Queue(gateBarrierSQL, g.barrierKey)
-	err = g.conn.SendBatch(ctx, b).Close()
+	err = withDeadline(ctx, g.timeout, func(ctx context.Context) error {
+		return g.conn.SendBatch(ctx, b).Close()
+	})
 	if isLockTimeout(err) {
 		return true, nil
 	}
