@@ -173,10 +173,12 @@ func (r *Relay) keepLock(ctx context.Context, conn *pgx.Conn, mu *sync.Mutex) er
 	return nil
 }
 
-// stepDownReason says in words why a leader lost its lock connection.
+// stepDownReason says in words why a leader stopped leading.
 func stepDownReason(err error) string {
 	var pgErr *pgconn.PgError
 	switch {
+	case !errors.Is(err, errLostLock):
+		return "draining failed in a way that retrying cannot fix"
 	case errors.As(err, &pgErr) && pgErr.Code == "57P05": // idle_session_timeout
 		return "the lock connection was idle past idle_session_timeout, so PostgreSQL ended it: " +
 			"this process was paused or cut off, and a standby may have taken over"

@@ -190,7 +190,7 @@ func newRunFlags() (*flagSet, *runFlags) {
 	f.env("poll-interval", "STAGEDRAIN_POLL_INTERVAL")
 	f.fs.StringVar(&c.timestampFormat, "timestamp-format", "seconds", "created_at/enqueued_at `format`: seconds (float, Sidekiq 6/7/8) or millis (integer, Sidekiq 8 only)")
 	f.env("timestamp-format", "STAGEDRAIN_TIMESTAMP_FORMAT")
-	f.fs.DurationVar(&c.leaderInterval, "leader-interval", 500*time.Millisecond, "how often a standby tries to take over, and the leader checks its lock")
+	f.fs.DurationVar(&c.leaderInterval, "leader-interval", 500*time.Millisecond, "how often a standby tries to take over; the leader pings its lock twice as often and loses it after 2.5 intervals (at least 1s) of silence")
 	f.env("leader-interval", "STAGEDRAIN_LEADER_INTERVAL")
 	f.fs.DurationVar(&c.maxBackoff, "max-backoff", 5*time.Second, "cap of the exponential backoff between retries after a PostgreSQL or Redis failure")
 	f.env("max-backoff", "STAGEDRAIN_MAX_BACKOFF")
