@@ -3,6 +3,8 @@ package relay
 import (
 	"context"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // SetAfterPush makes r run f between each batch's push and its delete; an
@@ -34,3 +36,11 @@ func HandoffKeys(namespace, database, schema string) (fence, record string) {
 // SetBacklogTTL sets how long a scrape of r's metrics reuses the leader's
 // backlog sample (default 5s); 0 samples on every scrape.
 func SetBacklogTTL(r *Relay, d time.Duration) { r.backlog.ttl = d }
+
+// SetDrainIdleInTx sets the drain sessions' idle_in_transaction_session_timeout
+// (default 30s).
+func SetDrainIdleInTx(r *Relay, d time.Duration) { r.drainIdleInTx = d }
+
+// ConnConfig is the connection config r uses for role ("leader",
+// "listener", "drain"), before what each adds of its own.
+func ConnConfig(r *Relay, role string) *pgx.ConnConfig { return r.connConfig(role) }

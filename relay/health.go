@@ -114,12 +114,12 @@ var ErrNotReady = errors.New("not ready")
 
 // CheckReady reports whether r can do its part, nil if so: it is the leader
 // or a standby, its lock connection to PostgreSQL answered within the last
-// max(2s, 4 x LeaderInterval) (the leader pings it, and a standby tries
-// the lock, every LeaderInterval), and Redis answers a PING through the
-// configured client. The PING's result is reused for a second, and
-// concurrent callers share one PING, so probes cost Redis at most one PING
-// a second; it waits at most until ctx ends. Otherwise it returns an error
-// wrapping ErrNotReady that says why.
+// max(2s, 4 x LeaderInterval) (the leader pings it every LeaderInterval/2,
+// and a standby tries the lock every LeaderInterval), and Redis answers a
+// PING through the configured client. The PING's result is reused for a
+// second, and concurrent callers share one PING, so probes cost Redis at
+// most one PING a second; it waits at most until ctx ends. Otherwise it
+// returns an error wrapping ErrNotReady that says why.
 func (r *Relay) CheckReady(ctx context.Context) error {
 	r.state.mu.Lock()
 	st, pgOK := r.state.status, r.state.pgOK
@@ -130,7 +130,7 @@ func (r *Relay) CheckReady(ctx context.Context) error {
 		}
 		return fmt.Errorf("%w: %s", ErrNotReady, st.Role)
 	}
-	if stale := max(2*time.Second, 4*r.cfg.LeaderInterval); time.Since(pgOK) > stale {
+	if stale := lockQueryTimeout(r.cfg.LeaderInterval); time.Since(pgOK) > stale {
 		return fmt.Errorf("%w: postgresql: lock connection silent for %s", ErrNotReady, time.Since(pgOK).Round(time.Millisecond))
 	}
 	if err := r.checkRedisCached(ctx); err != nil {

@@ -4,8 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -18,6 +19,13 @@ import (
 // session-level advisory lock on a connection that does nothing else, and
 // PostgreSQL releases it the moment that connection dies, with the process
 // or without it. Standbys try for it every LeaderInterval.
+//
+// A leader that is frozen (SIGSTOP, a long pause) or cut off keeps its
+// connection open, so the connection has idle_session_timeout
+// lockIdleTimeout (conn.go): the leader pings it every LeaderInterval/2,
+// and one that stops loses the session, and the lock, within
+// lockIdleTimeout. Should it wake up, its next use of the connection
+// fails and it steps down.
 
 const (
 	tryLockSQL = `SELECT pg_try_advisory_lock(hashtextextended($1, 0))`
@@ -34,7 +42,19 @@ func (r *Relay) campaign(ctx context.Context, pool *pgxpool.Pool) (connected tim
 	cc := r.connConfig("leader")
 	// The gate's lock waits (wake.go) give up after this; no other
 	// statement on this connection waits for a lock.
-	cc.RuntimeParams["lock_timeout"] = strconv.FormatInt(r.gateTimeout.Milliseconds(), 10)
+	cc.RuntimeParams["lock_timeout"] = millis(r.gateTimeout)
+	cc.RuntimeParams["idle_session_timeout"] = millis(lockIdleTimeout(r.cfg.LeaderInterval))
+	// The statement that meets PostgreSQL's word on why it ended the
+	// session may be the summary's, not keepLock's ping, which then sees
+	// only "conn closed": keep that word for the step-down line.
+	var ended atomic.Pointer[pgconn.PgError]
+	cc.OnPgError = func(_ *pgconn.PgConn, pgErr *pgconn.PgError) bool {
+		if strings.EqualFold(pgErr.Severity, "FATAL") {
+			ended.CompareAndSwap(nil, pgErr)
+			return false // close the connection, as pgx does by default
+		}
+		return true
+	}
 	conn, err := pgx.ConnectConfig(ctx, cc)
 	if err != nil {
 		return time.Time{}, fmt.Errorf("connect: %w", err)
@@ -52,7 +72,10 @@ func (r *Relay) campaign(ctx context.Context, pool *pgxpool.Pool) (connected tim
 	standby := false
 	for {
 		var got bool
-		if err := conn.QueryRow(ctx, tryLockSQL, r.lockKey).Scan(&got); err != nil {
+		err := withDeadline(ctx, lockQueryTimeout(r.cfg.LeaderInterval), func(ctx context.Context) error {
+			return conn.QueryRow(ctx, tryLockSQL, r.lockKey).Scan(&got)
+		})
+		if err != nil {
 			return connected, fmt.Errorf("try leader lock: %w", err)
 		}
 		r.state.pgAnswered()
@@ -92,7 +115,11 @@ func (r *Relay) campaign(ctx context.Context, pool *pgxpool.Pool) (connected tim
 		r.log.Info("released leadership")
 		return connected, ctx.Err()
 	}
-	r.log.Warn("stepped down", zap.Error(err))
+	var pgErr *pgconn.PgError
+	if why := ended.Load(); why != nil && !errors.As(err, &pgErr) {
+		err = fmt.Errorf("%w (%w)", err, why)
+	}
+	r.log.Warn("stepped down", zap.String("reason", stepDownReason(err)), zap.Error(err))
 	return connected, err
 }
 
@@ -103,7 +130,9 @@ func (r *Relay) campaign(ctx context.Context, pool *pgxpool.Pool) (connected tim
 // has changed (ErrSchemaTooNew).
 func (r *Relay) checkVersion(ctx context.Context, conn *pgx.Conn) error {
 	var have *int // nil: no version recorded
-	err := conn.QueryRow(ctx, r.sql.version).Scan(&have)
+	err := withDeadline(ctx, lockQueryTimeout(r.cfg.LeaderInterval), func(ctx context.Context) error {
+		return conn.QueryRow(ctx, r.sql.version).Scan(&have)
+	})
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") {
 		err = nil // no stagedrain_migrations table, or no schema: never migrated
@@ -125,12 +154,15 @@ func (r *Relay) checkVersion(ctx context.Context, conn *pgx.Conn) error {
 	return nil
 }
 
-// keepLock checks the lock connection every LeaderInterval and returns
-// errLostLock when it fails: the lock went with it, a standby may take over,
-// and this relay must stop draining.
+// keepLock pings the lock connection every LeaderInterval/2 (jittered),
+// which keeps it from going idle for lockIdleTimeout, and returns
+// errLostLock when a ping fails: the lock went with the connection, a
+// standby may take over, and this relay must stop draining. Whatever else
+// uses the connection (the gate, the summary) holds mu for one statement at
+// a time, during which the session is not idle either.
 func (r *Relay) keepLock(ctx context.Context, conn *pgx.Conn, mu *sync.Mutex) error {
-	timeout := max(2*time.Second, 4*r.cfg.LeaderInterval)
-	for sleep(ctx, jitter(r.cfg.LeaderInterval)) {
+	timeout := lockQueryTimeout(r.cfg.LeaderInterval)
+	for sleep(ctx, jitter(r.cfg.LeaderInterval/2)) {
 		mu.Lock()
 		err := withTimeout(ctx, timeout, conn.Ping)
 		mu.Unlock()
@@ -143,4 +175,28 @@ func (r *Relay) keepLock(ctx context.Context, conn *pgx.Conn, mu *sync.Mutex) er
 		r.state.pgAnswered()
 	}
 	return nil
+}
+
+// stepDownReason says in words why a leader stopped leading.
+func stepDownReason(err error) string {
+	var pgErr *pgconn.PgError
+	switch {
+	case !errors.Is(err, errLostLock):
+		return "draining failed in a way that retrying cannot fix"
+	case errors.As(err, &pgErr) && pgErr.Code == "57P05": // idle_session_timeout
+		return "the lock connection was idle past idle_session_timeout, so PostgreSQL ended it: " +
+			"this process was paused or cut off, and a standby may have taken over"
+	case errors.As(err, &pgErr) && pgErr.Code == "57P01": // admin_shutdown: pg_terminate_backend, server stopping
+		return "PostgreSQL terminated the lock connection"
+	case pgconn.Timeout(err):
+		return "the lock connection did not answer in time"
+	}
+	return "the lock connection failed"
+}
+
+// withDeadline runs f with ctx, given at most d more.
+func withDeadline(ctx context.Context, d time.Duration, f func(context.Context) error) error {
+	c, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	return f(c)
 }

@@ -4,12 +4,11 @@ import (
 	"context"
 	"crypto/md5"
 	"encoding/hex"
-	"sync/atomic"
+	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgxlisten"
-	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 )
 
@@ -25,72 +24,104 @@ func ChannelName(schema string) string {
 	return "stagedrain_" + hex.EncodeToString(sum[:])
 }
 
-// wakeHandler is the listener's handler: it only signals, never drains, so
-// the listening connection keeps reading and the NOTIFY queue never backs up.
-type wakeHandler struct {
-	wake     chan<- struct{}
-	log      *zap.Logger
-	connects atomic.Int64  // LISTENs that succeeded
-	failures atomic.Int64  // connect attempts failed in a row
-	listens  *atomic.Int64 // the Relay's count of LISTENs, for testHooks.idle
-	channel  string
+// listenerQuiet is how long the listener waits for a notification before
+// it checks that its session still answers. A connection can die without a
+// word: the server's host gone (TCP keepalives find that within about 11s,
+// see conn.go), a firewall or NAT dropping the idle flow, a stuck backend.
+// So after listenerQuiet without a notification the listener re-issues its
+// LISTEN, which changes nothing on a live session, costs the server a round
+// trip and no lock, and keeps pg_stat_activity showing what the session is
+// for. One that gets no answer within lockQueryTimeout (2s by default) is
+// closed, logged at warn, and replaced: a dead listener is found within
+// about 4s, and the reconnect drains what it may have missed.
+const listenerQuiet = 2 * time.Second
 
-	notifies, reconnects prometheus.Counter // wake-ups by cause
-}
-
-func (h *wakeHandler) HandleNotification(context.Context, *pgconn.Notification, *pgx.Conn) error {
-	h.notifies.Inc()
-	trySendWakeup(h.wake)
-	return nil
-}
-
-// HandleBacklog runs after every LISTEN, first or after a reconnect: what was
-// committed while nobody listened is drained now.
-func (h *wakeHandler) HandleBacklog(context.Context, string, *pgx.Conn) error {
-	h.failures.Store(0)
-	h.listens.Add(1)
-	if n := h.connects.Add(1); n == 1 {
-		h.log.Info("listening", zap.String("channel", h.channel))
-	} else {
-		h.log.Info("listener reconnected", zap.String("channel", h.channel), zap.Int64("reconnects", n-1))
-	}
-	h.reconnects.Inc()
-	trySendWakeup(h.wake)
-	return nil
-}
-
-// listen runs pgxlisten until ctx ends. Connection failures are retried with
-// capped exponential backoff; pgxlisten's own one-minute default delay is
-// replaced by the shortest step of that backoff.
+// listen holds a LISTEN connection until ctx ends, and replaces it when it
+// fails, after a capped exponential backoff (the first wait, after a
+// session that did LISTEN, is the shortest). Each LISTEN, first or after a
+// reconnect, is followed by a drain for what was committed while nobody
+// listened. A notification only signals the drain, never drains: the
+// listening connection keeps reading, so the NOTIFY queue never backs up.
 func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) error {
-	log := r.log.Named("listener")
-	h := &wakeHandler{wake: wake, log: log, listens: &r.listens, channel: ChannelName(r.cfg.Schema),
-		notifies: r.metrics.wakeNotify, reconnects: r.metrics.wakeReconnect}
-	l := &pgxlisten.Listener{
-		Connect: func(ctx context.Context) (*pgx.Conn, error) {
-			if n := h.failures.Load(); n > 0 && !sleep(ctx, backoff(int(n), r.cfg.MaxBackoff)) {
-				return nil, ctx.Err()
-			}
-			conn, err := pgx.ConnectConfig(ctx, r.connConfig("listener"))
-			if err != nil {
-				h.failures.Add(1)
-				return nil, err
-			}
-			return conn, nil
-		},
-		LogError: func(ctx context.Context, err error) {
-			if ctx.Err() != nil {
-				return // shutting down
-			}
-			r.metrics.errPostgres.Inc()
-			log.Warn("listener error, reconnecting", zap.Error(err), zap.Int64("attempt", h.failures.Load()))
-		},
-		ReconnectDelay: minBackoff,
+	l := &listener{r: r, log: r.log.Named("listener"), wake: wake, channel: ChannelName(r.cfg.Schema)}
+	// pg_stat_activity shows a session's last statement: this one, for the
+	// listener (tests find it by that).
+	l.listenSQL = "listen " + pgx.Identifier{l.channel}.Sanitize()
+	for attempt := 0; ; {
+		listened, err := l.session(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if listened {
+			attempt = 0
+		}
+		attempt++
+		wait := backoff(attempt, r.cfg.MaxBackoff)
+		r.metrics.errPostgres.Inc()
+		l.log.Warn("listener error, reconnecting", zap.Error(err), zap.Int("attempt", attempt), zap.Duration("wait", wait))
+		if !sleep(ctx, wait) {
+			return nil
+		}
 	}
-	l.Handle(h.channel, h)
-	err := l.Listen(ctx)
-	if ctx.Err() != nil {
-		return nil
+}
+
+type listener struct {
+	r         *Relay
+	log       *zap.Logger
+	wake      chan<- struct{}
+	channel   string
+	listenSQL string
+	connects  int64 // sessions that LISTENed
+}
+
+// session connects, LISTENs, wakes the drain, and then waits for
+// notifications until the connection fails (an error) or ctx ends (nil).
+// listened reports whether its LISTEN succeeded.
+func (l *listener) session(ctx context.Context) (listened bool, err error) {
+	conn, err := pgx.ConnectConfig(ctx, l.r.connConfig("listener"))
+	if err != nil {
+		return false, fmt.Errorf("connect: %w", err)
 	}
-	return err
+	defer func() { _ = withTimeout(ctx, time.Second, conn.Close) }()
+	timeout := lockQueryTimeout(l.r.cfg.LeaderInterval)
+	if err := l.exec(ctx, conn, timeout); err != nil {
+		return false, fmt.Errorf("listen %q: %w", l.channel, err)
+	}
+	l.r.listens.Add(1)
+	l.r.metrics.wakeReconnect.Inc()
+	if l.connects++; l.connects == 1 {
+		l.log.Info("listening", zap.String("channel", l.channel))
+	} else {
+		l.log.Info("listener reconnected", zap.String("channel", l.channel), zap.Int64("reconnects", l.connects-1))
+	}
+	trySendWakeup(l.wake)
+	for {
+		// Notifications that arrive during the LISTEN below are kept by
+		// the connection and returned by the next WaitForNotification.
+		err := withDeadline(ctx, listenerQuiet, func(ctx context.Context) error {
+			_, err := conn.WaitForNotification(ctx)
+			return err
+		})
+		switch {
+		case err == nil:
+			l.r.metrics.wakeNotify.Inc()
+			trySendWakeup(l.wake)
+		case ctx.Err() != nil:
+			return true, nil
+		case !pgconn.Timeout(err):
+			return true, fmt.Errorf("wait for notification: %w", err)
+		default:
+			if err := l.exec(ctx, conn, timeout); err != nil {
+				return true, fmt.Errorf("no answer to LISTEN after %s without a notification: %w", listenerQuiet, err)
+			}
+		}
+	}
+}
+
+// exec runs the LISTEN, given at most timeout.
+func (l *listener) exec(ctx context.Context, conn *pgx.Conn, timeout time.Duration) error {
+	return withDeadline(ctx, timeout, func(ctx context.Context) error {
+		_, err := conn.Exec(ctx, l.listenSQL)
+		return err
+	})
 }

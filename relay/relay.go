@@ -68,6 +68,11 @@ type Relay struct {
 	// gateTimeout is the lock_timeout of the leader's lock connection: the
 	// longest the gate waits for commits when the relay goes awake or idle.
 	gateTimeout time.Duration
+
+	// drainIdleInTx is the drain sessions'
+	// idle_in_transaction_session_timeout (a field so that tests can
+	// shorten it; see conn.go).
+	drainIdleInTx time.Duration
 }
 
 // testHooks are called at points tests synchronize on, in the manner of
@@ -108,8 +113,9 @@ func New(cfg Config) (*Relay, error) {
 		lockKey: "stagedrain:" + cfg.Schema,
 		version: version,
 
-		gateTimeout:  defaultGateTimeout,
-		summaryEvery: summaryEvery,
+		gateTimeout:   defaultGateTimeout,
+		summaryEvery:  summaryEvery,
+		drainIdleInTx: drainIdleInTx,
 	}
 	switch cfg.Target {
 	case TargetAsynq:
@@ -171,6 +177,10 @@ func (r *Relay) Run(ctx context.Context) error {
 	// are pushed again with the same jids. Never a lost job; the app's own
 	// commits are unaffected. This takes an fsync off every batch.
 	poolCfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+	// A batch claimed by a relay that then froze or lost its host is rolled
+	// back by PostgreSQL after drainIdleInTx, and its rows can be claimed
+	// again (see conn.go).
+	poolCfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = millis(r.drainIdleInTx)
 	poolCfg.MaxConns = 2                             // one batch pushed while the next is claimed
 	pool, err := pgxpool.NewWithConfig(ctx, poolCfg) // connects lazily
 	if err != nil {
@@ -251,7 +261,8 @@ func (r *Relay) lead(ctx context.Context, lockConn *pgx.Conn, lockMu *sync.Mutex
 	wake := make(chan struct{}, 1)
 	wake <- struct{}{} // drain at start
 	gt := &gate{mu: lockMu, conn: lockConn,
-		awakeKey: awakeLockName(r.cfg.Schema), barrierKey: barrierLockName(r.cfg.Schema)}
+		awakeKey: awakeLockName(r.cfg.Schema), barrierKey: barrierLockName(r.cfg.Schema),
+		timeout: r.gateTimeout + lockQueryTimeout(r.cfg.LeaderInterval)}
 	if r.cfg.PollOnly {
 		// Awake for good: commits never NOTIFY, since nobody listens.
 		if err := gt.wake(ctx); err != nil {
@@ -266,17 +277,6 @@ func (r *Relay) lead(ctx context.Context, lockConn *pgx.Conn, lockMu *sync.Mutex
 	g.Go(func() error { return r.keepLock(ctx, lockConn, lockMu) })
 	g.Go(func() error { r.summarize(ctx, r.summaryEvery); return nil })
 	return g.Wait()
-}
-
-// connConfig is a copy of the database config for one role, named so a DBA
-// (and stagedrain status) can tell our sessions apart in pg_stat_activity,
-// unless the URL names them already: "stagedrain <role> <host>:<pid>".
-func (r *Relay) connConfig(role string) *pgx.ConnConfig {
-	c := r.pgCfg.Copy()
-	if c.RuntimeParams["application_name"] == "" {
-		c.RuntimeParams["application_name"] = applicationName(role)
-	}
-	return c
 }
 
 // defaultGateTimeout bounds how long a commit that runs the wake trigger can

@@ -77,8 +77,9 @@ type gate struct {
 	awakeKey   string
 	barrierKey string
 	awake      bool
-	pinned     bool      // poll-only: never goes idle
-	idleAt     time.Time // when the relay last went idle, or a drain ended
+	pinned     bool          // poll-only: never goes idle
+	idleAt     time.Time     // when the relay last went idle, or a drain ended
+	timeout    time.Duration // bounds each statement: lock_timeout plus the lock connection's query timeout
 }
 
 // Each gate lock has 16 shards (two-key advisory locks: hashtext(name),
@@ -107,7 +108,10 @@ func (g *gate) wake(ctx context.Context) error {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	_, err := g.conn.Exec(ctx, gateLockSQL, g.awakeKey)
+	err := withDeadline(ctx, g.timeout, func(ctx context.Context) error {
+		_, err := g.conn.Exec(ctx, gateLockSQL, g.awakeKey)
+		return err
+	})
 	if err != nil && !isLockTimeout(err) {
 		return fmt.Errorf("%w: mark awake: %w", errLostLock, err)
 	}
@@ -139,7 +143,9 @@ func (g *gate) barrier(ctx context.Context, unlock bool) (timedOut bool, err err
 		b.Queue(gateUnlockSQL, g.awakeKey)
 	}
 	b.Queue(gateBarrierSQL, g.barrierKey)
-	err = g.conn.SendBatch(ctx, b).Close()
+	err = withDeadline(ctx, g.timeout, func(ctx context.Context) error {
+		return g.conn.SendBatch(ctx, b).Close()
+	})
 	if isLockTimeout(err) {
 		return true, nil
 	}

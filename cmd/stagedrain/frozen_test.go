@@ -1,0 +1,98 @@
+package main
+
+import (
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Two relays on one schema; the leader is frozen with SIGSTOP for 10s. Its
+// lock connection goes idle past idle_session_timeout (1.25s at the default
+// --leader-interval 500ms), PostgreSQL ends it and releases the lock, and
+// the standby, trying every 500ms jittered up to 625ms, takes over and
+// drains what was staged meanwhile: within 1.9s of the freeze, by design.
+// Woken with SIGCONT, the old leader finds its lock connection gone, steps
+// down and stands by. Every job lands exactly once.
+func TestFrozenLeaderLosesLead(t *testing.T) {
+	t.Parallel()
+	// The documented bound, and slack for a busy 2-core machine running
+	// the race detector.
+	const (
+		bound = 1250*time.Millisecond + 625*time.Millisecond
+		slack = 600 * time.Millisecond
+	)
+	e := newRelayEnv(t)
+	a := e.startRelay("relay A", "--log-level", "debug")
+	a.waitLog(rootLogger, "became leader", 15*time.Second)
+	a.waitLog(listenLogger, "listening", 15*time.Second)
+	b := e.startRelay("relay B", "--log-level", "debug")
+	b.waitLog(rootLogger, "standby: another relay is draining this schema", 15*time.Second)
+
+	jids := e.stage("FrozenJob", 5)
+	e.waitDelivered(5)
+	a.waitLog(drainLogger, "batch drained", 5*time.Second)
+
+	frozen := time.Now()
+	a.signal(syscall.SIGSTOP)
+	drainedByA := a.count(drainLogger, "batch drained")
+	jids = append(jids, e.stage("FrozenJob", 5)...)
+
+	leader := b.waitLog(rootLogger, "became leader", 15*time.Second)
+	e.waitDelivered(10)
+	drained := b.waitLog(drainLogger, "batch drained", 5*time.Second)
+	leaderAt, err := leader.time()
+	if err != nil {
+		t.Fatalf("B's \"became leader\" line: %v", err)
+	}
+	drainedAt, err := drained.time()
+	if err != nil {
+		t.Fatalf("B's \"batch drained\" line: %v", err)
+	}
+	takeover, delivered := leaderAt.Sub(frozen), drainedAt.Sub(frozen)
+	t.Logf("takeover: B became leader %s after A was frozen, and drained the jobs staged meanwhile %s after", takeover, delivered)
+	if takeover <= 0 || takeover > bound+slack {
+		t.Errorf("B became leader %s after A was frozen, want within %s (%s and %s of slack)", takeover, bound+slack, bound, slack)
+	}
+	if delivered > bound+2*slack {
+		t.Errorf("B drained the jobs staged during the freeze %s after it, want within %s", delivered, bound+2*slack)
+	}
+
+	// The freeze itself is the scenario: A stays stopped for 10s in all.
+	<-time.After(time.Until(frozen.Add(10 * time.Second)))
+	a.signal(syscall.SIGCONT)
+	stepped := a.waitLog(rootLogger, "stepped down", 15*time.Second)
+	t.Logf("A woke up and stepped down: %s", stepped.raw)
+	if reason := stepped.str("reason"); !strings.Contains(reason, "idle_session_timeout") {
+		t.Errorf("A stepped down with reason %q (error %q), want it to name idle_session_timeout", reason, stepped.str("error"))
+	}
+	standby := a.waitLog(rootLogger, "standby: another relay is draining this schema", 15*time.Second)
+	if standby.index < stepped.index {
+		t.Errorf("A said \"standby\" before it stepped down; output:\n%s", a.output())
+	}
+
+	// Staged after A stood by: B delivers them.
+	jids = append(jids, e.stage("FrozenJob", 5)...)
+	e.waitDelivered(15)
+	if n := a.count(drainLogger, "batch drained"); n != drainedByA {
+		t.Errorf("A drained %d batches after it was frozen, want none; output:\n%s", n-drainedByA, a.output())
+	}
+	if n := b.count(rootLogger, "stepped down"); n != 0 {
+		t.Errorf("B stepped down %d times, want never; output:\n%s", n, b.output())
+	}
+	seen := make(map[string]int)
+	for _, j := range e.queue() {
+		jid, _ := j["jid"].(string)
+		seen[jid]++
+	}
+	for _, jid := range jids {
+		if seen[jid] != 1 {
+			t.Errorf("job %s is in the queue %d times, want once", jid, seen[jid])
+		}
+	}
+	if len(seen) != len(jids) {
+		t.Errorf("queue holds jids %v, want exactly %v", keys(seen), jids)
+	}
+	checkAllJSON(t, a)
+	checkAllJSON(t, b)
+}

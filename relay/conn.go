@@ -1,0 +1,105 @@
+package relay
+
+import (
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// How the relay's PostgreSQL sessions notice that the other end is gone,
+// and how soon. A relay that dies closes its connections, and PostgreSQL
+// releases what they held at once; one that is frozen (SIGSTOP, a long VM
+// pause) or whose host vanishes closes nothing, so each session kind has a
+// bound of its own:
+//
+//   - Every connection keeps TCP alive from both ends: the relay's socket
+//     probes after KeepAlive's Idle of silence (a vanished PostgreSQL host is
+//     found within about 11s), and the server's socket does the same
+//     (tcp_keepalives_*, unless the URL sets them), which frees the sessions
+//     of a vanished relay host. A connect gives up after connectTimeout
+//     unless the URL sets connect_timeout.
+//   - The lock connection ("leader", leader.go) has idle_session_timeout
+//     lockIdleTimeout: a leader that stops pinging it loses the session, and
+//     with it the leader lock and the gate's locks, so a standby takes over.
+//   - The drain pool's sessions ("drain") have
+//     idle_in_transaction_session_timeout drainIdleInTx: a batch claimed by
+//     a relay that then froze is rolled back, and its rows can be claimed
+//     again.
+//   - The listener (listen.go) re-issues its LISTEN after listenerQuiet
+//     without a notification, and is replaced when that gets no answer.
+
+const (
+	// connectTimeout bounds a connect (TCP, TLS, authentication) unless the
+	// URL sets connect_timeout.
+	connectTimeout = 10 * time.Second
+
+	// drainIdleInTx is the drain sessions' idle_in_transaction_session_timeout.
+	// A batch's transaction is idle while its jobs are pushed to Redis (or,
+	// for the batch claimed ahead, while the one before it is pushed and
+	// committed): milliseconds normally, and at most about 21s for a push
+	// that go-redis gives up on (two tries, each a 5s dial and a 5s read,
+	// as stagedrain run configures it), so 30s ends only a batch whose
+	// relay is gone or frozen. Its rows can then be claimed again; a push
+	// that did reach Redis before is repeated with the same jids.
+	drainIdleInTx = 30 * time.Second
+)
+
+// KeepAlive is the TCP keepalive policy of every connection the relay
+// opens to PostgreSQL: probe after 5s of silence, then every 2s, and give
+// up after 3 probes unanswered, so a peer that vanished is found within
+// about 11s. stagedrain run dials Redis with it too.
+func KeepAlive() net.KeepAliveConfig {
+	return net.KeepAliveConfig{Enable: true, Idle: 5 * time.Second, Interval: 2 * time.Second, Count: 3}
+}
+
+// lockIdleTimeout is the lock connection's idle_session_timeout: 2.5 x
+// LeaderInterval (1.25s by default), at least 1s. The leader pings the
+// connection every LeaderInterval/2, jittered by up to 25% (at most 312ms
+// by default), and a standby tries for the lock every LeaderInterval
+// (at most 625ms), so a healthy relay leaves it idle for at most half the
+// timeout and has the rest (about 0.9s) as slack for a slow scheduler. A
+// frozen leader loses the lock within lockIdleTimeout of its last ping,
+// and a standby takes it within another 1.25 x LeaderInterval: 1.9s at
+// most by default.
+func lockIdleTimeout(leaderInterval time.Duration) time.Duration {
+	return max(leaderInterval*5/2, time.Second)
+}
+
+// lockQueryTimeout bounds every statement on the lock connection: a ping,
+// a try for the lock, the gate's locks, the schema version check. One that
+// takes longer means the connection (or the server) is stuck: the leader
+// steps down.
+func lockQueryTimeout(leaderInterval time.Duration) time.Duration {
+	return max(2*time.Second, 4*leaderInterval)
+}
+
+// connConfig is a copy of the database config for one role: named so a DBA
+// (and stagedrain status) can tell our sessions apart in pg_stat_activity,
+// unless the URL names them already ("stagedrain <role> <host>:<pid>"), and
+// with keepalives and a connect timeout (see above).
+func (r *Relay) connConfig(role string) *pgx.ConnConfig {
+	c := r.pgCfg.Copy()
+	if c.RuntimeParams["application_name"] == "" {
+		c.RuntimeParams["application_name"] = applicationName(role)
+	}
+	if c.ConnectTimeout == 0 {
+		c.ConnectTimeout = connectTimeout
+	}
+	ka := KeepAlive()
+	c.DialFunc = (&net.Dialer{Timeout: c.ConnectTimeout, KeepAliveConfig: ka}).DialContext
+	for name, v := range map[string]int{
+		"tcp_keepalives_idle":     int(ka.Idle / time.Second),
+		"tcp_keepalives_interval": int(ka.Interval / time.Second),
+		"tcp_keepalives_count":    ka.Count,
+	} {
+		if c.RuntimeParams[name] == "" {
+			c.RuntimeParams[name] = strconv.Itoa(v)
+		}
+	}
+	return c
+}
+
+// millis is d as a PostgreSQL time setting in milliseconds.
+func millis(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }

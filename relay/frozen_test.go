@@ -1,0 +1,142 @@
+package relay_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/stagedrain/stagedrain/relay"
+	"github.com/stagedrain/stagedrain/relay/internal/testenv"
+)
+
+// A batch whose relay stops between claim and commit (frozen, or cut off)
+// is rolled back by PostgreSQL after the drain sessions'
+// idle_in_transaction_session_timeout: its rows can be claimed again while
+// the relay still holds the batch. Here the relay's own push is held until
+// another session can lock every row it claimed; its commit then fails, and
+// the rows, claimed again, are deleted and not pushed again (the handoff
+// record says they were delivered): each job once, nothing lost.
+func TestFrozenBatchIsRolledBack(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	r, err := relay.New(h.config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay.SetDrainIdleInTx(r, 300*time.Millisecond)
+	jids := h.stageMany(relay.Job{Name: "A"}, relay.Job{Name: "B"}, relay.Job{Name: "C"})
+	claimable := fmt.Sprintf("SELECT count(*) FROM (SELECT id FROM %s FOR UPDATE SKIP LOCKED) s",
+		pgx.Identifier{h.schema, "staged_jobs"}.Sanitize())
+	var pushes atomic.Int32
+	holding, release := make(chan struct{}), make(chan struct{})
+	var releaseOnce sync.Once
+	unblock := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(unblock) // before the relay's own cleanup, which waits for Run
+	relay.SetAfterPush(r, func(context.Context) error {
+		if pushes.Add(1) == 1 {
+			close(holding)
+			<-release
+		}
+		return nil
+	})
+	h.run(r)
+
+	select {
+	case <-holding:
+	case <-time.After(15 * time.Second):
+		t.Fatalf("the batch was not pushed within 15s; logs: %v", messages(h.logs))
+	}
+	// The claim deleted the rows in a transaction of its own; until
+	// PostgreSQL ends it, another session skips them as locked.
+	testenv.WaitFor(t, 10*time.Second, "the held batch's rows to be claimable by another session", func() (bool, string) {
+		var n int
+		err := pgx.BeginFunc(context.Background(), h.conn, func(tx pgx.Tx) error {
+			return tx.QueryRow(context.Background(), claimable).Scan(&n)
+		})
+		return err == nil && n == len(jids), fmt.Sprintf("%d of %d rows claimable (%v)", n, len(jids), err)
+	})
+	unblock()
+
+	h.waitLog("batch failed, retrying", 1)
+	h.waitStaged(0)
+	h.waitRecordEmpty()
+	if got := h.queueJIDs("default"); !slices.Equal(got, jids) {
+		t.Fatalf("delivered %v, want %v: the held batch once", got, jids)
+	}
+	failed := h.logs.FilterMessage("batch failed, retrying").All()[0]
+	if msg := fmt.Sprint(failed.ContextMap()["error"]); !strings.Contains(msg, "25P03") {
+		t.Errorf("the held batch failed with %q, want PostgreSQL's idle-in-transaction timeout (SQLSTATE 25P03)", msg)
+	}
+}
+
+// A listener whose connection stops answering (its backend frozen, as a
+// vanished host or a dropped flow would look) is noticed, logged at warn
+// and replaced, and the new one is woken by the next commit's NOTIFY.
+func TestSilentListenerIsReplaced(t *testing.T) {
+	t.Parallel()
+	pg := testenv.StartPostgres(t)
+	h := &harness{t: t, schema: "jobs"}
+	h.rdb, h.ns = testenv.Redis(t)
+	h.conn = testenv.Conn(t, pg.URL())
+	if _, err := relay.Migrate(context.Background(), h.conn, h.schema); err != nil {
+		t.Fatal(err)
+	}
+	h.stager = relay.NewStager(h.schema)
+	cfg := h.config()
+	cfg.DatabaseURL = pg.URL()
+	cfg.PollInterval = time.Minute
+	_, idle := h.startSignaled(cfg)
+	h.waitIdleAfterListen(idle)
+
+	var pid int
+	err := h.conn.QueryRow(context.Background(), `SELECT pid FROM pg_stat_activity WHERE query = $1`,
+		"listen "+pgx.Identifier{relay.ChannelName(h.schema)}.Sanitize()).Scan(&pid)
+	if err != nil {
+		t.Fatalf("find the listener's backend: %v", err)
+	}
+	stopped := time.Now()
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatalf("SIGSTOP backend %d: %v", pid, err)
+	}
+	// Registered after StartPostgres, so it runs before the server stops:
+	// a stopped backend would hold up its shutdown.
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGCONT) })
+
+	h.waitLog("listener error, reconnecting", 1)
+	noticed := h.logs.FilterMessage("listener error, reconnecting").All()[0]
+	t.Logf("the listener noticed its backend stopped after %s: %v", noticed.Time.Sub(stopped), noticed.ContextMap()["error"])
+	if d := noticed.Time.Sub(stopped); d > 10*time.Second {
+		t.Errorf("the listener noticed its backend stopped after %s, want within 10s (2s quiet, 2s for an answer)", d)
+	}
+	if noticed.Level.String() != "warn" {
+		t.Errorf("%q logged at %s, want warn", noticed.Message, noticed.Level)
+	}
+	h.waitLog("listener reconnected", 1)
+	// Once the drain after the new LISTEN has gone idle, only a
+	// notification to the new listener (or the poll, a minute away) can
+	// deliver a job.
+	for timeout := time.After(15 * time.Second); ; {
+		select {
+		case n := <-idle:
+			if n < 2 {
+				continue
+			}
+		case <-timeout:
+			t.Fatalf("the relay did not go idle after its second LISTEN within 15s; logs: %v", messages(h.logs))
+		}
+		break
+	}
+	jid := h.stage(relay.Job{Name: "AfterReconnect"})
+	h.waitQueueLen("default", 1, 10*time.Second)
+	if got := h.queueJIDs("default"); got[0] != jid {
+		t.Fatalf("delivered %v, want %s", got, jid)
+	}
+}
