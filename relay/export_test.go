@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"testing"
 	"time"
 )
 
@@ -24,3 +25,7 @@ var (
 
 // SetSummaryEvery sets how often r logs its summary line (default 10s).
 func SetSummaryEvery(r *Relay, d time.Duration) { r.summaryEvery = d }
+
+// ReadmeGrants returns the GRANTs of the README's "Least-privilege role"
+// block, for schema and role.
+func ReadmeGrants(t testing.TB, schema, role string) []string { return readmeGrants(t, schema, role) }
