@@ -1,11 +1,13 @@
 package relay
 
 import (
+	"cmp"
 	"net/url"
 	"strings"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
 // Whatever else a connection string holds, its password never shows in what
@@ -48,19 +50,70 @@ func FuzzDatabaseURLNeverShowsPassword(f *testing.F) {
 	})
 }
 
+// noMaintNotifications keeps redis.NewClient from resolving the client's
+// host name as it builds the client (go-redis does, to pick an endpoint
+// type for maintenance notifications): with fuzzed host names and no DNS
+// server to answer, each lookup waits for its timeout (up to 2s), and a
+// fuzz run stalls at 0 execs/s.
+func noMaintNotifications(o *redis.Options) *redis.Options {
+	o.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+	return o
+}
+
 // DescribeRedis names a client's target as host:port/db and never its
 // password or user name's secret.
 func FuzzDescribeRedisNeverShowsPassword(f *testing.F) {
 	f.Add("s3cret-pw", "127.0.0.1:6379", 3)
 	f.Add("p@ss:word", "[::1]:6380", 0)
+	f.Add("hunter22", "redis.internal:6380", 1)
 	f.Fuzz(func(t *testing.T, password, addr string, db int) {
 		if len(password) < 6 || strings.Contains(addr, password) {
 			return // too short to tell a leak from a coincidence
 		}
-		rdb := redis.NewClient(&redis.Options{Addr: addr, Password: password, DB: db})
+		rdb := redis.NewClient(noMaintNotifications(&redis.Options{Addr: addr, Password: password, DB: db}))
 		defer rdb.Close()
 		if s := DescribeRedis(rdb); strings.Contains(s, password) {
 			t.Fatalf("DescribeRedis = %q shows the password", s)
+		}
+	})
+}
+
+// A redis:// or rediss:// URL that go-redis parses is described without its
+// password, and rediss:// always means TLS with the certificate checked
+// against the URL's host (unless skip_verify says otherwise).
+func FuzzRedisURLNeverShowsPassword(f *testing.F) {
+	f.Add("s3cret-pw", "user", "127.0.0.1:6380", "/2", "", true)
+	f.Add("p@ss:word/x", "", "redis.internal", "", "skip_verify=true", true)
+	f.Add("hunter22", "default", "[::1]:6379", "/0", "dial_timeout=3s&db=4", false)
+	f.Fuzz(func(t *testing.T, password, user, host, path, query string, tls bool) {
+		if len(password) < 6 || strings.Contains(user+host+path+query, password) {
+			return // too short to tell a leak from a coincidence
+		}
+		u := url.URL{Scheme: "redis", User: url.UserPassword(user, password), Host: host, Path: path, RawQuery: query}
+		if tls {
+			u.Scheme = "rediss"
+		}
+		o, err := redis.ParseURL(u.String())
+		if err != nil {
+			return // the CLI says only that it cannot be parsed
+		}
+		if o.Password != password {
+			t.Fatalf("ParseURL(%q) read password %q, want %q", u.String(), o.Password, password)
+		}
+		if tls != (o.TLSConfig != nil) {
+			t.Fatalf("ParseURL(%q): TLSConfig %v, want TLS %v", u.String(), o.TLSConfig, tls)
+		}
+		if tls && !o.TLSConfig.InsecureSkipVerify {
+			pu, _ := url.Parse(u.String()) // as ParseURL read it
+			want := cmp.Or(pu.Hostname(), "localhost")
+			if o.TLSConfig.ServerName != want {
+				t.Fatalf("ParseURL(%q): TLS checks the certificate for %q, want %q", u.String(), o.TLSConfig.ServerName, want)
+			}
+		}
+		rdb := redis.NewClient(noMaintNotifications(o))
+		defer rdb.Close()
+		if s := DescribeRedis(rdb); strings.Contains(s, password) || strings.Contains(s, url.QueryEscape(password)) {
+			t.Fatalf("DescribeRedis = %q shows the password of %q", s, u.String())
 		}
 	})
 }

@@ -231,7 +231,7 @@ func runCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	ropts, err := redis.ParseURL(c.redisURL)
 	if err != nil {
-		return usagef("run: %s cannot be parsed (want redis://[user:password@]host:port/db)", f.source("redis-url"))
+		return usagef("run: %s cannot be parsed (want redis://[user:password@]host:port/db, or rediss:// for TLS)", f.source("redis-url"))
 	}
 	ropts.ClientName = "stagedrain"
 	ropts.DisableIdentity = true // CLIENT SETINFO is unknown to Redis < 7.2
