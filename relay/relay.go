@@ -109,9 +109,9 @@ func New(cfg Config) (*Relay, error) {
 // database, a schema that Migrate has not brought up to this version
 // (ErrNotMigrated), or one a newer stagedrain has migrated past it
 // (ErrSchemaTooNew), a role without a privilege the relay needs
-// (ErrPermission: checked at start, and fatal when refused later); or, at start, before it campaigns to lead, a Redis
-// that refuses its credentials or DB (mid-run, such refusals are logged at
-// error and retried).
+// (ErrPermission: checked at start, and fatal when refused later); or, at
+// start, before it campaigns to lead, a Redis that refuses its credentials
+// or DB (mid-run, such refusals are logged at error and retried).
 //
 // A Relay runs one Run at a time; to run standbys, create more Relays (in
 // other processes, normally).
