@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -44,3 +45,7 @@ func SetDrainIdleInTx(r *Relay, d time.Duration) { r.drainIdleInTx = d }
 // ConnConfig is the connection config r uses for role ("leader",
 // "listener", "drain"), before what each adds of its own.
 func ConnConfig(r *Relay, role string) *pgx.ConnConfig { return r.connConfig(role) }
+
+// ReadmeGrants returns the GRANTs of the README's "Least-privilege role"
+// block, for schema and role.
+func ReadmeGrants(t testing.TB, schema, role string) []string { return readmeGrants(t, schema, role) }

@@ -139,9 +139,10 @@ func New(cfg Config) (*Relay, error) {
 // an error only for what waiting cannot fix: rejected credentials, a missing
 // database, a schema that Migrate has not brought up to this version
 // (ErrNotMigrated), or one a newer stagedrain has migrated past it
-// (ErrSchemaTooNew); or, at start, before it campaigns to lead, a Redis
-// that refuses its credentials or DB (mid-run, such refusals are logged at
-// error and retried).
+// (ErrSchemaTooNew), a role without a privilege the relay needs
+// (ErrPermission: checked at start, and fatal when refused later); or, at
+// start, before it campaigns to lead, a Redis that refuses its credentials
+// or DB (mid-run, such refusals are logged at error and retried).
 //
 // A Relay runs one Run at a time; to run standbys, create more Relays (in
 // other processes, normally).
@@ -199,12 +200,12 @@ func (r *Relay) Run(ctx context.Context) error {
 		r.state.failed(err)
 		r.metrics.sessionFailed(err)
 		if isFatal(err) {
-			return err
+			return explainPermission(err)
 		}
 		// Only a session that stayed up for a while (it led or stood by)
 		// restarts the backoff: one that fails right after connecting (say,
-		// permission denied on the table) would otherwise retry every 100ms
-		// forever.
+		// its version check timing out on a lock a migration holds) would
+		// otherwise retry every 100ms for as long as that lasts.
 		if !connected.IsZero() && time.Since(connected) >= healthySession {
 			attempt = 0
 		}
@@ -300,7 +301,7 @@ var (
 
 // isFatal reports whether err is one that retrying cannot fix.
 func isFatal(err error) bool {
-	if errors.Is(err, ErrNotMigrated) || errors.Is(err, ErrSchemaTooNew) {
+	if errors.Is(err, ErrNotMigrated) || errors.Is(err, ErrSchemaTooNew) || errors.Is(err, ErrPermission) {
 		return true
 	}
 	var pgErr *pgconn.PgError
@@ -311,6 +312,8 @@ func isFatal(err error) bool {
 		case pgErr.Code == "3D000": // database does not exist
 			return true
 		case pgErr.Code == "42P01" || pgErr.Code == "3F000": // table or schema gone
+			return true
+		case pgErr.Code == "42501": // insufficient_privilege: needs a GRANT
 			return true
 		}
 	}

@@ -87,7 +87,7 @@ func (c *benchFlags) config(f *flagSet) (benchConfig, error) {
 		return benchConfig{}, usagef("bench: %s: %s", f.source("database-url"), err)
 	}
 	if _, err := redis.ParseURL(c.redisURL); err != nil {
-		return benchConfig{}, usagef("bench: %s cannot be parsed (want redis://[user:password@]host:port/db)", f.source("redis-url"))
+		return benchConfig{}, usagef("bench: %s cannot be parsed (want redis://[user:password@]host:port/db, or rediss:// for TLS)", f.source("redis-url"))
 	}
 	set := make(map[string]bool)
 	f.fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })

@@ -80,6 +80,7 @@ func TestUsageErrors(t *testing.T) {
 		{"argument after flags", []string{"migrate", "--database-url", db, "extra"}, []string{`unexpected argument "extra"`}},
 		{"argument of version", []string{"version", "now"}, []string{`unexpected argument "now"`}},
 		{"flag without value", []string{"run", "--database-url"}, []string{"database-url"}},
+		{"flag with a line break", []string{"run", "--database-url", db, "--bo\ngus\u2028"}, []string{`--bo\ngus\u2028`}},
 
 		{"missing database url, run", []string{"run"}, []string{"--database-url", "$DATABASE_URL"}},
 		{"missing database url, migrate", []string{"migrate"}, []string{"--database-url", "$DATABASE_URL"}},

@@ -216,46 +216,38 @@ func newRunFlags() (*flagSet, *runFlags) {
 	return f, c
 }
 
-func runCmd(ctx context.Context, args []string, stdout io.Writer) error {
-	f, c := newRunFlags()
-	if err := f.parse(args, stdout); err != nil {
-		return err
-	}
+// config checks run's flags and returns the relay's configuration, but
+// for its Redis client and logger, and the options of that client. It
+// connects to nothing.
+func (c *runFlags) config(f *flagSet) (relay.Config, *redis.Options, error) {
 	if err := c.check(f); err != nil {
-		return err
+		return relay.Config{}, nil, err
 	}
 	// relay.Config reads 0 as "the default"; on the command line 0 is a
 	// mistake, so say so instead.
 	if c.batchSize < 1 {
-		return usagef("run: %s must be between 1 and 100000, got %d", f.source("batch-size"), c.batchSize)
+		return relay.Config{}, nil, usagef("run: %s must be between 1 and 100000, got %d", f.source("batch-size"), c.batchSize)
 	}
 	if c.maxPayloadBytes < 1 {
-		return usagef("run: %s must be positive, got %d", f.source("max-payload-bytes"), c.maxPayloadBytes)
+		return relay.Config{}, nil, usagef("run: %s must be positive, got %d", f.source("max-payload-bytes"), c.maxPayloadBytes)
 	}
-	for name, d := range map[string]time.Duration{
-		"poll-interval": c.pollInterval, "leader-interval": c.leaderInterval,
-		"max-backoff": c.maxBackoff, "shutdown-timeout": c.shutdownTimeout,
+	for _, d := range []struct {
+		name string
+		d    time.Duration
+	}{
+		{"poll-interval", c.pollInterval}, {"leader-interval", c.leaderInterval},
+		{"max-backoff", c.maxBackoff}, {"shutdown-timeout", c.shutdownTimeout},
 	} {
-		if d <= 0 {
-			return usagef("run: %s must be positive, got %s", f.source(name), d)
+		if d.d <= 0 {
+			return relay.Config{}, nil, usagef("run: %s must be positive, got %s", f.source(d.name), d.d)
 		}
 	}
 	ropts, err := runRedisOptions(c.redisURL)
 	if err != nil {
-		return usagef("run: %s cannot be parsed (want redis://[user:password@]host:port/db)", f.source("redis-url"))
+		return relay.Config{}, nil, usagef("run: %s cannot be parsed (want redis://[user:password@]host:port/db, or rediss:// for TLS)", f.source("redis-url"))
 	}
-	log, err := c.logger("run", stdout)
-	if err != nil {
-		return err
-	}
-	defer log.Sync() //nolint:errcheck // stdout
-	warnUnknownEnv(log)
-
-	rdb := redis.NewClient(ropts)
-	defer rdb.Close()
-	r, err := relay.New(relay.Config{
+	cfg := relay.Config{
 		DatabaseURL:     c.databaseURL,
-		Redis:           rdb,
 		Schema:          c.schema,
 		Target:          relay.Target(c.target),
 		RedisNamespace:  c.redisNamespace,
@@ -268,14 +260,42 @@ func runCmd(ctx context.Context, args []string, stdout io.Writer) error {
 		ShutdownTimeout: c.shutdownTimeout,
 		MaxPayloadBytes: c.maxPayloadBytes,
 		PollOnly:        c.pollOnly,
-		Logger:          log,
-	})
-	if err != nil {
+	}
+	// Validate only checks that a client is set; the caller makes it.
+	check := cfg
+	check.Redis = (*redis.Client)(nil)
+	if err := check.WithDefaults().Validate(); err != nil {
 		var fe *relay.FieldError
 		if errors.As(err, &fe) && flagOfField[fe.Field] != "" {
-			return usagef("run: %s %s", f.source(flagOfField[fe.Field]), fe.Reason)
+			return relay.Config{}, nil, usagef("run: %s %s", f.source(flagOfField[fe.Field]), fe.Reason)
 		}
+		return relay.Config{}, nil, err
+	}
+	return cfg, ropts, nil
+}
+
+func runCmd(ctx context.Context, args []string, stdout io.Writer) error {
+	f, c := newRunFlags()
+	if err := f.parse(args, stdout); err != nil {
 		return err
+	}
+	cfg, ropts, err := c.config(f)
+	if err != nil {
+		return err
+	}
+	log, err := c.logger("run", stdout)
+	if err != nil {
+		return err
+	}
+	defer log.Sync() //nolint:errcheck // stdout
+	warnUnknownEnv(log)
+
+	rdb := redis.NewClient(ropts)
+	defer rdb.Close()
+	cfg.Redis, cfg.Logger = rdb, log
+	r, err := relay.New(cfg)
+	if err != nil {
+		return err // config checked it
 	}
 	// Listen before migrating, so that /healthz answers (and /readyz says
 	// "starting") while --migrate waits for PostgreSQL.

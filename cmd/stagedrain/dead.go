@@ -74,26 +74,9 @@ func deadCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	if err := c.check(f); err != nil {
 		return err
 	}
-	ids, err := parseIDs(f)
+	ids, olderThan, err := c.targets(f)
 	if err != nil {
 		return err
-	}
-	var olderThan time.Duration
-	if c.olderThan != "" {
-		if olderThan, err = parseAge(c.olderThan); err != nil {
-			return usagef("%s: --older-than %s", f.cmd, err)
-		}
-	}
-	if f.operands != "" {
-		chosen := 0
-		for _, set := range []bool{len(ids) > 0, c.all, c.olderThan != ""} {
-			if set {
-				chosen++
-			}
-		}
-		if chosen != 1 {
-			return usagef("%s: give exactly one of %s (see 'stagedrain %s --help')", f.cmd, f.operands, f.cmd)
-		}
 	}
 
 	conn, err := pgx.Connect(ctx, c.databaseURL)
@@ -114,6 +97,31 @@ func deadCmd(ctx context.Context, args []string, stdout io.Writer) error {
 		return fmt.Errorf("%s: %w", f.cmd, err)
 	}
 	return nil
+}
+
+// targets checks which rows the command acts on: the ids given as
+// operands, or --all, or --older-than (exactly one, for retry and purge).
+func (c *deadFlags) targets(f *flagSet) (ids []int64, olderThan time.Duration, err error) {
+	if ids, err = parseIDs(f); err != nil {
+		return nil, 0, err
+	}
+	if c.olderThan != "" {
+		if olderThan, err = parseAge(c.olderThan); err != nil {
+			return nil, 0, usagef("%s: --older-than %s", f.cmd, err)
+		}
+	}
+	if f.operands != "" {
+		chosen := 0
+		for _, set := range []bool{len(ids) > 0, c.all, c.olderThan != ""} {
+			if set {
+				chosen++
+			}
+		}
+		if chosen != 1 {
+			return nil, 0, usagef("%s: give exactly one of %s (see 'stagedrain %s --help')", f.cmd, f.operands, f.cmd)
+		}
+	}
+	return ids, olderThan, nil
 }
 
 // parseIDs parses the operands as row ids.

@@ -22,7 +22,10 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
 	"syscall"
+	"unicode"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -43,6 +46,23 @@ func (silentRedisLog) Printf(context.Context, string, ...any) {}
 type usageError struct{ msg string }
 
 func (e *usageError) Error() string { return e.msg }
+
+// usageLine is how run prints a usage error: one line, even where the
+// message names an argument as given (the flag package's do, unquoted), with
+// control characters and line separators escaped as Go quotes them.
+func usageLine(ue *usageError) string {
+	var b strings.Builder
+	b.WriteString("stagedrain: ")
+	for _, r := range ue.msg {
+		if unicode.IsControl(r) || r == '\u2028' || r == '\u2029' {
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+		} else {
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
 
 func usagef(format string, args ...any) error {
 	return &usageError{msg: fmt.Sprintf(format, args...)}
@@ -85,7 +105,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	default:
 		var ue *usageError
 		if errors.As(err, &ue) {
-			fmt.Fprintf(stderr, "stagedrain: %s\n", ue.msg)
+			fmt.Fprintln(stderr, usageLine(ue))
 			return 2
 		}
 		fmt.Fprintf(stderr, "stagedrain: %s\n", oneLine(err.Error()))

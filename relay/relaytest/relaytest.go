@@ -8,7 +8,8 @@
 //     test can then read the jobs from Redis as its workers would;
 //   - Schema, Conn, RedisNamespace and WaitFor give each test its own schema
 //     and Redis key namespace on shared servers, so tests run in parallel,
-//     and wait on a condition with a deadline instead of sleeping.
+//     and wait on a condition with a deadline instead of sleeping; Role, a
+//     database role of its own, to run the relay with only what it needs.
 //
 // Failures are reported through the testing.TB given, with what was
 // expected and what was seen.
@@ -37,6 +38,17 @@ func Schema(t testing.TB, databaseURL string) string {
 func SchemaNamed(t testing.TB, databaseURL, schema string) string {
 	t.Helper()
 	return testenv.SchemaNamedIn(t, databaseURL, schema)
+}
+
+// Role creates a LOGIN role that no other test uses, with no privileges,
+// in the cluster of databaseURL (a postgres:// URL), and returns its name,
+// to GRANT it what the test needs, and databaseURL with that role as user
+// (the server must let it in without a password: trust auth, as test
+// servers have). When the test ends, failed or not, its sessions are
+// ended, its privileges revoked and the role dropped.
+func Role(t testing.TB, databaseURL string) (role, roleURL string) {
+	t.Helper()
+	return testenv.RoleIn(t, databaseURL, "relaytest_role_")
 }
 
 // Conn opens a connection to databaseURL, closed when the test ends.

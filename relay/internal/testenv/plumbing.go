@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"net/url"
 	"testing"
 	"time"
 
@@ -100,4 +101,49 @@ func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() (bool
 		}
 		time.Sleep(10 * time.Millisecond) // polling a condition, not waiting for readiness
 	}
+}
+
+// RoleIn creates a LOGIN role (prefix + random hex) that no other test uses,
+// with no privileges, in the cluster of databaseURL, and returns its name
+// and databaseURL (a postgres:// URL) with that role as user. Roles are
+// cluster-wide: when the test ends, failed or not, the role's privileges in
+// the database are revoked, its sessions ended and the role dropped.
+func RoleIn(t testing.TB, databaseURL, prefix string) (role, roleURL string) {
+	t.Helper()
+	u, err := url.Parse(databaseURL)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		t.Fatalf("relaytest: a role's URL needs a postgres:// database URL, got one that is not")
+	}
+	role = Name(prefix)
+	quoted := pgx.Identifier{role}.Sanitize()
+	conn := ConnTo(t, databaseURL)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := conn.Exec(ctx, "CREATE ROLE "+quoted+" LOGIN"); err != nil {
+		t.Fatalf("relaytest: create role %s: %v", role, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, databaseURL)
+		if err != nil {
+			t.Errorf("relaytest: drop role %s: %v", role, err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1", role); err != nil {
+			t.Errorf("relaytest: end the sessions of role %s: %v", role, err)
+		}
+		for _, sql := range []string{
+			"DROP OWNED BY " + quoted, // its privileges here; it owns nothing
+			"DROP ROLE " + quoted,
+		} {
+			if _, err := conn.Exec(ctx, sql); err != nil {
+				t.Errorf("relaytest: drop role %s: %v", role, err)
+				return
+			}
+		}
+	})
+	u.User = url.User(role)
+	return role, u.String()
 }
