@@ -215,3 +215,79 @@ func TestPollOnlyNeitherListensNorIsNotified(t *testing.T) {
 		t.Fatalf("delivered %v, want %s", got, jid)
 	}
 }
+
+// The trigger (migration 005) holds no gate lock when it notifies, so a
+// notifying commit never makes the relay wait, going awake or idle; when
+// the relay is awake it holds only 'barrier', shared, to the end of the
+// transaction, and does not notify. Checked on the trigger itself, fired at
+// INSERT with SET CONSTRAINTS ALL IMMEDIATE, through pg_locks.
+func TestTriggerHoldsNoGateLockWhenItNotifies(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := testenv.Schema(t)
+	app := testenv.Conn(t, testenv.DatabaseURL())
+	if _, err := relay.Migrate(ctx, app, schema); err != nil {
+		t.Fatal(err)
+	}
+	listener := testenv.Conn(t, testenv.DatabaseURL())
+	if _, err := listener.Exec(ctx, "LISTEN "+pgx.Identifier{relay.ChannelName(schema)}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	stager := relay.NewStager(schema)
+	// fire stages a job with the trigger run at once, and returns the
+	// advisory locks the transaction holds after it, then commits.
+	fire := func() []string {
+		t.Helper()
+		var held []string
+		err := pgx.BeginFunc(ctx, app, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "SET CONSTRAINTS ALL IMMEDIATE"); err != nil {
+				return err
+			}
+			if _, err := stager.Stage(ctx, tx, relay.Job{Name: "Look"}); err != nil {
+				return err
+			}
+			// Two-key advisory locks show their first key as classid.
+			rows, err := tx.Query(ctx, `SELECT CASE classid
+					WHEN hashtext($1)::oid THEN 'awake'
+					WHEN hashtext($2)::oid THEN 'barrier' ELSE 'other' END || ' ' || mode
+				FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() ORDER BY 1`,
+				relay.AwakeLockName(schema), relay.BarrierLockName(schema))
+			if err != nil {
+				return err
+			}
+			held, err = pgx.CollectRows(rows, pgx.RowTo[string])
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return held
+	}
+	notified := func() bool {
+		c, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		defer cancel()
+		_, err := listener.WaitForNotification(c)
+		return err == nil
+	}
+
+	// Idle: nobody holds 'awake'.
+	if held := fire(); len(held) != 0 {
+		t.Fatalf("a commit that found the relay idle holds %v, want no gate lock", held)
+	}
+	if !notified() {
+		t.Fatal("a commit that found the relay idle did not notify")
+	}
+
+	// Awake: another session (the relay) holds every shard of 'awake'.
+	relayConn := testenv.Conn(t, testenv.DatabaseURL())
+	if _, err := relayConn.Exec(ctx, `SELECT pg_advisory_lock(hashtext($1), s) FROM generate_series(0, 15) s`,
+		relay.AwakeLockName(schema)); err != nil {
+		t.Fatal(err)
+	}
+	if held := fire(); len(held) != 1 || held[0] != "barrier ShareLock" {
+		t.Fatalf("a commit that found the relay awake holds %v, want only barrier, shared", held)
+	}
+	if notified() {
+		t.Fatal("a commit that found the relay awake notified")
+	}
+}
