@@ -145,6 +145,7 @@ func warnUnknownEnv(log *zap.Logger) {
 type runFlags struct {
 	commonFlags
 	redisURL        string
+	redisMode       string
 	target          string
 	redisNamespace  string
 	streamMaxLen    int64
@@ -185,6 +186,8 @@ func newRunFlags() (*flagSet, *runFlags) {
 	c.register(f)
 	f.fs.StringVar(&c.redisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis `URL` (password never logged)")
 	f.env("redis-url", "REDIS_URL")
+	f.fs.StringVar(&c.redisMode, "redis-mode", "single", "how --redis-url is read: single (one server), cluster (Redis Cluster: redis://h1:p1?addr=h2:p2) or sentinel (redis://sentinel1:26379/0?master_name=mymaster&addr=sentinel2:26379)")
+	f.env("redis-mode", "STAGEDRAIN_REDIS_MODE")
 	f.fs.StringVar(&c.target, "target", "sidekiq", "the job `system` jobs are written for: sidekiq, asynq or streams (Redis streams)")
 	f.env("target", "STAGEDRAIN_TARGET")
 	f.fs.StringVar(&c.redisNamespace, "redis-namespace", "", "prefix every Redis key with `namespace`: (Sidekiq 6 redis-namespace apps; not with --target asynq)")
@@ -238,19 +241,11 @@ func runCmd(ctx context.Context, args []string, stdout io.Writer) error {
 			return usagef("run: %s must be positive, got %s", f.source(name), d)
 		}
 	}
-	ropts, err := redis.ParseURL(c.redisURL)
+	rdb, err := c.redisClient(f)
 	if err != nil {
-		return usagef("run: %s cannot be parsed (want redis://[user:password@]host:port/db)", f.source("redis-url"))
+		return err
 	}
-	ropts.ClientName = "stagedrain"
-	ropts.DisableIdentity = true // CLIENT SETINFO is unknown to Redis < 7.2
-	// The relay retries failed batches with its own logged backoff; the
-	// client's defaults (5 dials x 4 tries) would hide a dead Redis for
-	// seconds per batch. One retry still rides over a stale connection.
-	ropts.DialerRetries = 1
-	if ropts.MaxRetries == 0 {
-		ropts.MaxRetries = 1
-	}
+	defer rdb.Close()
 	log, err := c.logger("run", stdout)
 	if err != nil {
 		return err
@@ -258,8 +253,6 @@ func runCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	defer log.Sync() //nolint:errcheck // stdout
 	warnUnknownEnv(log)
 
-	rdb := redis.NewClient(ropts)
-	defer rdb.Close()
 	r, err := relay.New(relay.Config{
 		DatabaseURL:     c.databaseURL,
 		Redis:           rdb,
@@ -343,4 +336,53 @@ func transient(err error) bool {
 		return true
 	}
 	return strings.HasPrefix(pgErr.Code, "08") // connection_exception
+}
+
+// redisClient builds the Redis client of --redis-mode from --redis-url.
+func (c *runFlags) redisClient(f *flagSet) (redis.UniversalClient, error) {
+	// The relay retries failed batches with its own logged backoff; the
+	// client's defaults (5 dials x 4 tries) would hide a dead Redis for
+	// seconds per batch. One retry still rides over a stale connection.
+	retries := func(max *int) {
+		if *max == 0 {
+			*max = 1
+		}
+	}
+	switch c.redisMode {
+	case "single":
+		ropts, err := redis.ParseURL(c.redisURL)
+		if err != nil {
+			return nil, usagef("run: %s cannot be parsed (want redis://[user:password@]host:port/db)", f.source("redis-url"))
+		}
+		ropts.ClientName = "stagedrain"
+		ropts.DisableIdentity = true // CLIENT SETINFO is unknown to Redis < 7.2
+		ropts.DialerRetries = 1
+		retries(&ropts.MaxRetries)
+		return redis.NewClient(ropts), nil
+	case "cluster":
+		if c.target == string(relay.TargetSidekiq) {
+			return nil, usagef("run: %s cluster cannot run the sidekiq target: Sidekiq's keys (queue:<name>, queues, schedule) have no hash tags and Sidekiq does not support Redis Cluster (use --target asynq or streams, or a single Redis or Sentinel)", f.source("redis-mode"))
+		}
+		ropts, err := redis.ParseClusterURL(c.redisURL)
+		if err != nil {
+			return nil, usagef("run: %s cannot be parsed as a cluster URL (want redis://[user:password@]host1:port1?addr=host2:port2&addr=host3:port3)", f.source("redis-url"))
+		}
+		ropts.ClientName = "stagedrain"
+		ropts.DisableIdentity = true
+		ropts.DialerRetries = 1
+		retries(&ropts.MaxRetries)
+		return redis.NewClusterClient(ropts), nil
+	case "sentinel":
+		ropts, err := redis.ParseFailoverURL(c.redisURL)
+		if err != nil || ropts.MasterName == "" {
+			return nil, usagef("run: %s cannot be parsed as a sentinel URL (want redis://[user:password@]sentinel1:26379/db?master_name=mymaster&addr=sentinel2:26379[&password=...])", f.source("redis-url"))
+		}
+		ropts.ClientName = "stagedrain"
+		ropts.DisableIdentity = true
+		ropts.DialerRetries = 1
+		retries(&ropts.MaxRetries)
+		return redis.NewFailoverClient(ropts), nil
+	default:
+		return nil, usagef("run: %s must be single, cluster or sentinel, got %q", f.source("redis-mode"), c.redisMode)
+	}
 }
