@@ -175,6 +175,24 @@ func TestRedisCluster(t *testing.T) {
 		waitClusterRecordsEmpty(t, h, rdb, h.ns)
 	})
 
+	t.Run("a single-server client of a cluster node refused", func(t *testing.T) {
+		t.Parallel()
+		h := newHarness(t)
+		cfg := h.config()
+		node := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", cluster.Nodes[0].Port), DisableIdentity: true})
+		t.Cleanup(func() { _ = node.Close() })
+		cfg.Redis, cfg.Target = node, relay.TargetStreams
+		r, err := relay.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		if err := r.Run(ctx); err == nil || !strings.Contains(err.Error(), "is a Redis Cluster node") {
+			t.Fatalf("Run on a cluster node through a single-server client: %v, want a refusal", err)
+		}
+	})
+
 	t.Run("sidekiq refused", func(t *testing.T) {
 		t.Parallel()
 		h := newHarness(t)
