@@ -50,7 +50,10 @@ type Config struct {
 	DatabaseURL string
 
 	// Redis is the client jobs are pushed through. Required. The relay does
-	// not close it. Run PINGs it before campaigning to lead: a refusal of
+	// not close it. A *redis.Client (also from redis.NewFailoverClient, for
+	// Sentinel) is one server; a *redis.ClusterClient makes each batch's
+	// push one atomic step per hash slot (cluster.go), and is refused with
+	// TargetSidekiq, whose keys have no hash tags. A *redis.Ring is refused. Run PINGs it before campaigning to lead: a refusal of
 	// its credentials or DB is returned then (mid-run it is retried), and an
 	// unreachable Redis is waited for. Logs and errors name it with
 	// DescribeRedis, never with its password. The relay retries failed batches itself, with logged
