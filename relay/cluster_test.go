@@ -240,3 +240,59 @@ func TestRedisSentinel(t *testing.T) {
 		}
 	}
 }
+
+// When Sentinel fails the primary over to its replica, the relay's batches
+// fail while there is no primary (their rows stay staged), then go to the
+// new primary: each job lands once.
+func TestRedisSentinelFailover(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	primary := testenv.StartRedis(t)
+	replica := testenv.StartRedis(t, "--replicaof", "127.0.0.1", fmt.Sprint(primary.Port))
+	onReplica := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", replica.Port), DisableIdentity: true})
+	defer onReplica.Close()
+	testenv.WaitFor(t, 15*time.Second, "the replica in sync", func() (bool, string) {
+		info := onReplica.Info(ctx, "replication").Val()
+		return strings.Contains(info, "master_link_status:up"), info
+	})
+	sentinel := testenv.StartRedisSentinel(t, primary.Port)
+	sc := redis.NewSentinelClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", sentinel.Port), DisableIdentity: true})
+	defer sc.Close()
+	testenv.WaitFor(t, 20*time.Second, "the sentinel to know the replica", func() (bool, string) {
+		rs, err := sc.Replicas(ctx, "mymaster").Result()
+		return err == nil && len(rs) == 1, fmt.Sprint(rs, err)
+	})
+
+	h := newHarness(t)
+	o, err := redis.ParseFailoverURL(sentinel.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.DisableIdentity, o.MaxRetries, o.DialerRetries = true, 1, 1
+	rdb := redis.NewFailoverClient(o)
+	t.Cleanup(func() { _ = rdb.Close() })
+	cfg := h.config()
+	cfg.Redis = rdb
+	h.start(cfg)
+	before := h.stage(relay.Job{Name: "Before"})
+	h.waitStaged(0)
+	queue := h.key("queue:default")
+	testenv.WaitFor(t, 10*time.Second, "the job on the replica", func() (bool, string) {
+		n := onReplica.LLen(ctx, queue).Val()
+		return n == 1, fmt.Sprint(n)
+	})
+
+	primary.Stop()
+	after := h.stage(relay.Job{Name: "After"})
+	testenv.WaitFor(t, 60*time.Second, "the job staged during the failover drained", func() (bool, string) {
+		n := h.staged()
+		return n == 0, fmt.Sprintf("%d staged", n)
+	})
+	got, err := onReplica.LRange(ctx, queue, 0, -1).Result()
+	if err != nil || len(got) != 2 || !strings.Contains(got[1], before) || !strings.Contains(got[0], after) {
+		t.Fatalf("the new primary's queue %v, %v; want %s then %s, once each", got, err, before, after)
+	}
+	if role := onReplica.Info(ctx, "replication").Val(); !strings.Contains(role, "role:master") {
+		t.Fatalf("the replica was not promoted: %s", role)
+	}
+}
