@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/stagedrain/stagedrain/relay"
@@ -153,6 +154,51 @@ func TestRedisCluster(t *testing.T) {
 		}
 	})
 
+	t.Run("an asynq server on the cluster runs the tasks", func(t *testing.T) {
+		t.Parallel()
+		h := newHarness(t)
+		rdb := cluster.Client(t)
+		seen := make(chan string, 20)
+		mux := asynq.NewServeMux()
+		mux.HandleFunc("Work", func(ctx context.Context, task *asynq.Task) error {
+			queue, _ := asynq.GetQueueName(ctx)
+			seen <- queue + " " + string(task.Payload())
+			return nil
+		})
+		queues := map[string]int{}
+		var jobs []relay.Job
+		for i := range 8 {
+			q := fmt.Sprintf("%s-run%d", h.schema, i%4)
+			queues[q] = 1
+			jobs = append(jobs, relay.Job{Name: "Work", Args: []any{i}, Queue: q})
+		}
+		srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
+			Concurrency: 2, Queues: queues, TaskCheckInterval: 20 * time.Millisecond, LogLevel: asynq.ErrorLevel,
+		})
+		if err := srv.Start(mux); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(srv.Shutdown)
+		cfg := h.config()
+		cfg.Redis, cfg.RedisNamespace, cfg.Target = rdb, "", relay.TargetAsynq
+		h.start(cfg)
+		h.stageMany(jobs...)
+		got := make(map[string]bool)
+		for range jobs {
+			select {
+			case s := <-seen:
+				got[s] = true
+			case <-time.After(15 * time.Second):
+				t.Fatalf("the asynq server ran %d of %d tasks within 15s: %v", len(got), len(jobs), got)
+			}
+		}
+		for i, j := range jobs {
+			if want := fmt.Sprintf("%s [%d]", j.Queue, i); !got[want] {
+				t.Errorf("no task %q ran; ran %v", want, got)
+			}
+		}
+	})
+
 	t.Run("streams", func(t *testing.T) {
 		t.Parallel()
 		h := newHarness(t)
@@ -193,7 +239,7 @@ func TestRedisCluster(t *testing.T) {
 		}
 	})
 
-	t.Run("sidekiq refused", func(t *testing.T) {
+	t.Run("sidekiq and a Ring refused", func(t *testing.T) {
 		t.Parallel()
 		h := newHarness(t)
 		cfg := h.config()
@@ -202,6 +248,12 @@ func TestRedisCluster(t *testing.T) {
 		var fe *relay.FieldError
 		if !errors.As(err, &fe) || fe.Field != "Redis" || !strings.Contains(fe.Reason, "Sidekiq does not support Redis Cluster") {
 			t.Fatalf("relay.New with the sidekiq target on a cluster: %v, want a Redis field error", err)
+		}
+		ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}})
+		t.Cleanup(func() { _ = ring.Close() })
+		cfg.Redis, cfg.Target = ring, relay.TargetStreams
+		if _, err := relay.New(cfg); !errors.As(err, &fe) || fe.Field != "Redis" || !strings.Contains(fe.Reason, "Ring") {
+			t.Fatalf("relay.New with a Ring: %v, want a Redis field error", err)
 		}
 	})
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -24,8 +25,10 @@ func TestRunOnRedisCluster(t *testing.T) {
 	const password = "cluster-s3cret"
 	var addrs []string
 	for range 3 {
+		// The bus port is the port plus 10000 unless set: a free port
+		// above 55535 would put it out of range.
 		port := startRedisServer(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-			"--requirepass", password, "--masterauth", password)
+			"--requirepass", password, "--masterauth", password, "--cluster-port", strconv.Itoa(freePort(t)))
 		addrs = append(addrs, fmt.Sprintf("127.0.0.1:%d", port))
 	}
 	cmd := exec.Command("redis-cli", append(append([]string{"--no-auth-warning", "-a", password, "--cluster", "create"}, addrs...),

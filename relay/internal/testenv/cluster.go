@@ -28,8 +28,10 @@ func StartRedisCluster(t testing.TB) *RedisCluster {
 	c := &RedisCluster{}
 	addrs := make([]string, 3)
 	for i := range 3 {
+		// The bus port is the port plus 10000 unless set: a free port
+		// above 55535 would put it out of range.
 		s := StartRedis(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-			"--cluster-node-timeout", "5000")
+			"--cluster-node-timeout", "5000", "--cluster-port", strconv.Itoa(FreePort(t)))
 		c.Nodes = append(c.Nodes, s)
 		addrs[i] = "127.0.0.1:" + strconv.Itoa(s.Port)
 	}
