@@ -37,6 +37,9 @@ import (
 // pushes (acquire), after PostgreSQL granted it the leader lock. A relay
 // that lost the lock without noticing (frozen, cut off) still holds the old
 // token: its pushes are refused, and its rows stay staged for the leader.
+//
+// On a Redis Cluster, a script runs on one hash slot: the push is one such
+// step per slot, each with a fence and a record of that slot (cluster.go).
 
 // handoffScript is the atomic push step.
 //
