@@ -50,7 +50,10 @@ type Config struct {
 	DatabaseURL string
 
 	// Redis is the client jobs are pushed through. Required. The relay does
-	// not close it. Run PINGs it before campaigning to lead: a refusal of
+	// not close it. A *redis.Client (also from redis.NewFailoverClient, for
+	// Sentinel) is one server; a *redis.ClusterClient makes each batch's
+	// push one atomic step per hash slot (cluster.go), and is refused with
+	// TargetSidekiq, whose keys have no hash tags. A *redis.Ring is refused. Run PINGs it before campaigning to lead: a refusal of
 	// its credentials or DB is returned then (mid-run it is retried), and an
 	// unreachable Redis is waited for. Logs and errors name it with
 	// DescribeRedis, never with its password. The relay retries failed batches itself, with logged
@@ -196,6 +199,10 @@ func (c Config) Validate() error {
 		return fieldErr("RedisNamespace", "must be empty with the asynq target: asynq's key names are fixed, and its servers would never see namespaced tasks")
 	case c.Target != TargetSidekiq && c.TimestampFormat != TimestampSeconds:
 		return fieldErr("TimestampFormat", "applies to the sidekiq target only, got %q with the %s target", c.TimestampFormat, c.Target)
+	case isCluster(c.Redis) && c.Target == TargetSidekiq:
+		return fieldErr("Redis", "is a Redis Cluster client, and the sidekiq target cannot run on Redis Cluster: Sidekiq's keys (queue:<name>, queues, schedule) have no hash tags, and Sidekiq does not support Redis Cluster (use a single Redis or Sentinel, or the asynq or streams target)")
+	case isRing(c.Redis):
+		return fieldErr("Redis", "is a *redis.Ring, which splits keys over shards: the relay's push would not be atomic (use a *redis.Client, a Sentinel FailoverClient or a *redis.ClusterClient)")
 	case c.StreamMaxLen < 0:
 		return fieldErr("StreamMaxLen", "must not be negative, got %d", c.StreamMaxLen)
 	case c.StreamMaxLen > 0 && c.Target != TargetStreams:
@@ -222,4 +229,14 @@ func validateSchemaName(schema string) error {
 		return fieldErr("Schema", "must not contain a NUL byte")
 	}
 	return nil
+}
+
+func isCluster(rdb redis.UniversalClient) bool {
+	_, ok := rdb.(*redis.ClusterClient)
+	return ok
+}
+
+func isRing(rdb redis.UniversalClient) bool {
+	_, ok := rdb.(*redis.Ring)
+	return ok
 }

@@ -37,6 +37,9 @@ import (
 // pushes (acquire), after PostgreSQL granted it the leader lock. A relay
 // that lost the lock without noticing (frozen, cut off) still holds the old
 // token: its pushes are refused, and its rows stay staged for the leader.
+//
+// On a Redis Cluster, a script runs on one hash slot: the push is one such
+// step per slot, each with a fence and a record of that slot (cluster.go).
 
 // handoffScript is the atomic push step.
 //
@@ -170,10 +173,24 @@ type handoff struct {
 
 	unit   pushUnit
 	header []any
+
+	// On a Redis Cluster (cluster.go): the slots whose fence this
+	// leadership holds and whose record it has read, the slots each pushed
+	// record field is in, and the slot each id of the last push went to.
+	// delivered, fields and clear then hold slotRefs, not fields.
+	cluster bool
+	claimed map[int]bool
+	parts   map[string][]int
+	idSlot  map[int64]int
 }
 
 func newHandoff(rdb redis.UniversalClient, keys handoffKeys) *handoff {
-	return &handoff{rdb: rdb, keys: keys, delivered: make(map[int64]string), fields: make(map[string]int)}
+	h := &handoff{rdb: rdb, keys: keys, delivered: make(map[int64]string), fields: make(map[string]int)}
+	if _, ok := rdb.(*redis.ClusterClient); ok {
+		h.cluster = true
+		h.claimed, h.parts, h.idSlot = make(map[int]bool), make(map[string][]int), make(map[int64]int)
+	}
+	return h
 }
 
 // reset forgets the leadership: the next push acquires a new one, after
@@ -181,12 +198,16 @@ func newHandoff(rdb redis.UniversalClient, keys handoffKeys) *handoff {
 func (h *handoff) reset() {
 	h.token, h.epoch, h.seq = "", 0, 0
 	h.reload = true
+	clear(h.claimed)
 }
 
 // acquire takes the fence for a new leadership, then reads the record (the
 // order matters: a push of the last leader is either in the record read
 // after, or refused). holder names this relay in the fence hash.
 func (h *handoff) acquire(ctx context.Context, holder string) error {
+	if h.cluster {
+		return h.acquireCluster(ctx, holder)
+	}
 	var raw [16]byte
 	_, _ = rand.Read(raw[:])
 	token := hex.EncodeToString(raw[:])
@@ -203,6 +224,12 @@ func (h *handoff) acquire(ctx context.Context, holder string) error {
 // load reads the record hash into delivered, when reload says so.
 func (h *handoff) load(ctx context.Context) error {
 	if !h.reload {
+		return nil
+	}
+	if h.cluster {
+		// Each slot's record is read again when the slot is claimed.
+		clear(h.claimed)
+		h.reload = false
 		return nil
 	}
 	rec, err := h.rdb.HGetAll(ctx, h.keys.record).Result()
@@ -251,6 +278,9 @@ func (h *handoff) wasDelivered(id int64) bool {
 func (h *handoff) push(ctx context.Context, u *pushUnit) (field string, err error) {
 	h.seq++
 	field = strconv.FormatInt(h.epoch, 10) + ":" + strconv.FormatInt(h.seq, 10)
+	if h.cluster {
+		return field, h.pushCluster(ctx, u, field)
+	}
 	keys := append([]string{h.keys.fence, h.keys.record}, u.keys...)
 	h.header = append(h.header[:0], h.token, field, len(h.clear))
 	for _, f := range h.clear {
@@ -278,7 +308,12 @@ func (h *handoff) push(ctx context.Context, u *pushUnit) (field string, err erro
 // record field (if it pushed anything), and the rows it deleted that an
 // earlier push had delivered, are done with.
 func (h *handoff) committed(field string, redelivered []int64) {
-	if field != "" {
+	if h.cluster && field != "" {
+		for _, s := range h.parts[field] {
+			h.clear = append(h.clear, slotRef(s, field))
+		}
+		delete(h.parts, field)
+	} else if field != "" {
 		h.clear = append(h.clear, field)
 	}
 	for _, id := range redelivered {
@@ -298,9 +333,16 @@ func (h *handoff) committed(field string, redelivered []int64) {
 // its delete (or may not have): those rows, claimed again, are deleted
 // without a push.
 func (h *handoff) uncommitted(field string, ids []int64) {
+	if h.cluster {
+		delete(h.parts, field) // its slots' refs are in delivered now
+	}
 	for _, id := range ids {
-		h.delivered[id] = field
-		h.fields[field]++
+		ref := field
+		if h.cluster {
+			ref = slotRef(h.idSlot[id], field)
+		}
+		h.delivered[id] = ref
+		h.fields[ref]++
 	}
 }
 
@@ -332,6 +374,9 @@ func (h *handoff) tidy(ctx context.Context, staged func([]int64) ([]int64, error
 	if len(h.clear) == 0 {
 		return nil
 	}
+	if h.cluster {
+		return h.tidyCluster(ctx)
+	}
 	if err := h.rdb.HDel(ctx, h.keys.record, h.clear...).Err(); err != nil {
 		return fmt.Errorf("delete handoff records: %w", err)
 	}
@@ -357,6 +402,8 @@ type unitOp struct {
 	err     error   // the error reply that refused it, after settle
 	reply   any     // its last command's reply (or the guard key that skipped it), after settle
 	skipped bool    // a guard key existed: the op did not run, and counts as done
+
+	k0, a0 int // where its keys and its args start in the unit's
 }
 
 func (u *pushUnit) reset() {
@@ -367,7 +414,7 @@ func (u *pushUnit) reset() {
 // failure matters to no row). The op is skipped, and counts as done, if any
 // of the guard keys exists ("" guards nothing).
 func (u *pushUnit) begin(ids []int64, guards ...string) {
-	u.ops = append(u.ops, unitOp{ids: ids})
+	u.ops = append(u.ops, unitOp{ids: ids, k0: len(u.keys), a0: len(u.args)})
 	g := 0
 	for _, key := range guards {
 		if key != "" {
@@ -412,17 +459,24 @@ func (u *pushUnit) settle(reply []any) error {
 		return fmt.Errorf("push: %d replies for %d ops: %w", len(reply)/2, len(u.ops), errNoReply)
 	}
 	for i := range u.ops {
-		op := &u.ops[i]
-		status, _ := reply[2*i].(int64)
-		switch status {
-		case 1, 2:
-			op.reply, op.err, op.skipped = reply[2*i+1], nil, status == 2
-		case 0:
-			msg, _ := reply[2*i+1].(string)
-			op.err = replyError(msg)
-		default:
-			return fmt.Errorf("push: op %d answered %v: %w", i, reply[2*i], errNoReply)
+		if err := u.ops[i].settle(i, reply[2*i], reply[2*i+1]); err != nil {
+			return err
 		}
+	}
+	return nil
+}
+
+// settle reads the script's two reply elements for op i.
+func (op *unitOp) settle(i int, status, reply any) error {
+	st, _ := status.(int64)
+	switch st {
+	case 1, 2:
+		op.reply, op.err, op.skipped = reply, nil, st == 2
+	case 0:
+		msg, _ := reply.(string)
+		op.err = replyError(msg)
+	default:
+		return fmt.Errorf("push: op %d answered %v: %w", i, status, errNoReply)
 	}
 	return nil
 }

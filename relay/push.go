@@ -34,22 +34,38 @@ func (r *Relay) push(ctx context.Context, batch []stagedJob, now time.Time) (pus
 	if err := h.ready(ctx, r.holder); err != nil {
 		return res, fmt.Errorf("push batch: %w", err)
 	}
-	if len(h.delivered) > 0 {
-		fresh := make([]stagedJob, 0, len(batch))
-		for _, j := range batch {
-			if h.wasDelivered(j.id) {
-				res.redelivered = append(res.redelivered, j.id)
-			} else {
-				fresh = append(fresh, j)
-			}
-		}
-		batch = fresh
-	}
 	u := &h.unit
-	u.reset()
-	r.target.add(u, batch, now, &res)
-	if len(u.ops) == 0 {
-		return res, nil
+	for all := batch; ; {
+		res, batch = pushResult{}, all
+		if len(h.delivered) > 0 {
+			fresh := make([]stagedJob, 0, len(batch))
+			for _, j := range batch {
+				if h.wasDelivered(j.id) {
+					res.redelivered = append(res.redelivered, j.id)
+				} else {
+					fresh = append(fresh, j)
+				}
+			}
+			batch = fresh
+		}
+		u.reset()
+		r.target.add(u, batch, now, &res)
+		if len(u.ops) == 0 {
+			return res, nil
+		}
+		if !h.cluster {
+			break
+		}
+		// On a cluster, the slots' records are read as they are first
+		// pushed to (cluster.go): build again if they hold rows of the
+		// batch.
+		again, err := h.claim(ctx, u, r.holder)
+		if err != nil {
+			return pushResult{}, fmt.Errorf("push batch: %w", err)
+		}
+		if !again {
+			break
+		}
 	}
 	field, err := h.push(ctx, u)
 	if err != nil {

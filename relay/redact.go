@@ -52,11 +52,15 @@ func CheckDatabaseURL(connString string) error {
 
 // DescribeRedis returns host:port/db for the server behind rdb, without its
 // user or password, for log lines and errors: the address and DB of a
-// *redis.Client, the seed addresses of a *redis.ClusterClient.
+// *redis.Client, "sentinel primary/<db>" for a Sentinel FailoverClient, the
+// seed addresses of a *redis.ClusterClient.
 func DescribeRedis(rdb redis.UniversalClient) string {
 	switch c := rdb.(type) {
 	case *redis.Client:
 		o := c.Options()
+		if o.Addr == "FailoverClient" { // redis.NewFailoverClient: Sentinel finds the primary
+			return fmt.Sprintf("sentinel primary/%d", o.DB)
+		}
 		if o.Network == "unix" {
 			return fmt.Sprintf("unix:%s/%d", o.Addr, o.DB)
 		}

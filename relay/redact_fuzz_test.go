@@ -128,3 +128,29 @@ func FuzzRedisURLNeverShowsPassword(f *testing.F) {
 		}
 	})
 }
+
+// DescribeRedis names a cluster by its seed addresses and a Sentinel
+// client as "sentinel primary/<db>", without the passwords of their URLs.
+func TestDescribeRedisClusterAndSentinel(t *testing.T) {
+	const password = "s3cret-pw"
+	co, err := redis.ParseClusterURL("redis://u:" + password + "@10.0.0.1:7000?addr=10.0.0.2:7001")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cluster := redis.NewClusterClient(co)
+	defer cluster.Close()
+	fo, err := redis.ParseFailoverURL("redis://u:" + password + "@10.0.0.1:26379/2?master_name=mymaster&password=" + password)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sentinel := redis.NewFailoverClient(fo)
+	defer sentinel.Close()
+	for rdb, want := range map[redis.UniversalClient]string{
+		cluster:  "cluster 10.0.0.1:7000,10.0.0.2:7001",
+		sentinel: "sentinel primary/2",
+	} {
+		if got := DescribeRedis(rdb); got != want || strings.Contains(got, password) {
+			t.Errorf("DescribeRedis = %q, want %q", got, want)
+		}
+	}
+}

@@ -21,6 +21,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -230,7 +231,10 @@ func (r *Relay) Run(ctx context.Context) error {
 func (r *Relay) checkRedis(ctx context.Context) error {
 	for attempt := 1; ; attempt++ {
 		err := r.cfg.Redis.Ping(ctx).Err()
-		if err == nil || ctx.Err() != nil {
+		if err == nil {
+			return r.checkClusterNode(ctx)
+		}
+		if ctx.Err() != nil {
 			return nil
 		}
 		r.metrics.errRedis.Inc()
@@ -244,6 +248,21 @@ func (r *Relay) checkRedis(ctx context.Context) error {
 			return nil
 		}
 	}
+}
+
+// checkClusterNode refuses a client of one server (not a ClusterClient)
+// whose server is a Redis Cluster node: each batch's push would fail on
+// keys of other slots (MOVED, CROSSSLOT), forever. A server that does not
+// answer INFO (renamed, a proxy) is taken as it is.
+func (r *Relay) checkClusterNode(ctx context.Context) error {
+	if isCluster(r.cfg.Redis) {
+		return nil
+	}
+	info, err := r.cfg.Redis.Info(ctx, "cluster").Result()
+	if err == nil && strings.Contains(info, "cluster_enabled:1") {
+		return fmt.Errorf("redis %s is a Redis Cluster node: the relay needs a cluster client to push per hash slot (stagedrain run --redis-mode cluster, or a *redis.ClusterClient)", DescribeRedis(r.cfg.Redis))
+	}
+	return nil
 }
 
 // healthySession is how long a database session must last before its

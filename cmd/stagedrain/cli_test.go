@@ -103,6 +103,10 @@ func TestUsageErrors(t *testing.T) {
 		{"bad log level, migrate", []string{"migrate", "--database-url", db, "--log-level", "loud"}, []string{"--log-level", "loud"}},
 		{"bad log format", []string{"migrate", "--database-url", db, "--log-format", "xml"}, []string{"--log-format", "xml"}},
 		{"bad redis url", []string{"run", "--database-url", db, "--redis-url", "http://127.0.0.1:6379"}, []string{"--redis-url"}},
+		{"unknown redis mode", []string{"run", "--database-url", db, "--redis-mode", "ring"}, []string{"run: --redis-mode", `single, cluster or sentinel, got "ring"`}},
+		{"sidekiq on a cluster", []string{"run", "--database-url", db, "--redis-mode", "cluster"}, []string{"run: --redis-mode cluster cannot run the sidekiq target", "Sidekiq does not support Redis Cluster"}},
+		{"bad cluster url", []string{"run", "--database-url", db, "--redis-mode", "cluster", "--target", "asynq", "--redis-url", "redis://h:1?addr=nocolon"}, []string{"--redis-url", "cluster URL"}},
+		{"sentinel url without master", []string{"run", "--database-url", db, "--redis-mode", "sentinel", "--redis-url", "redis://127.0.0.1:26379/0"}, []string{"--redis-url", "master_name"}},
 
 		{"duration without unit", []string{"run", "--database-url", db, "--poll-interval", "5"}, []string{"-poll-interval"}},
 		{"duration not a duration", []string{"run", "--database-url", db, "--shutdown-timeout", "soon"}, []string{"-shutdown-timeout"}},
@@ -205,6 +209,8 @@ func TestPasswordNeverShown(t *testing.T) {
 		{"bad option", []string{"run", "--database-url", "postgres://u:s3cretpw@127.0.0.1:1/x?sslmode=sometimes"}, 2, []string{"--database-url"}},
 		{"key=value form", []string{"migrate", "--database-url", "host=127.0.0.1 user=u password=s3cretpw port=badport"}, 2, []string{"--database-url"}},
 		{"bad log level", []string{"migrate", "--database-url", "postgres://u:s3cretpw@127.0.0.1:1/x", "--log-level", "loud"}, 2, []string{"--log-level"}},
+		{"bad cluster url", []string{"run", "--database-url", "postgres://127.0.0.1:1/x", "--redis-mode", "cluster", "--target", "streams", "--redis-url", "redis://u:s3cretpw@h:1?addr=nocolon"}, 2, []string{"--redis-url"}},
+		{"sentinel url without master", []string{"run", "--database-url", "postgres://127.0.0.1:1/x", "--redis-mode", "sentinel", "--redis-url", "redis://u:s3cretpw@h:26379/0?password=s3cretpw"}, 2, []string{"--redis-url"}},
 		// Nothing listens on port 1: the connection is refused.
 		{"connection refused", []string{"migrate", "--database-url", "postgres://u:s3cretpw@127.0.0.1:1/x"}, 1, []string{"connect", "u@127.0.0.1:1/x"}},
 		{"connection refused, key=value form", []string{"migrate", "--database-url", "host=127.0.0.1 port=1 user=u password=s3cretpw dbname=x"}, 1, []string{"connect"}},
@@ -233,6 +239,7 @@ func TestHelp(t *testing.T) {
 	}
 	runFlags := map[string]string{
 		"redis-url":         "REDIS_URL",
+		"redis-mode":        "STAGEDRAIN_REDIS_MODE",
 		"target":            "STAGEDRAIN_TARGET",
 		"redis-namespace":   "STAGEDRAIN_REDIS_NAMESPACE",
 		"stream-maxlen":     "STAGEDRAIN_STREAM_MAXLEN",

@@ -147,6 +147,7 @@ func warnUnknownEnv(log *zap.Logger) {
 type runFlags struct {
 	commonFlags
 	redisURL        string
+	redisMode       string
 	target          string
 	redisNamespace  string
 	streamMaxLen    int64
@@ -187,6 +188,8 @@ func newRunFlags() (*flagSet, *runFlags) {
 	c.register(f)
 	f.fs.StringVar(&c.redisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis `URL` (password never logged)")
 	f.env("redis-url", "REDIS_URL")
+	f.fs.StringVar(&c.redisMode, "redis-mode", "single", "how --redis-url is read: single (one server), cluster (Redis Cluster: redis://h1:p1?addr=h2:p2) or sentinel (redis://sentinel1:26379/0?master_name=mymaster&addr=sentinel2:26379)")
+	f.env("redis-mode", "STAGEDRAIN_REDIS_MODE")
 	f.fs.StringVar(&c.target, "target", "sidekiq", "the job `system` jobs are written for: sidekiq, asynq or streams (Redis streams)")
 	f.env("target", "STAGEDRAIN_TARGET")
 	f.fs.StringVar(&c.redisNamespace, "redis-namespace", "", "prefix every Redis key with `namespace`: (Sidekiq 6 redis-namespace apps; not with --target asynq)")
@@ -219,7 +222,7 @@ func newRunFlags() (*flagSet, *runFlags) {
 // config checks run's flags and returns the relay's configuration, but
 // for its Redis client and logger, and the options of that client. It
 // connects to nothing.
-func (c *runFlags) config(f *flagSet) (relay.Config, *redis.Options, error) {
+func (c *runFlags) config(f *flagSet) (relay.Config, func() redis.UniversalClient, error) {
 	if err := c.check(f); err != nil {
 		return relay.Config{}, nil, err
 	}
@@ -242,9 +245,9 @@ func (c *runFlags) config(f *flagSet) (relay.Config, *redis.Options, error) {
 			return relay.Config{}, nil, usagef("run: %s must be positive, got %s", f.source(d.name), d.d)
 		}
 	}
-	ropts, err := runRedisOptions(c.redisURL)
+	newRedis, err := c.redisClient(f)
 	if err != nil {
-		return relay.Config{}, nil, usagef("run: %s cannot be parsed (want redis://[user:password@]host:port/db, or rediss:// for TLS)", f.source("redis-url"))
+		return relay.Config{}, nil, err
 	}
 	cfg := relay.Config{
 		DatabaseURL:     c.databaseURL,
@@ -271,7 +274,7 @@ func (c *runFlags) config(f *flagSet) (relay.Config, *redis.Options, error) {
 		}
 		return relay.Config{}, nil, err
 	}
-	return cfg, ropts, nil
+	return cfg, newRedis, nil
 }
 
 func runCmd(ctx context.Context, args []string, stdout io.Writer) error {
@@ -279,7 +282,7 @@ func runCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	if err := f.parse(args, stdout); err != nil {
 		return err
 	}
-	cfg, ropts, err := c.config(f)
+	cfg, newRedis, err := c.config(f)
 	if err != nil {
 		return err
 	}
@@ -290,7 +293,7 @@ func runCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	defer log.Sync() //nolint:errcheck // stdout
 	warnUnknownEnv(log)
 
-	rdb := redis.NewClient(ropts)
+	rdb := newRedis()
 	defer rdb.Close()
 	cfg.Redis, cfg.Logger = rdb, log
 	r, err := relay.New(cfg)
@@ -358,7 +361,8 @@ func transient(err error) bool {
 	return strings.HasPrefix(pgErr.Code, "08") // connection_exception
 }
 
-// runRedisOptions are the options of run's Redis client, from its URL.
+// runRedisOptions are the options of run's Redis client in single mode,
+// from its URL.
 func runRedisOptions(url string) (*redis.Options, error) {
 	ropts, err := redis.ParseURL(url)
 	if err != nil {
@@ -373,7 +377,7 @@ func runRedisOptions(url string) (*redis.Options, error) {
 	if ropts.MaxRetries == 0 {
 		ropts.MaxRetries = 1
 	}
-	ropts.Dialer = redisDialer(ropts)
+	ropts.Dialer = redisDialer(ropts.DialTimeout, ropts.TLSConfig)
 	return ropts, nil
 }
 
@@ -382,10 +386,57 @@ func runRedisOptions(url string) (*redis.Options, error) {
 // host that vanishes is found within about 11s on a connection idle between
 // batches, against 45s with go-redis's own. Commands on a busy connection
 // have go-redis's read and write timeouts (5s each by default).
-func redisDialer(opt *redis.Options) func(context.Context, string, string) (net.Conn, error) {
-	d := &net.Dialer{Timeout: cmp.Or(opt.DialTimeout, 5*time.Second), KeepAliveConfig: relay.KeepAlive()}
-	if opt.TLSConfig == nil {
+func redisDialer(timeout time.Duration, tlsConfig *tls.Config) func(context.Context, string, string) (net.Conn, error) {
+	d := &net.Dialer{Timeout: cmp.Or(timeout, 5*time.Second), KeepAliveConfig: relay.KeepAlive()}
+	if tlsConfig == nil {
 		return d.DialContext
 	}
-	return (&tls.Dialer{NetDialer: d, Config: opt.TLSConfig}).DialContext
+	return (&tls.Dialer{NetDialer: d, Config: tlsConfig}).DialContext
+}
+
+// redisClient checks --redis-url for --redis-mode and returns what makes
+// the client: go-redis's Client (single), ClusterClient (cluster) or
+// FailoverClient (sentinel), each with run's retries and keepalives.
+func (c *runFlags) redisClient(f *flagSet) (func() redis.UniversalClient, error) {
+	// See runRedisOptions for the retries.
+	retries := func(max *int) {
+		if *max == 0 {
+			*max = 1
+		}
+	}
+	switch c.redisMode {
+	case "single":
+		ropts, err := runRedisOptions(c.redisURL)
+		if err != nil {
+			return nil, usagef("run: %s cannot be parsed (want redis://[user:password@]host:port/db, or rediss:// for TLS)", f.source("redis-url"))
+		}
+		return func() redis.UniversalClient { return redis.NewClient(ropts) }, nil
+	case "cluster":
+		if c.target == string(relay.TargetSidekiq) {
+			return nil, usagef("run: %s cluster cannot run the sidekiq target: Sidekiq's keys (queue:<name>, queues, schedule) have no hash tags and Sidekiq does not support Redis Cluster (use --target asynq or streams, or a single Redis or Sentinel)", f.source("redis-mode"))
+		}
+		ropts, err := redis.ParseClusterURL(c.redisURL)
+		if err != nil {
+			return nil, usagef("run: %s cannot be parsed as a cluster URL (want redis://[user:password@]host1:port1?addr=host2:port2&addr=host3:port3)", f.source("redis-url"))
+		}
+		ropts.ClientName = "stagedrain"
+		ropts.DisableIdentity = true
+		ropts.DialerRetries = 1
+		retries(&ropts.MaxRetries)
+		ropts.Dialer = redisDialer(ropts.DialTimeout, ropts.TLSConfig)
+		return func() redis.UniversalClient { return redis.NewClusterClient(ropts) }, nil
+	case "sentinel":
+		ropts, err := redis.ParseFailoverURL(c.redisURL)
+		if err != nil || ropts.MasterName == "" {
+			return nil, usagef("run: %s cannot be parsed as a sentinel URL (want redis://[user:password@]sentinel1:26379/db?master_name=mymaster&addr=sentinel2:26379[&password=...])", f.source("redis-url"))
+		}
+		ropts.ClientName = "stagedrain"
+		ropts.DisableIdentity = true
+		ropts.DialerRetries = 1
+		retries(&ropts.MaxRetries)
+		ropts.Dialer = redisDialer(ropts.DialTimeout, ropts.TLSConfig)
+		return func() redis.UniversalClient { return redis.NewFailoverClient(ropts) }, nil
+	default:
+		return nil, usagef("run: %s must be single, cluster or sentinel, got %q", f.source("redis-mode"), c.redisMode)
+	}
 }

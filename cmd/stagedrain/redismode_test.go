@@ -1,0 +1,128 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/stagedrain/stagedrain/relay/relaytest"
+)
+
+// stagedrain run --redis-mode cluster reads REDIS_URL as a cluster URL and
+// drains streams jobs of several queues into a password-protected 3-master
+// Redis Cluster, naming it by its seed addresses, never with its password.
+func TestRunOnRedisCluster(t *testing.T) {
+	t.Parallel()
+	const password = "cluster-s3cret"
+	var addrs []string
+	for range 3 {
+		// The bus port is the port plus 10000 unless set: a free port
+		// above 55535 would put it out of range.
+		port := startRedisServer(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+			"--requirepass", password, "--masterauth", password, "--cluster-port", strconv.Itoa(freePort(t)))
+		addrs = append(addrs, fmt.Sprintf("127.0.0.1:%d", port))
+	}
+	cmd := exec.Command("redis-cli", append(append([]string{"--no-auth-warning", "-a", password, "--cluster", "create"}, addrs...),
+		"--cluster-replicas", "0", "--cluster-yes")...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	}
+	url := fmt.Sprintf("redis://:%s@%s?addr=%s&addr=%s", password, addrs[0], addrs[1], addrs[2])
+	o, err := redis.ParseClusterURL(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.DisableIdentity = true
+	rdb := redis.NewClusterClient(o)
+	defer rdb.Close()
+	ctx := context.Background()
+	relaytest.WaitFor(t, 20*time.Second, "cluster_state:ok", func() (bool, string) {
+		info, err := rdb.ClusterInfo(ctx).Result()
+		return err == nil && strings.Contains(info, "cluster_state:ok"), fmt.Sprint(info, err)
+	})
+
+	e := newRelayEnv(t)
+	p := startProc(t, "relay", childEnv("REDIS_URL="+url), "run", "--schema", e.schema,
+		"--redis-namespace", e.ns, "--redis-mode", "cluster", "--target", "streams")
+	_, err = e.conn.Exec(ctx, "INSERT INTO "+pgx.Identifier{e.schema, "staged_jobs"}.Sanitize()+
+		" (job_name, job_args, queue) SELECT 'Work', jsonb_build_array(g), 'q' || (g % 4) FROM generate_series(1, 12) g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	relaytest.WaitFor(t, 15*time.Second, "12 entries over 4 streams, none staged", func() (bool, string) {
+		var n int64
+		for q := range 4 {
+			n += rdb.XLen(ctx, fmt.Sprintf("%s:stream:q%d", e.ns, q)).Val()
+		}
+		staged := stagedCount(t, e.conn, e.schema)
+		return n == 12 && staged == 0, fmt.Sprintf("%d entries, %d staged", n, staged)
+	})
+	start := p.waitLog(rootLogger, "starting", 5*time.Second)
+	if want := "cluster " + strings.Join(addrs, ","); start.str("redis") != want {
+		t.Errorf("starting names Redis %q, want %q", start.str("redis"), want)
+	}
+	if out := p.output(); strings.Contains(out, password) {
+		t.Errorf("the password shows in the output:\n%s", out)
+	}
+}
+
+// stagedrain run --redis-mode sentinel finds the primary through Sentinel
+// (the primary's password in the URL's password parameter) and drains into
+// it.
+func TestRunThroughSentinel(t *testing.T) {
+	t.Parallel()
+	const password = "primary-s3cret"
+	primary := startRedisServer(t, "--requirepass", password)
+	dir := t.TempDir()
+	port := freePort(t)
+	conf := filepath.Join(dir, "sentinel.conf")
+	text := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nsentinel monitor mymaster 127.0.0.1 %d 1\nsentinel auth-pass mymaster %s\n",
+		port, dir, primary, password)
+	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sentinel := exec.Command("redis-server", conf, "--sentinel", "--loglevel", "warning")
+	if err := sentinel.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = sentinel.Process.Kill()
+		_ = sentinel.Wait()
+	})
+	ctx := context.Background()
+	sc := redis.NewSentinelClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", port), DisableIdentity: true})
+	defer sc.Close()
+	relaytest.WaitFor(t, 10*time.Second, "the sentinel to know mymaster", func() (bool, string) {
+		addr, err := sc.GetMasterAddrByName(ctx, "mymaster").Result()
+		return err == nil, fmt.Sprint(addr, err)
+	})
+
+	e := newRelayEnv(t)
+	url := fmt.Sprintf("redis://127.0.0.1:%d/0?master_name=mymaster&password=%s", port, password)
+	p := startProc(t, "relay", childEnv("REDIS_URL="+url, "STAGEDRAIN_REDIS_MODE=sentinel"), "run",
+		"--schema", e.schema, "--redis-namespace", e.ns)
+	jids := e.stage("Work", 3)
+	direct := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", primary), Password: password, DisableIdentity: true})
+	defer direct.Close()
+	relaytest.WaitFor(t, 15*time.Second, "3 jobs on the primary, none staged", func() (bool, string) {
+		got, err := direct.LRange(ctx, e.queueKey(), 0, -1).Result()
+		staged := stagedCount(t, e.conn, e.schema)
+		return err == nil && len(got) == 3 && staged == 0 && strings.Contains(strings.Join(got, ""), jids[2]),
+			fmt.Sprintf("%d jobs (%v), %d staged", len(got), err, staged)
+	})
+	if start := p.waitLog(rootLogger, "starting", 5*time.Second); start.str("redis") != "sentinel primary/0" {
+		t.Errorf("starting names Redis %q, want sentinel primary/0", start.str("redis"))
+	}
+	if out := p.output(); strings.Contains(out, password) {
+		t.Errorf("the password shows in the output:\n%s", out)
+	}
+}

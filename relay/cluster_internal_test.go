@@ -1,0 +1,122 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/stagedrain/stagedrain/relay/internal/testenv"
+)
+
+// On a cluster, each slot's fence refuses a deposed leader once the new
+// leader has claimed the slot; a deposed leader's push to a slot the new
+// leader has not claimed yet succeeds, but is in the slot's record when the
+// new leader claims it, before its first push there: those rows are known
+// as delivered, not pushed again.
+func TestClusterFenceRefusesTheDeposedLeader(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb := testenv.StartRedisCluster(t).Client(t)
+	keys := newHandoffKeys("", "test", "fenced")
+	listA, listB := "{qa}:list", "{qb}:list"
+	if keySlot(listA) == keySlot(listB) {
+		t.Fatal("the two lists share a slot")
+	}
+	old1, old2, cur := newHandoff(rdb, keys), newHandoff(rdb, keys), newHandoff(rdb, keys)
+	for _, h := range []*handoff{old1, old2, cur} {
+		if !h.cluster {
+			t.Fatal("a handoff on a ClusterClient is not in cluster mode")
+		}
+		if err := h.acquire(ctx, "h"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !(old1.epoch < old2.epoch && old2.epoch < cur.epoch) {
+		t.Fatalf("epochs %d, %d, %d, want increasing", old1.epoch, old2.epoch, cur.epoch)
+	}
+	// build makes h's unit one op that delivers ids to list, and claims
+	// its slot: again says the slot's record holds some of ids.
+	build := func(h *handoff, list string, ids ...int64) (again bool, err error) {
+		u := &h.unit
+		u.reset()
+		u.begin(ids)
+		for range ids {
+			u.command("RPUSH", list, "job")
+		}
+		return h.claim(ctx, u, "h")
+	}
+	push := func(h *handoff, list string, ids ...int64) error {
+		if again, err := build(h, list, ids...); err != nil || again {
+			return errors.Join(err, errors.New("the record holds some ids"))
+		}
+		_, err := h.push(ctx, &h.unit)
+		return err
+	}
+	llen := func(list string) int64 { return rdb.LLen(ctx, list).Val() }
+
+	if err := push(cur, listA, 1); err != nil {
+		t.Fatalf("the leader's push: %v", err)
+	}
+	// Slot A is the leader's: the deposed one is refused, whole.
+	if err := push(old1, listA, 2); !errors.Is(err, errFenced) {
+		t.Fatalf("a deposed leader's push to a claimed slot: %v, want errFenced", err)
+	}
+	if n := llen(listA); n != 1 {
+		t.Fatalf("list A holds %d jobs, want the leader's 1", n)
+	}
+	// Slot B is not claimed yet: the deposed leader's push goes through...
+	if err := push(old2, listB, 7, 8); err != nil {
+		t.Fatalf("a deposed leader's push to an unclaimed slot: %v", err)
+	}
+	// ...and the leader sees it as it claims slot B, before pushing there.
+	again, err := build(cur, listB, 7, 8, 9)
+	if err != nil || !again {
+		t.Fatalf("the leader's claim of slot B: again %v, %v; want the record's rows 7 and 8", again, err)
+	}
+	if !cur.wasDelivered(7) || !cur.wasDelivered(8) || cur.wasDelivered(9) {
+		t.Fatalf("delivered %v, want 7 and 8", cur.delivered)
+	}
+	if err := push(cur, listB, 9); err != nil {
+		t.Fatalf("the leader's push to slot B: %v", err)
+	}
+	if err := push(old2, listB, 10); !errors.Is(err, errFenced) {
+		t.Fatalf("the deposed leader's push once slot B is claimed: %v, want errFenced", err)
+	}
+	if n := llen(listB); n != 3 {
+		t.Fatalf("list B holds %d jobs, want 7, 8 and 9 once each", n)
+	}
+	rec, err := rdb.HGetAll(ctx, keys.slot(keySlot(listB)).record).Result()
+	if err != nil || len(rec) != 2 {
+		t.Fatalf("slot B's record %v, %v; want the two pushes' fields", rec, err)
+	}
+}
+
+// An op whose keys are in two slots is refused, not run: no script could
+// run it atomically.
+func TestClusterRefusesACrossSlotOp(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb := testenv.StartRedisCluster(t).Client(t)
+	h := newHandoff(rdb, newHandoffKeys("", "test", "cross"))
+	if err := h.acquire(ctx, "h"); err != nil {
+		t.Fatal(err)
+	}
+	u := &h.unit
+	u.begin([]int64{1})
+	u.command("RPUSH", "{qa}:list", "job")
+	u.command("RPUSH", "{qb}:list", "job")
+	u.begin([]int64{2})
+	u.command("RPUSH", "{qa}:list", "job")
+	if _, err := h.claim(ctx, u, "h"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.push(ctx, u); err != nil {
+		t.Fatal(err)
+	}
+	if u.ops[0].err != errCrossSlot || u.ops[1].err != nil {
+		t.Fatalf("op errors %v, %v; want CROSSSLOT, nil", u.ops[0].err, u.ops[1].err)
+	}
+	if n := rdb.LLen(ctx, "{qa}:list").Val() + rdb.LLen(ctx, "{qb}:list").Val(); n != 1 {
+		t.Fatalf("%d jobs pushed, want the second op's 1", n)
+	}
+}
