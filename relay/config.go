@@ -62,6 +62,13 @@ type Config struct {
 	// Schema is the PostgreSQL schema holding staged_jobs. Default "public".
 	Schema string
 
+	// Source is the table drained: SourceStagedJobs (<Schema>.staged_jobs,
+	// made by Migrate) or SourceSidekiqStagedPush (the sidekiq-staged_push
+	// gem's <Schema>.sidekiq_staged_push_jobs, given its wake trigger by
+	// MigrateSource). Default SourceStagedJobs. One relay drains a schema
+	// at a time, whatever its source.
+	Source Source
+
 	// Target is the job system the jobs are written for: TargetSidekiq,
 	// TargetAsynq or TargetStreams. Default TargetSidekiq.
 	Target Target
@@ -138,6 +145,7 @@ const (
 // WithDefaults returns a copy of c with every unset field set to its default.
 func (c Config) WithDefaults() Config {
 	c.Schema = cmp.Or(c.Schema, defaultSchema)
+	c.Source = cmp.Or(c.Source, SourceStagedJobs)
 	c.Target = cmp.Or(c.Target, TargetSidekiq)
 	c.BatchSize = cmp.Or(c.BatchSize, defaultBatchSize)
 	c.PollInterval = cmp.Or(c.PollInterval, defaultPollInterval)
@@ -198,6 +206,9 @@ func (c Config) Validate() error {
 		return fieldErr("StreamMaxLen", "applies to the streams target only, got %d with the %s target", c.StreamMaxLen, c.Target)
 	}
 	if err := validateSchemaName(c.Schema); err != nil {
+		return err
+	}
+	if err := CheckSource(c.Source); err != nil {
 		return err
 	}
 	if _, err := pgx.ParseConfig(c.DatabaseURL); err != nil {

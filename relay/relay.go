@@ -38,15 +38,20 @@ type Relay struct {
 	cfg    Config
 	log    *zap.Logger
 	pgCfg  *pgx.ConnConfig
-	sql    tableSQL
+	sql    tableSQL // src's statements, the claim due-only for dueOnly
+	src    source
 	target target
 	// dueOnly: the target has no scheduler, so rows are claimed only once
 	// their run_at is due, and the drain loop wakes for the next one.
 	dueOnly bool
 	handoff *handoff
-	holder  string // names this relay in the fence hash
-	lockKey string
-	version int // the schema version this binary needs: its latest migration
+	// poisoned lists the poison rows a source that does not bury them
+	// left staged in this leadership: every claim skips them. Read and
+	// written by the drain loop only; reset when leadership starts.
+	poisoned []int64
+	holder   string // names this relay in the fence hash
+	lockKey  string
+	version  int // the schema version this binary needs: its latest migration
 
 	// Test hooks (export_test.go); nil outside tests.
 	hooks testHooks
@@ -102,7 +107,6 @@ func New(cfg Config) (*Relay, error) {
 		cfg:     cfg,
 		log:     cfg.Logger,
 		pgCfg:   pgCfg,
-		sql:     newTableSQL(cfg.Schema),
 		handoff: newHandoff(cfg.Redis, newHandoffKeys(cfg.RedisNamespace, pgCfg.Database, cfg.Schema)),
 		holder:  applicationName("leader"),
 		lockKey: "stagedrain:" + cfg.Schema,
@@ -111,6 +115,8 @@ func New(cfg Config) (*Relay, error) {
 		gateTimeout:  defaultGateTimeout,
 		summaryEvery: summaryEvery,
 	}
+	r.src = newSource(cfg, version)
+	r.sql = r.src.statements()
 	switch cfg.Target {
 	case TargetAsynq:
 		r.target = newAsynqTarget(cfg.MaxPayloadBytes)
@@ -147,6 +153,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		zap.String("database", DescribeDatabase(r.cfg.DatabaseURL)),
 		zap.String("redis", DescribeRedis(r.cfg.Redis)),
 		zap.String("channel", ChannelName(r.cfg.Schema)),
+		zap.String("source", string(r.cfg.Source)),
 		zap.String("target", string(r.cfg.Target)),
 		zap.Int("batch_size", r.cfg.BatchSize),
 		zap.Duration("poll_interval", r.cfg.PollInterval),
@@ -247,6 +254,8 @@ const healthySession = 10 * time.Second
 // watch on the lock connection. lockMu guards lockConn, which they share.
 func (r *Relay) lead(ctx context.Context, lockConn *pgx.Conn, lockMu *sync.Mutex, pool *pgxpool.Pool) error {
 	r.handoff.reset() // a new leadership takes the fence at its first push
+	r.poisoned = nil  // and looks at every row again
+	r.summary.poisonKept(0, 0)
 	g, ctx := errgroup.WithContext(ctx)
 	wake := make(chan struct{}, 1)
 	wake <- struct{}{} // drain at start
