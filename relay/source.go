@@ -124,7 +124,8 @@ type stagedPushSource struct {
 
 // stagedPushAt is the payload's "at" as numeric when it is a JSON number,
 // else NULL: never an error that would fail every claim.
-const stagedPushAt = `CASE WHEN json_typeof(t.payload -> 'at') = 'number' THEN (t.payload ->> 'at')::numeric END`
+// The column is json (the gem's first migration) or jsonb (its later one).
+const stagedPushAt = `CASE WHEN json_typeof((t.payload -> 'at')::json) = 'number' THEN (t.payload ->> 'at')::numeric END`
 
 func newStagedPushSource(schema string) *stagedPushSource {
 	table := pgx.Identifier{schema, sidekiqStagedPushTable}.Sanitize()

@@ -14,9 +14,19 @@ import (
 // Rows of the gem's table that a batch puts back (deferred by Redis, or
 // poison) come back unchanged: id, payload byte for byte (json keeps its
 // text), created_at and updated_at to the microsecond, and a column the
-// app added.
+// app added. The gem's payload column is json (its first migration) or
+// jsonb (its later one).
 func TestStagedPushReinsertUnchanged(t *testing.T) {
 	t.Parallel()
+	for _, typ := range []string{"json", "jsonb"} {
+		t.Run(typ, func(t *testing.T) {
+			t.Parallel()
+			testStagedPushReinsert(t, typ)
+		})
+	}
+}
+
+func testStagedPushReinsert(t *testing.T, typ string) {
 	ctx := context.Background()
 	conn := testenv.Conn(t, testenv.DatabaseURL())
 	schema := testenv.Schema(t)
@@ -24,7 +34,7 @@ func TestStagedPushReinsertUnchanged(t *testing.T) {
 	if _, err := conn.Exec(ctx, `CREATE SCHEMA `+s+`;
 		CREATE TABLE `+s+`.sidekiq_staged_push_jobs (
 			id bigserial PRIMARY KEY,
-			payload json NOT NULL,
+			payload `+typ+` NOT NULL,
 			created_at timestamp(6) without time zone NOT NULL,
 			updated_at timestamp(6) without time zone NOT NULL,
 			note text
