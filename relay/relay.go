@@ -11,7 +11,8 @@
 // the others wait as standbys.
 //
 // The data flows through these files: listen.go (LISTEN) -> wake.go (wake
-// and poll) -> drain.go (one batch) -> claim.go (claim and delete SQL) ->
+// and poll) -> drain.go (one batch) -> claim.go (claim and delete SQL, of
+// the source: source.go, staged_jobs or the sidekiq-staged_push gem's table) ->
 // push.go (the atomic push step, handoff.go, with a target's commands:
 // sidekiq.go, asynq.go, streams.go); leader.go chooses which relay does it;
 // summary.go and metrics.go count what it did, for the logs and Prometheus.
