@@ -220,7 +220,7 @@ func mapStagedPush(j *stagedJob, payload []byte, created *float64, now time.Time
 			return 0, false, nil
 		}
 		var f float64
-		if err := json.Unmarshal(raw, &f); err != nil || math.IsInf(f, 0) {
+		if err := json.Unmarshal(raw, &f); err != nil || string(bytes.TrimSpace(raw)) == "null" {
 			return 0, true, fmt.Errorf("payload's %q is not a number", key)
 		}
 		return f, true, nil

@@ -118,6 +118,7 @@ func TestMapStagedPush(t *testing.T) {
 		`{"class":"W","args":[],"queue":""}`: `"queue" is not a non-empty string`,
 		`{"class":"W","args":[],"jid":7}`:    `"jid" is not a non-empty string`,
 		`{"class":"W","args":[],"at":"1"}`:   `"at" is not a number`,
+		`{"class":"W","args":[],"at":null}`:  `"at" is not a number`,
 	} {
 		mapStagedPush(&j, []byte(payload), &created, now)
 		if !strings.Contains(j.bad, reason) {

@@ -262,6 +262,7 @@ func TestHelp(t *testing.T) {
 		{"status", map[string]string{
 			"database-url": "DATABASE_URL",
 			"schema":       "STAGEDRAIN_SCHEMA",
+			"source":       "STAGEDRAIN_SOURCE",
 			"json":         "STAGEDRAIN_STATUS_JSON",
 		}},
 		{"health", map[string]string{"metrics-addr": "STAGEDRAIN_METRICS_ADDR"}},
