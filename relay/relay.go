@@ -116,7 +116,9 @@ func New(cfg Config) (*Relay, error) {
 		gateTimeout:  defaultGateTimeout,
 		summaryEvery: summaryEvery,
 	}
-	r.src = newSource(cfg, version)
+	if r.src, err = newSource(cfg, version); err != nil {
+		return nil, fmt.Errorf("read migrations: %w", err)
+	}
 	r.sql = r.src.statements()
 	switch cfg.Target {
 	case TargetAsynq:

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -55,11 +56,14 @@ type source interface {
 	check(ctx context.Context, conn *pgx.Conn) error
 }
 
-func newSource(cfg Config, version int) source {
+func newSource(cfg Config, version int) (source, error) {
 	if cfg.Source == SourceSidekiqStagedPush {
-		return newStagedPushSource(cfg.Schema)
+		s := newStagedPushSource(cfg.Schema)
+		var err error
+		_, s.wake, err = wakeFunction()
+		return s, err
 	}
-	return &stagedJobsSource{schema: cfg.Schema, sql: newTableSQL(cfg.Schema), version: version}
+	return &stagedJobsSource{schema: cfg.Schema, sql: newTableSQL(cfg.Schema), version: version}, nil
 }
 
 // stagedJobsSource is SourceStagedJobs.
@@ -120,6 +124,7 @@ type stagedPushSource struct {
 	schema string
 	table  string // quoted
 	sql    tableSQL
+	wake   int // the migration of the stagedrain_wake() this binary needs
 }
 
 // stagedPushAt is the payload's "at" as numeric when it is a JSON number,
@@ -304,16 +309,16 @@ func newJID() string {
 	return hex.EncodeToString(b[:])
 }
 
-// check verifies that the gem's table and the wake trigger are there:
-// there is no stagedrain_migrations table in this source's schema.
+// check verifies that the gem's table and the wake trigger are there, the
+// trigger running the stagedrain_wake() this binary needs (there is no
+// stagedrain_migrations table for this source).
 func (s *stagedPushSource) check(ctx context.Context, conn *pgx.Conn) error {
 	var table, trigger bool
-	err := conn.QueryRow(ctx, `SELECT c.oid IS NOT NULL,
-		EXISTS (SELECT FROM pg_trigger WHERE tgrelid = c.oid AND tgname = 'stagedrain_wake')
-		FROM (SELECT to_regclass($1) AS oid) c`, s.table).Scan(&table, &trigger)
-	if err != nil {
+	var comment string
+	if err := conn.QueryRow(ctx, wakeTriggerSQL, s.table).Scan(&table, &trigger, &comment); err != nil {
 		return fmt.Errorf("check %s: %w", s.table, err)
 	}
+	have := wakeVersion(comment)
 	switch {
 	case !table:
 		return fmt.Errorf("%w in %q: no table %s (install sidekiq-staged_push and run its migration, then run 'stagedrain migrate --source sidekiq_staged_push' first)",
@@ -321,16 +326,23 @@ func (s *stagedPushSource) check(ctx context.Context, conn *pgx.Conn) error {
 	case !trigger:
 		return fmt.Errorf("%w in %q: %s has no stagedrain_wake trigger: run 'stagedrain migrate --source sidekiq_staged_push' first",
 			ErrNotMigrated, s.schema, sidekiqStagedPushTable)
+	case have < s.wake:
+		return fmt.Errorf("%w in %q: the stagedrain_wake trigger of %s is older than this stagedrain needs (%d): run 'stagedrain migrate --source sidekiq_staged_push' first",
+			ErrNotMigrated, s.schema, sidekiqStagedPushTable, s.wake)
+	case have > s.wake:
+		return fmt.Errorf("%w in %q: the stagedrain_wake trigger of %s is from a newer stagedrain (%d, this one knows %d): upgrade stagedrain",
+			ErrSchemaTooNew, s.schema, sidekiqStagedPushTable, have, s.wake)
 	}
 	return nil
 }
 
 // wakeFunction returns the latest definition of the stagedrain_wake()
-// function among the migrations: the statement from its CREATE to "$$;".
-func wakeFunction() (string, error) {
+// function among the migrations (the statement from its CREATE to "$$;"),
+// and that migration's version.
+func wakeFunction() (string, int, error) {
 	ms, err := migrations()
 	if err != nil {
-		return "", err
+		return "", 0, err
 	}
 	const create = "CREATE OR REPLACE FUNCTION stagedrain_wake()"
 	for i := len(ms) - 1; i >= 0; i-- {
@@ -341,11 +353,31 @@ func wakeFunction() (string, error) {
 		}
 		end := strings.Index(body[start:], "$$;")
 		if end < 0 {
-			return "", fmt.Errorf("%s: stagedrain_wake() does not end with $$;", ms[i].name)
+			return "", 0, fmt.Errorf("%s: stagedrain_wake() does not end with $$;", ms[i].name)
 		}
-		return body[start : start+end+3], nil
+		return body[start : start+end+3], ms[i].version, nil
 	}
-	return "", errors.New("no migration defines stagedrain_wake()")
+	return "", 0, errors.New("no migration defines stagedrain_wake()")
+}
+
+// The gem's table has no stagedrain_migrations: the trigger's comment
+// records which migration's stagedrain_wake() it runs, "stagedrain_wake N",
+// for the check at leadership.
+const wakeCommentPrefix = "stagedrain_wake "
+
+// wakeTriggerSQL reads, for the table $1: whether it exists, whether it has
+// the stagedrain_wake trigger, and that trigger's comment.
+const wakeTriggerSQL = `SELECT c.oid IS NOT NULL, t.oid IS NOT NULL, coalesce(obj_description(t.oid, 'pg_trigger'), '')
+	FROM (SELECT to_regclass($1) AS oid) c
+	LEFT JOIN pg_trigger t ON t.tgrelid = c.oid AND t.tgname = 'stagedrain_wake'`
+
+// wakeVersion reads the version out of a trigger comment; 0 if none.
+func wakeVersion(comment string) int {
+	v, err := strconv.Atoi(strings.TrimPrefix(comment, wakeCommentPrefix))
+	if err != nil || !strings.HasPrefix(comment, wakeCommentPrefix) {
+		return 0
+	}
+	return v
 }
 
 // migrateStagedPush adds the wake trigger to the gem's table in schema: the
@@ -353,7 +385,7 @@ func wakeFunction() (string, error) {
 // deferred constraint trigger. Nothing else: no table, no schema.
 func migrateStagedPush(ctx context.Context, conn *pgx.Conn, schema string) (MigrateResult, error) {
 	var res MigrateResult
-	fn, err := wakeFunction()
+	fn, version, err := wakeFunction()
 	if err != nil {
 		return res, fmt.Errorf("read migrations: %w", err)
 	}
@@ -363,11 +395,11 @@ func migrateStagedPush(ctx context.Context, conn *pgx.Conn, schema string) (Migr
 			return fmt.Errorf("take migration lock: %w", err)
 		}
 		var exists, hasTrigger bool
-		if err := tx.QueryRow(ctx, `SELECT c.oid IS NOT NULL,
-			EXISTS (SELECT FROM pg_trigger WHERE tgrelid = c.oid AND tgname = 'stagedrain_wake')
-			FROM (SELECT to_regclass($1) AS oid) c`, table).Scan(&exists, &hasTrigger); err != nil {
+		var comment string
+		if err := tx.QueryRow(ctx, wakeTriggerSQL, table).Scan(&exists, &hasTrigger, &comment); err != nil {
 			return fmt.Errorf("look up %s: %w", table, err)
 		}
+		res.Current = wakeVersion(comment)
 		if !exists {
 			return fmt.Errorf("no table %s: install sidekiq-staged_push and run its migration first", table)
 		}
@@ -379,19 +411,30 @@ func migrateStagedPush(ctx context.Context, conn *pgx.Conn, schema string) (Migr
 		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '5s'`); err != nil {
 			return fmt.Errorf("set lock_timeout: %w", err)
 		}
+		if hasTrigger && res.Current == version {
+			return nil // nothing to do: write nothing
+		}
+		if res.Current > version {
+			return fmt.Errorf("the stagedrain_wake trigger of %s is from a newer stagedrain (%d, this one knows %d): upgrade stagedrain",
+				table, res.Current, version)
+		}
 		if _, err := tx.Exec(ctx, fn, pgx.QueryExecModeSimpleProtocol); err != nil {
 			return fmt.Errorf("create stagedrain_wake(): %w", err)
 		}
-		if hasTrigger {
-			return nil
+		res.Applied = append(res.Applied, fmt.Sprintf("stagedrain_wake() of migration %03d", version))
+		if !hasTrigger {
+			if _, err := tx.Exec(ctx, `CREATE CONSTRAINT TRIGGER stagedrain_wake
+				AFTER INSERT ON `+table+`
+				DEFERRABLE INITIALLY DEFERRED
+				FOR EACH ROW EXECUTE FUNCTION stagedrain_wake()`); err != nil {
+				return fmt.Errorf("create trigger stagedrain_wake: %w", err)
+			}
+			res.Applied = append(res.Applied, "stagedrain_wake trigger on "+sidekiqStagedPushTable)
 		}
-		if _, err := tx.Exec(ctx, `CREATE CONSTRAINT TRIGGER stagedrain_wake
-			AFTER INSERT ON `+table+`
-			DEFERRABLE INITIALLY DEFERRED
-			FOR EACH ROW EXECUTE FUNCTION stagedrain_wake()`); err != nil {
-			return fmt.Errorf("create trigger stagedrain_wake: %w", err)
+		if _, err := tx.Exec(ctx, `COMMENT ON TRIGGER stagedrain_wake ON `+table+` IS '`+wakeCommentPrefix+strconv.Itoa(version)+`'`); err != nil {
+			return fmt.Errorf("comment on trigger stagedrain_wake: %w", err)
 		}
-		res.Applied = append(res.Applied, "stagedrain_wake trigger on "+sidekiqStagedPushTable)
+		res.Current = version
 		return nil
 	})
 	if err != nil {
@@ -403,7 +446,10 @@ func migrateStagedPush(ctx context.Context, conn *pgx.Conn, schema string) (Migr
 // MigrateSource is Migrate for a source: for SourceStagedJobs (or ""),
 // Migrate; for SourceSidekiqStagedPush, it adds only the wake trigger
 // (function and deferred constraint trigger) to the gem's table in schema,
-// which must exist, and creates nothing else. Idempotent.
+// which must exist, and creates nothing else. The trigger's comment records
+// the migration whose stagedrain_wake() it runs (MigrateResult.Current),
+// which Run checks; a trigger of an older one gets the new function.
+// Idempotent: once up to date, it writes nothing.
 func MigrateSource(ctx context.Context, conn *pgx.Conn, schema string, src Source) (MigrateResult, error) {
 	switch src {
 	case "", SourceStagedJobs:

@@ -118,15 +118,55 @@ func TestStagedPushSource(t *testing.T) {
 		t.Fatalf("Run before migrate: %v, want one line of ErrNotMigrated naming 'stagedrain migrate --source sidekiq_staged_push'", err)
 	}
 
-	for i := range 2 { // idempotent
+	runErr := func() error {
+		t.Helper()
+		r, err := relay.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		runCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		defer cancel()
+		return r.Run(runCtx)
+	}
+	migrate := func(want ...string) {
+		t.Helper()
 		res, err := relay.MigrateSource(ctx, h.conn, h.schema, relay.SourceSidekiqStagedPush)
 		if err != nil {
-			t.Fatalf("migrate #%d: %v", i+1, err)
+			t.Fatalf("migrate: %v", err)
 		}
-		if want := 1 - i; len(res.Applied) != want {
-			t.Fatalf("migrate #%d applied %v, want %d step(s)", i+1, res.Applied, want)
+		if len(res.Applied) != len(want) {
+			t.Fatalf("migrate applied %v, want %d step(s) %v", res.Applied, len(want), want)
+		}
+		for i, w := range want {
+			if !strings.Contains(res.Applied[i], w) {
+				t.Errorf("migrate applied %v, want %v", res.Applied, want)
+			}
 		}
 	}
+	migrate("stagedrain_wake()", "stagedrain_wake trigger")
+	migrate() // idempotent
+	// The trigger's comment names the stagedrain_wake() it runs: an older
+	// one is refused until migrate replaces it, a newer one for good.
+	comment := func(c string) {
+		t.Helper()
+		if _, err := h.conn.Exec(ctx, `COMMENT ON TRIGGER stagedrain_wake ON `+h.gemTable()+` IS '`+c+`'`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	comment("stagedrain_wake 3")
+	if err := runErr(); !errors.Is(err, relay.ErrNotMigrated) || !strings.Contains(err.Error(), "older") {
+		t.Fatalf("Run with an older trigger: %v, want ErrNotMigrated", err)
+	}
+	migrate("stagedrain_wake()")
+	comment("stagedrain_wake 999")
+	if err := runErr(); !errors.Is(err, relay.ErrSchemaTooNew) {
+		t.Fatalf("Run with a newer trigger: %v, want ErrSchemaTooNew", err)
+	}
+	if _, err := relay.MigrateSource(ctx, h.conn, h.schema, relay.SourceSidekiqStagedPush); err == nil || !strings.Contains(err.Error(), "newer") {
+		t.Fatalf("migrate over a newer trigger: %v, want a refusal", err)
+	}
+	comment("stagedrain_wake 3")
+	migrate("stagedrain_wake()")
 	// Only the trigger and its function: no table, no view, no sequence
 	// beyond the gem's own.
 	rows, err := h.conn.Query(ctx, `SELECT relname || ':' || relkind::text FROM pg_class

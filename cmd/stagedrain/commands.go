@@ -142,7 +142,8 @@ func migrate(ctx context.Context, databaseURL, schema string, src relay.Source, 
 		return err
 	}
 	if src == relay.SourceSidekiqStagedPush {
-		log.Info("migrated", zap.String("schema", schema), zap.String("source", string(src)), zap.Strings("applied", res.Applied))
+		log.Info("migrated", zap.String("schema", schema), zap.String("source", string(src)),
+			zap.Strings("applied", res.Applied), zap.Int("version", res.Current))
 		return nil
 	}
 	log.Info("migrated", zap.String("schema", schema), zap.Strings("applied", res.Applied), zap.Int("version", res.Current))
