@@ -59,7 +59,8 @@ type Config struct {
 	// seconds on its own retries first.
 	Redis redis.UniversalClient
 
-	// Schema is the PostgreSQL schema holding staged_jobs. Default "public".
+	// Schema is the PostgreSQL schema holding staged_jobs (or, with
+	// SourceSidekiqStagedPush, the gem's table). Default "public".
 	Schema string
 
 	// Source is the table drained: SourceStagedJobs (<Schema>.staged_jobs,
