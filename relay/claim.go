@@ -128,11 +128,11 @@ func claimSQL(table, where string) string {
 
 // claimBatch begins a transaction on conn and, in the same round trip,
 // claims (deletes) up to limit committed rows into dst[:0], sorted by id,
-// each read by scan (nil: scanStagedJob, staged_jobs' columns).
+// each read by scan (nil: staged_jobs' columns, stagedJobScan).
 // On success the transaction stays open: the caller commits what it pushed.
-func claimBatch(ctx context.Context, conn *pgx.Conn, sql string, scan func(pgx.Rows, *stagedJob) error, limit int, skip []int64, from int64, dst []stagedJob) ([]stagedJob, error) {
+func claimBatch(ctx context.Context, conn *pgx.Conn, sql string, scan rowScan, limit int, skip []int64, from int64, dst []stagedJob) ([]stagedJob, error) {
 	if scan == nil {
-		scan = scanStagedJob
+		scan = stagedJobScan()
 	}
 	if skip == nil {
 		skip = []int64{} // an empty array: NULL would make "id <> ALL" NULL
@@ -172,13 +172,23 @@ func claimBatch(ctx context.Context, conn *pgx.Conn, sql string, scan func(pgx.R
 	return dst, nil
 }
 
-// scanStagedJob reads a row of claimColumns into j. Columns are scanned
-// into nullable types: a NULL in a table made by hand makes its row poison
-// (see stagedJob.nulls), not the whole batch fail.
-func scanStagedJob(rows pgx.Rows, j *stagedJob) error {
+// rowScan reads one claimed row into j.
+type rowScan func(rows pgx.Rows, j *stagedJob) error
+
+// stagedJobScan returns a rowScan of claimColumns, for one batch (it reuses
+// its scratch values from row to row). Columns are scanned into nullable
+// types: a NULL in a table made by hand makes its row poison (see
+// stagedJob.nulls), not the whole batch fail.
+func stagedJobScan() rowScan {
 	var name, queue, jid pgtype.Text
 	var createdAt pgtype.Timestamptz
-	if err := rows.Scan(&j.id, &name, &j.args, &queue, &j.runAt, &jid, &createdAt, &j.options); err != nil {
+	return func(rows pgx.Rows, j *stagedJob) error {
+		return scanStagedJob(rows, j, &name, &queue, &jid, &createdAt)
+	}
+}
+
+func scanStagedJob(rows pgx.Rows, j *stagedJob, name, queue, jid *pgtype.Text, createdAt *pgtype.Timestamptz) error {
+	if err := rows.Scan(&j.id, name, &j.args, queue, &j.runAt, jid, createdAt, &j.options); err != nil {
 		return err
 	}
 	j.name, j.queue, j.jid, j.createdAt = name.String, queue.String, jid.String, createdAt.Time

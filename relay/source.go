@@ -43,8 +43,9 @@ type source interface {
 	// statements returns the source's SQL, identifiers quoted: claim,
 	// claimDue, nextDue, backlog, staged, and, when it buries, bury.
 	statements() tableSQL
-	// scan reads one row of the claim into j.
-	scan(rows pgx.Rows, j *stagedJob) error
+	// scanner returns what reads the rows of one claim, each into a
+	// stagedJob.
+	scanner() rowScan
 	// reinsert returns the statement and arguments that put jobs back,
 	// unchanged.
 	reinsert(jobs []stagedJob) (string, []any)
@@ -76,7 +77,7 @@ type stagedJobsSource struct {
 func (s *stagedJobsSource) statements() tableSQL { return s.sql }
 func (s *stagedJobsSource) buries() bool         { return true }
 
-func (s *stagedJobsSource) scan(rows pgx.Rows, j *stagedJob) error { return scanStagedJob(rows, j) }
+func (s *stagedJobsSource) scanner() rowScan { return stagedJobScan() }
 
 func (s *stagedJobsSource) reinsert(jobs []stagedJob) (string, []any) {
 	return s.sql.reinsert, reinsertArgs(jobs)
@@ -175,6 +176,8 @@ func (s *stagedPushSource) reinsert(jobs []stagedJob) (string, []any) {
 	b = append(b, ']')
 	return s.sql.reinsert, []any{string(b)}
 }
+
+func (s *stagedPushSource) scanner() rowScan { return s.scan }
 
 func (s *stagedPushSource) scan(rows pgx.Rows, j *stagedJob) error {
 	var payload []byte
