@@ -22,6 +22,8 @@ type stagedJob struct {
 	createdAt time.Time
 	options   []byte   // JSON text of a JSONB object
 	nulls     nullCols // columns read as NULL (a table made by hand): the row is poison
+	bad       string   // why the source's mapping found the row poison, "" if it did not
+	record    []byte   // the row as the source reads it back, for a source that needs it (stagedPushSource)
 }
 
 // nullCols is a set of the columns of a stagedJob that were NULL.
@@ -125,9 +127,13 @@ func claimSQL(table, where string) string {
 }
 
 // claimBatch begins a transaction on conn and, in the same round trip,
-// claims (deletes) up to limit committed rows into dst[:0], sorted by id.
+// claims (deletes) up to limit committed rows into dst[:0], sorted by id,
+// each read by scan (nil: staged_jobs' columns, stagedJobScan).
 // On success the transaction stays open: the caller commits what it pushed.
-func claimBatch(ctx context.Context, conn *pgx.Conn, sql string, limit int, skip []int64, from int64, dst []stagedJob) ([]stagedJob, error) {
+func claimBatch(ctx context.Context, conn *pgx.Conn, sql string, scan rowScan, limit int, skip []int64, from int64, dst []stagedJob) ([]stagedJob, error) {
+	if scan == nil {
+		scan = stagedJobScan()
+	}
 	if skip == nil {
 		skip = []int64{} // an empty array: NULL would make "id <> ALL" NULL
 	}
@@ -145,29 +151,12 @@ func claimBatch(ctx context.Context, conn *pgx.Conn, sql string, limit int, skip
 		_ = br.Close()
 		return dst, fmt.Errorf("claim batch: %w", err)
 	}
-	// Scanned into nullable types: a NULL in a table made by hand makes
-	// its row poison (see stagedJob.null), not the whole batch fail.
-	var name, queue, jid pgtype.Text
-	var createdAt pgtype.Timestamptz
 	for rows.Next() {
 		dst = append(dst, stagedJob{})
-		j := &dst[len(dst)-1]
-		if err := rows.Scan(&j.id, &name, &j.args, &queue, &j.runAt, &jid, &createdAt, &j.options); err != nil {
+		if err := scan(rows, &dst[len(dst)-1]); err != nil {
 			rows.Close()
 			_ = br.Close()
 			return dst, fmt.Errorf("claim batch: scan row: %w", err)
-		}
-		j.name, j.queue, j.jid, j.createdAt = name.String, queue.String, jid.String, createdAt.Time
-		for _, c := range [...]struct {
-			null bool
-			col  nullCols
-		}{
-			{!name.Valid, nullName}, {j.args == nil, nullArgs}, {!queue.Valid, nullQueue},
-			{!jid.Valid, nullJID}, {!createdAt.Valid, nullCreatedAt}, {j.options == nil, nullOptions},
-		} {
-			if c.null {
-				j.nulls |= c.col
-			}
 		}
 	}
 	rows.Close()
@@ -181,6 +170,41 @@ func claimBatch(ctx context.Context, conn *pgx.Conn, sql string, limit int, skip
 	// RETURNING follows no order; jobs of a queue are pushed in id order.
 	slices.SortFunc(dst, func(a, b stagedJob) int { return cmp.Compare(a.id, b.id) })
 	return dst, nil
+}
+
+// rowScan reads one claimed row into j.
+type rowScan func(rows pgx.Rows, j *stagedJob) error
+
+// stagedJobScan returns a rowScan of claimColumns, for one batch (it reuses
+// its scratch values from row to row). Columns are scanned into nullable
+// types: a NULL in a table made by hand makes its row poison (see
+// stagedJob.nulls), not the whole batch fail.
+func stagedJobScan() rowScan {
+	var name, queue, jid pgtype.Text
+	var createdAt pgtype.Timestamptz
+	return func(rows pgx.Rows, j *stagedJob) error {
+		return scanStagedJob(rows, j, &name, &queue, &jid, &createdAt)
+	}
+}
+
+func scanStagedJob(rows pgx.Rows, j *stagedJob, name, queue, jid *pgtype.Text, createdAt *pgtype.Timestamptz) error {
+	if err := rows.Scan(&j.id, name, &j.args, queue, &j.runAt, jid, createdAt, &j.options); err != nil {
+		return err
+	}
+	j.name, j.queue, j.jid, j.createdAt = name.String, queue.String, jid.String, createdAt.Time
+	j.nulls, j.bad, j.record = 0, "", nil
+	for _, c := range [...]struct {
+		null bool
+		col  nullCols
+	}{
+		{!name.Valid, nullName}, {j.args == nil, nullArgs}, {!queue.Valid, nullQueue},
+		{!jid.Valid, nullJID}, {!createdAt.Valid, nullCreatedAt}, {j.options == nil, nullOptions},
+	} {
+		if c.null {
+			j.nulls |= c.col
+		}
+	}
+	return nil
 }
 
 // reinsertArgs are the columns of jobs as arrays, for tableSQL.reinsert.

@@ -62,8 +62,16 @@ type Config struct {
 	// seconds on its own retries first.
 	Redis redis.UniversalClient
 
-	// Schema is the PostgreSQL schema holding staged_jobs. Default "public".
+	// Schema is the PostgreSQL schema holding staged_jobs (or, with
+	// SourceSidekiqStagedPush, the gem's table). Default "public".
 	Schema string
+
+	// Source is the table drained: SourceStagedJobs (<Schema>.staged_jobs,
+	// made by Migrate) or SourceSidekiqStagedPush (the sidekiq-staged_push
+	// gem's <Schema>.sidekiq_staged_push_jobs, given its wake trigger by
+	// MigrateSource). Default SourceStagedJobs. One relay drains a schema
+	// at a time, whatever its source.
+	Source Source
 
 	// Target is the job system the jobs are written for: TargetSidekiq,
 	// TargetAsynq or TargetStreams. Default TargetSidekiq.
@@ -145,6 +153,7 @@ const (
 // WithDefaults returns a copy of c with every unset field set to its default.
 func (c Config) WithDefaults() Config {
 	c.Schema = cmp.Or(c.Schema, defaultSchema)
+	c.Source = cmp.Or(c.Source, SourceStagedJobs)
 	c.Target = cmp.Or(c.Target, TargetSidekiq)
 	c.BatchSize = cmp.Or(c.BatchSize, defaultBatchSize)
 	c.PollInterval = cmp.Or(c.PollInterval, defaultPollInterval)
@@ -209,6 +218,9 @@ func (c Config) Validate() error {
 		return fieldErr("StreamMaxLen", "applies to the streams target only, got %d with the %s target", c.StreamMaxLen, c.Target)
 	}
 	if err := validateSchemaName(c.Schema); err != nil {
+		return err
+	}
+	if err := CheckSource(c.Source); err != nil {
 		return err
 	}
 	if _, err := pgx.ParseConfig(c.DatabaseURL); err != nil {

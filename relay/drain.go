@@ -117,7 +117,7 @@ type claimed struct {
 // order, so a lower id can commit later: every claim after a short batch,
 // and at least one a second, scans from the start.
 func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]stagedJob, g *gate, log *zap.Logger) error {
-	var skip []int64
+	skip := slices.Clone(r.poisoned) // poison rows a source left staged
 	fullScan, lastFound := time.Now(), time.Now()
 	var rate flowRate
 	claimFromStart := func(buf *[]stagedJob) (claimed, error) {
@@ -291,7 +291,7 @@ func (r *Relay) claim(ctx context.Context, pool *pgxpool.Pool, buf *[]stagedJob,
 	if err != nil {
 		return c, fmt.Errorf("claim batch: %w", err)
 	}
-	*buf, err = claimBatch(ctx, conn.Conn(), r.sql.claim, r.cfg.BatchSize, skip, from, *buf)
+	*buf, err = claimBatch(ctx, conn.Conn(), r.sql.claim, r.src.scanner(), r.cfg.BatchSize, skip, from, *buf)
 	if err != nil {
 		claimed{conn: conn}.rollback(ctx)
 		return c, err
@@ -331,7 +331,9 @@ func (c claimed) rollback(ctx context.Context) {
 // MaxPayloadBytes, or Redis refused it with an error that waiting cannot fix
 // (WRONGTYPE, see isTransientReply). It moves, unchanged, to the dead-letter
 // table in this batch's transaction, and is logged once, at error, after
-// the commit: the rows behind it flow on.
+// the commit: the rows behind it flow on. A source with no dead-letter
+// table (the gem's, SourceSidekiqStagedPush) puts it back unchanged
+// instead, and the relay skips it for the rest of its leadership.
 //
 // Once claimed, a batch is not cut short by ctx: when ctx ends it gets
 // ShutdownTimeout to finish, so a stop between push and delete does not
@@ -382,13 +384,24 @@ func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (left []
 			return nil, fmt.Errorf("after push: %w", err)
 		}
 	}
+	// A source that does not bury poison (the gem's table, which has no
+	// dead-letter table) puts it back with the deferred rows; this
+	// leadership skips it from now on.
+	var kept []int64
+	if len(dead) > 0 && !r.src.buries() {
+		for _, j := range dead {
+			kept = append(kept, j.id)
+		}
+		left = append(left, kept...)
+	}
 	// Put back what Redis deferred, bury the poison and commit, in one
 	// round trip.
 	batch := &pgx.Batch{}
 	if len(left) > 0 {
-		batch.Queue(r.sql.reinsert, reinsertArgs(unpushed(b.jobs, left))...)
+		sql, args := r.src.reinsert(unpushed(b.jobs, left))
+		batch.Queue(sql, args...)
 	}
-	if len(dead) > 0 {
+	if len(dead) > 0 && kept == nil {
 		batch.Queue(r.sql.bury, buryArgs(dead, reasons)...)
 	}
 	batch.Queue("COMMIT")
@@ -397,11 +410,22 @@ func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (left []
 	}
 	b.conn.Release()
 	r.handoff.committed(res.field, res.redelivered)
+	buried := len(dead)
+	if kept != nil {
+		buried = 0
+		r.poisoned = append(r.poisoned, kept...)
+		r.summary.poisonKept(len(kept), len(r.poisoned))
+	}
 	r.summary.batch(b.jobs, func(id int64) bool {
 		return slices.Contains(left, id) || slices.ContainsFunc(dead, func(j stagedJob) bool { return j.id == id })
-	}, b.start, pushedAt, len(dead))
+	}, b.start, pushedAt, buried)
 	for i := range dead {
 		j := &dead[i]
+		if kept != nil {
+			log.Error("poison job left staged, skipped until the relay's next leadership", zap.Int64("id", j.id),
+				zap.String("jid", j.jid), zap.String("queue", j.queue), zap.String("reason", reasons[i]))
+			continue
+		}
 		log.Error("job dead-lettered", zap.Int64("id", j.id), zap.String("jid", j.jid),
 			zap.String("queue", j.queue), zap.String("reason", reasons[i]))
 	}
@@ -410,7 +434,8 @@ func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (left []
 			zap.Int("count", len(res.pushed)),
 			zap.Int("already_pushed", len(res.redelivered)),
 			zap.Int("left_staged", len(res.deferred)),
-			zap.Int("dead_lettered", len(dead)),
+			zap.Int("dead_lettered", buried),
+			zap.Int("poison_left_staged", len(kept)),
 			zap.Strings("queues", res.queues),
 			zap.Int("scheduled", res.scheduled),
 			zap.Int("skipped", res.skipped),

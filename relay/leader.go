@@ -126,35 +126,14 @@ func (r *Relay) campaign(ctx context.Context, pool *pgxpool.Pool) (connected tim
 	return connected, err
 }
 
-// checkVersion compares the schema version that Migrate recorded with the
-// one this binary needs, in one query: a schema Migrate never ran on, or one
-// it has not brought up to date (ErrNotMigrated), would fail every drain
-// with an error retrying cannot fix, and so would a schema a newer stagedrain
-// has changed (ErrSchemaTooNew).
+// checkVersion checks, through the source, that the table is ready for
+// this binary: for staged_jobs, the schema version Migrate recorded; for
+// the gem's table, the table and its wake trigger. Waiting cannot fix
+// either (ErrNotMigrated, ErrSchemaTooNew).
 func (r *Relay) checkVersion(ctx context.Context, conn *pgx.Conn) error {
-	var have *int // nil: no version recorded
-	err := withDeadline(ctx, lockQueryTimeout(r.cfg.LeaderInterval), func(ctx context.Context) error {
-		return conn.QueryRow(ctx, r.sql.version).Scan(&have)
+	return withDeadline(ctx, lockQueryTimeout(r.cfg.LeaderInterval), func(ctx context.Context) error {
+		return r.src.check(ctx, conn)
 	})
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") {
-		err = nil // no stagedrain_migrations table, or no schema: never migrated
-	}
-	if err != nil {
-		return fmt.Errorf("check schema version: %w", err)
-	}
-	switch {
-	case have == nil:
-		return fmt.Errorf("%w in %q: no schema version recorded (this stagedrain needs %d): run 'stagedrain migrate' first",
-			ErrNotMigrated, r.cfg.Schema, r.version)
-	case *have < r.version:
-		return fmt.Errorf("%w in %q: schema version %d is older than this stagedrain needs (%d): run 'stagedrain migrate' first",
-			ErrNotMigrated, r.cfg.Schema, *have, r.version)
-	case *have > r.version:
-		return fmt.Errorf("%w in %q: schema version %d is newer than this stagedrain knows (%d): upgrade stagedrain",
-			ErrSchemaTooNew, r.cfg.Schema, *have, r.version)
-	}
-	return nil
 }
 
 // keepLock pings the lock connection every LeaderInterval/2 (jittered),

@@ -30,7 +30,17 @@ import (
 //   - advisory locks (leader lock, wake gate), LISTEN and SET of
 //     synchronous_commit, lock_timeout and application_name, which need no
 //     grant; CONNECT and USAGE on the schema do.
-func runPrivileges() []privilege {
+func runPrivileges(src Source) []privilege {
+	if src == SourceSidekiqStagedPush {
+		// The gem's table alone: claim, put back (poison and deferred rows
+		// go back unchanged), backlog. No dead-letter table, no version.
+		return []privilege{
+			{"sidekiq_staged_push_jobs", "SELECT", nil},
+			{"sidekiq_staged_push_jobs", "INSERT", nil},
+			{"sidekiq_staged_push_jobs", "DELETE", nil},
+			{"sidekiq_staged_push_jobs", "UPDATE", []string{"*"}},
+		}
+	}
 	staged := strings.Split(strings.ReplaceAll(claimColumns, " ", ""), ",")
 	dead := slices.Concat(staged, []string{"reason", "failed_at", "attempts"})
 	return []privilege{
@@ -63,9 +73,23 @@ var ErrPermission = errors.New("permission denied")
 
 // permissionError is an ErrPermission: what was refused, then what the
 // relay needs.
-type permissionError struct{ err error }
+type permissionError struct {
+	err   error
+	needs string // what the relay needs; runNeeds when ""
+}
 
-func (e *permissionError) Error() string        { return e.err.Error() + ": " + runNeeds }
+// stagedPushNeeds is runNeeds for --source sidekiq_staged_push.
+const stagedPushNeeds = `the relay's role needs USAGE on the schema; SELECT, INSERT, DELETE and UPDATE (id) on sidekiq_staged_push_jobs ` +
+	`(see README "Least-privilege role")`
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+func (e *permissionError) Error() string        { return e.err.Error() + ": " + cmpOr(e.needs, runNeeds) }
 func (e *permissionError) Unwrap() error        { return e.err }
 func (e *permissionError) Is(target error) bool { return target == ErrPermission }
 
@@ -80,7 +104,7 @@ func isInsufficientPrivilege(err error) bool {
 // ErrPermission that says what the relay needs; other errors pass.
 func explainPermission(err error) error {
 	if isInsufficientPrivilege(err) && !errors.Is(err, ErrPermission) {
-		return &permissionError{err}
+		return &permissionError{err: err}
 	}
 	return err
 }
@@ -112,7 +136,7 @@ const privilegesSQL = `SELECT priv, tbl, current_user::text FROM (
 // wrong fails at start with one line, not at the first dead letter.
 func (r *Relay) checkPrivileges(ctx context.Context, conn *pgx.Conn) error {
 	var tables, privs, cols []string
-	for _, p := range runPrivileges() {
+	for _, p := range runPrivileges(r.cfg.Source) {
 		if p.cols == nil {
 			tables, privs, cols = append(tables, p.table), append(privs, p.priv), append(cols, "")
 		}
@@ -138,7 +162,11 @@ func (r *Relay) checkPrivileges(ctx context.Context, conn *pgx.Conn) error {
 		return fmt.Errorf("check privileges: %w", err)
 	}
 	if len(missing) > 0 {
-		return &permissionError{fmt.Errorf("permission denied: role %q lacks %s", role, strings.Join(missing, ", "))}
+		perr := &permissionError{err: fmt.Errorf("permission denied: role %q lacks %s", role, strings.Join(missing, ", "))}
+		if r.cfg.Source == SourceSidekiqStagedPush {
+			perr.needs = stagedPushNeeds
+		}
+		return perr
 	}
 	return nil
 }

@@ -117,6 +117,8 @@ func (r *Relay) stillStaged(ctx context.Context, pool *pgxpool.Pool, ids []int64
 // constraints were removed), and returns its job_args JSON text, trimmed.
 func checkJob(j *stagedJob) ([]byte, error) {
 	switch {
+	case j.bad != "":
+		return nil, errors.New(j.bad)
 	case j.nulls != 0:
 		return nil, fmt.Errorf("%s is NULL", j.nulls)
 	case j.name == "":

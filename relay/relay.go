@@ -11,7 +11,8 @@
 // the others wait as standbys.
 //
 // The data flows through these files: listen.go (LISTEN) -> wake.go (wake
-// and poll) -> drain.go (one batch) -> claim.go (claim and delete SQL) ->
+// and poll) -> drain.go (one batch) -> claim.go (claim and delete SQL, of
+// the source: source.go, staged_jobs or the sidekiq-staged_push gem's table) ->
 // push.go (the atomic push step, handoff.go, with a target's commands:
 // sidekiq.go, asynq.go, streams.go); leader.go chooses which relay does it;
 // summary.go and metrics.go count what it did, for the logs and Prometheus.
@@ -39,15 +40,20 @@ type Relay struct {
 	cfg    Config
 	log    *zap.Logger
 	pgCfg  *pgx.ConnConfig
-	sql    tableSQL
+	sql    tableSQL // src's statements, the claim due-only for dueOnly
+	src    source
 	target target
 	// dueOnly: the target has no scheduler, so rows are claimed only once
 	// their run_at is due, and the drain loop wakes for the next one.
 	dueOnly bool
 	handoff *handoff
-	holder  string // names this relay in the fence hash
-	lockKey string
-	version int // the schema version this binary needs: its latest migration
+	// poisoned lists the poison rows a source that does not bury them
+	// left staged in this leadership: every claim skips them. Read and
+	// written by the drain loop only; reset when leadership starts.
+	poisoned []int64
+	holder   string // names this relay in the fence hash
+	lockKey  string
+	version  int // the schema version this binary needs: its latest migration
 
 	// Test hooks (export_test.go); nil outside tests.
 	hooks testHooks
@@ -108,7 +114,6 @@ func New(cfg Config) (*Relay, error) {
 		cfg:     cfg,
 		log:     cfg.Logger,
 		pgCfg:   pgCfg,
-		sql:     newTableSQL(cfg.Schema),
 		handoff: newHandoff(cfg.Redis, newHandoffKeys(cfg.RedisNamespace, pgCfg.Database, cfg.Schema)),
 		holder:  applicationName("leader"),
 		lockKey: "stagedrain:" + cfg.Schema,
@@ -118,6 +123,10 @@ func New(cfg Config) (*Relay, error) {
 		summaryEvery:  summaryEvery,
 		drainIdleInTx: drainIdleInTx,
 	}
+	if r.src, err = newSource(cfg, version); err != nil {
+		return nil, fmt.Errorf("read migrations: %w", err)
+	}
+	r.sql = r.src.statements()
 	switch cfg.Target {
 	case TargetAsynq:
 		r.target = newAsynqTarget(cfg.MaxPayloadBytes)
@@ -155,6 +164,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		zap.String("database", DescribeDatabase(r.cfg.DatabaseURL)),
 		zap.String("redis", DescribeRedis(r.cfg.Redis)),
 		zap.String("channel", ChannelName(r.cfg.Schema)),
+		zap.String("source", string(r.cfg.Source)),
 		zap.String("target", string(r.cfg.Target)),
 		zap.Int("batch_size", r.cfg.BatchSize),
 		zap.Duration("poll_interval", r.cfg.PollInterval),
@@ -277,6 +287,8 @@ const healthySession = 10 * time.Second
 // watch on the lock connection. lockMu guards lockConn, which they share.
 func (r *Relay) lead(ctx context.Context, lockConn *pgx.Conn, lockMu *sync.Mutex, pool *pgxpool.Pool) error {
 	r.handoff.reset() // a new leadership takes the fence at its first push
+	r.poisoned = nil  // and looks at every row again
+	r.summary.poisonKept(0, 0)
 	g, ctx := errgroup.WithContext(ctx)
 	wake := make(chan struct{}, 1)
 	wake <- struct{}{} // drain at start

@@ -184,6 +184,9 @@ var reservedKeys = [...]string{"class", "args", "queue", "jid", "created_at", "e
 // appendSidekiqPayload appends j's Sidekiq job hash as JSON to b. It returns
 // an error, and b unchanged in meaning, for a row no worker could run.
 func appendSidekiqPayload(b []byte, j *stagedJob, now time.Time, ts TimestampFormat) ([]byte, error) {
+	if j.bad != "" {
+		return b, errors.New(j.bad)
+	}
 	if j.nulls != 0 {
 		return b, fmt.Errorf("%s is NULL", j.nulls)
 	}

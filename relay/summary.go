@@ -33,7 +33,11 @@ type summary struct {
 	jobs    int
 	batches int
 	dead    int
-	buckets [len(latencyBounds) + 1]int // the last: above every bound
+	// poison counts poison rows left staged (by a source that does not
+	// bury them) in this window; poisonStaged, in this leadership.
+	poison       int
+	poisonStaged int
+	buckets      [len(latencyBounds) + 1]int // the last: above every bound
 }
 
 // batch records a finished batch, claimed at start and committed now:
@@ -64,17 +68,28 @@ func (s *summary) batch(jobs []stagedJob, notPushed func(id int64) bool, start, 
 	}
 }
 
+// poisonKept records n more poison rows left staged and skipped, total in
+// this leadership.
+func (s *summary) poisonKept(n, total int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.poison += n
+	s.poisonStaged = total
+}
+
 // summaryWindow is what take returns: one window's counts.
 type summaryWindow struct {
-	jobs, batches, dead int
-	p99                 time.Duration // the bucket bound that 99% of jobs are within; -1: above every bound
+	jobs, batches, dead  int
+	poison, poisonStaged int
+	p99                  time.Duration // the bucket bound that 99% of jobs are within; -1: above every bound
 }
 
 // take returns the counts since the last take and starts a new window.
 func (s *summary) take() summaryWindow {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	w := summaryWindow{jobs: s.jobs, batches: s.batches, dead: s.dead, p99: -1}
+	w := summaryWindow{jobs: s.jobs, batches: s.batches, dead: s.dead, p99: -1,
+		poison: s.poison, poisonStaged: s.poisonStaged}
 	need, seen := (99*s.jobs+99)/100, 0 // ceil(0.99 x jobs)
 	for b, n := range s.buckets {
 		seen += n
@@ -83,7 +98,7 @@ func (s *summary) take() summaryWindow {
 			break
 		}
 	}
-	s.jobs, s.batches, s.dead, s.buckets = 0, 0, 0, [len(latencyBounds) + 1]int{}
+	s.jobs, s.batches, s.dead, s.poison, s.buckets = 0, 0, 0, 0, [len(latencyBounds) + 1]int{}
 	return w
 }
 
@@ -96,12 +111,17 @@ func (s *summary) take() summaryWindow {
 func (r *Relay) summarize(ctx context.Context, interval time.Duration) {
 	for sleep(ctx, interval) {
 		w := r.summary.take()
-		if w.jobs == 0 && w.dead == 0 {
+		if w.jobs == 0 && w.dead == 0 && w.poison == 0 {
 			continue
 		}
 		fields := []zap.Field{
 			zap.Int("jobs", w.jobs), zap.Int("batches", w.batches), zap.Int("dead_lettered", w.dead),
 			zap.Duration("interval", interval),
+		}
+		if w.poisonStaged > 0 {
+			// Poison rows a source without a dead-letter table left in
+			// its table (skipped; counted in the backlog too).
+			fields = append(fields, zap.Int("poison_staged", w.poisonStaged))
 		}
 		if w.p99 >= 0 {
 			fields = append(fields, zap.String("p99_latency", "<= "+w.p99.String()))

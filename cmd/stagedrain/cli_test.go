@@ -95,6 +95,8 @@ func TestUsageErrors(t *testing.T) {
 		{"bad timestamp format", []string{"run", "--database-url", db, "--timestamp-format", "nanos"}, []string{"--timestamp-format", "nanos"}},
 		{"unknown target", []string{"run", "--database-url", db, "--target", "resque"}, []string{"run: --target", `"sidekiq", "asynq" or "streams", got "resque"`}},
 		{"empty target", []string{"run", "--database-url", db, "--target="}, []string{"--target", "must not be empty"}},
+		{"unknown source", []string{"run", "--database-url", db, "--source", "good_job"}, []string{"run: --source", `"staged_jobs" or "sidekiq_staged_push", got "good_job"`}},
+		{"unknown source to migrate", []string{"migrate", "--database-url", db, "--source", "outbox"}, []string{"migrate: --source", `got "outbox"`}},
 		{"asynq with a namespace", []string{"run", "--database-url", db, "--target", "asynq", "--redis-namespace", "app"}, []string{"run: --redis-namespace", "asynq's key names are fixed"}},
 		{"millis without sidekiq", []string{"run", "--database-url", db, "--target", "streams", "--timestamp-format", "millis"}, []string{"run: --timestamp-format", "sidekiq target only"}},
 		{"stream maxlen negative", []string{"run", "--database-url", db, "--target", "streams", "--stream-maxlen", "-1"}, []string{"run: --stream-maxlen", "negative"}},
@@ -172,6 +174,7 @@ func TestEnvUsageErrors(t *testing.T) {
 		{"bool", "STAGEDRAIN_MIGRATE", "perhaps-xyz", []string{"run", "--database-url", db}, []string{"$STAGEDRAIN_MIGRATE", "--migrate"}},
 		{"zero batch size", "STAGEDRAIN_BATCH_SIZE", "0", []string{"run", "--database-url", db}, []string{"--batch-size"}},
 		{"unknown target", "STAGEDRAIN_TARGET", "kafka", []string{"run", "--database-url", db}, []string{"run: $STAGEDRAIN_TARGET (--target)", `got "kafka"`}},
+		{"unknown source", "STAGEDRAIN_SOURCE", "jobs", []string{"run", "--database-url", db}, []string{"run: $STAGEDRAIN_SOURCE (--source)", `got "jobs"`}},
 		{"log level", "STAGEDRAIN_LOG_LEVEL", "loud", []string{"migrate", "--database-url", db}, []string{"--log-level"}},
 		{"database url", "DATABASE_URL", "postgres://u:s3cretpw@h:badport/x", []string{"migrate"}, []string{"--database-url"}},
 		{"schema too long, run", "STAGEDRAIN_SCHEMA", strings.Repeat("s", 64), []string{"run", "--database-url", db}, []string{"run: $STAGEDRAIN_SCHEMA (--schema)", "1 to 63 bytes"}},
@@ -234,6 +237,7 @@ func TestHelp(t *testing.T) {
 	common := map[string]string{
 		"database-url": "DATABASE_URL",
 		"schema":       "STAGEDRAIN_SCHEMA",
+		"source":       "STAGEDRAIN_SOURCE",
 		"log-format":   "STAGEDRAIN_LOG_FORMAT",
 		"log-level":    "STAGEDRAIN_LOG_LEVEL",
 	}
@@ -266,6 +270,7 @@ func TestHelp(t *testing.T) {
 		{"status", map[string]string{
 			"database-url": "DATABASE_URL",
 			"schema":       "STAGEDRAIN_SCHEMA",
+			"source":       "STAGEDRAIN_SOURCE",
 			"json":         "STAGEDRAIN_STATUS_JSON",
 		}},
 		{"health", map[string]string{"metrics-addr": "STAGEDRAIN_METRICS_ADDR"}},

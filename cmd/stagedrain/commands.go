@@ -25,13 +25,16 @@ import (
 type commonFlags struct {
 	databaseURL string
 	schema      string
+	source      string
 	logFormat   string
 	logLevel    string
 }
 
 func (c *commonFlags) register(f *flagSet) {
 	c.registerDatabase(f)
-	defer f.required("log-format", "log-level")
+	defer f.required("log-format", "log-level", "source")
+	f.fs.StringVar(&c.source, "source", string(relay.SourceStagedJobs), "the `table` drained: staged_jobs, or sidekiq_staged_push (the sidekiq-staged_push gem's sidekiq_staged_push_jobs)")
+	f.env("source", "STAGEDRAIN_SOURCE")
 	f.fs.StringVar(&c.logFormat, "log-format", "json", "log `format`: json or console")
 	f.env("log-format", "STAGEDRAIN_LOG_FORMAT")
 	f.fs.StringVar(&c.logLevel, "log-level", "info", "log `level`: debug (a line per batch), info, warn or error")
@@ -60,6 +63,15 @@ func (c *commonFlags) check(f *flagSet) error {
 			reason = fe.Reason
 		}
 		return usagef("%s: %s %s", f.cmd, f.source("schema"), reason)
+	}
+	if f.fs.Lookup("source") != nil {
+		if err := relay.CheckSource(relay.Source(c.source)); err != nil {
+			reason := err.Error()
+			if fe := (*relay.FieldError)(nil); errors.As(err, &fe) {
+				reason = fe.Reason
+			}
+			return usagef("%s: %s %s", f.cmd, f.source("source"), reason)
+		}
 	}
 	return nil
 }
@@ -98,7 +110,8 @@ func (c *commonFlags) logger(cmd string, stdout io.Writer) (*zap.Logger, error) 
 // newMigrateFlags declares migrate's flags.
 func newMigrateFlags() (*flagSet, *commonFlags) {
 	f := newFlagSet("migrate", "Create the schema (if missing), the staged_jobs table and its NOTIFY trigger,\n"+
-		"or upgrade them. Safe to run again, and from several processes at once.")
+		"or upgrade them; with --source sidekiq_staged_push, add only the trigger to the\n"+
+		"gem's table. Safe to run again, and from several processes at once.")
 	c := new(commonFlags)
 	c.register(f)
 	return f, c
@@ -117,18 +130,23 @@ func migrateCmd(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	warnUnknownEnv(log)
-	return migrate(ctx, c.databaseURL, c.schema, log)
+	return migrate(ctx, c.databaseURL, c.schema, relay.Source(c.source), log)
 }
 
-func migrate(ctx context.Context, databaseURL, schema string, log *zap.Logger) error {
+func migrate(ctx context.Context, databaseURL, schema string, src relay.Source, log *zap.Logger) error {
 	conn, err := pgx.Connect(ctx, databaseURL)
 	if err != nil {
 		return fmt.Errorf("migrate: connect to %s: %w", relay.DescribeDatabase(databaseURL), err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	res, err := relay.Migrate(ctx, conn, schema)
+	res, err := relay.MigrateSource(ctx, conn, schema, src)
 	if err != nil {
 		return err
+	}
+	if src == relay.SourceSidekiqStagedPush {
+		log.Info("migrated", zap.String("schema", schema), zap.String("source", string(src)),
+			zap.Strings("applied", res.Applied), zap.Int("version", res.Current))
+		return nil
 	}
 	log.Info("migrated", zap.String("schema", schema), zap.Strings("applied", res.Applied), zap.Int("version", res.Current))
 	return nil
@@ -168,6 +186,7 @@ type runFlags struct {
 var flagOfField = map[string]string{
 	"DatabaseURL":     "database-url",
 	"Schema":          "schema",
+	"Source":          "source",
 	"BatchSize":       "batch-size",
 	"PollInterval":    "poll-interval",
 	"TimestampFormat": "timestamp-format",
@@ -252,6 +271,7 @@ func (c *runFlags) config(f *flagSet) (relay.Config, func() redis.UniversalClien
 	cfg := relay.Config{
 		DatabaseURL:     c.databaseURL,
 		Schema:          c.schema,
+		Source:          relay.Source(c.source),
 		Target:          relay.Target(c.target),
 		RedisNamespace:  c.redisNamespace,
 		StreamMaxLen:    c.streamMaxLen,
@@ -310,7 +330,7 @@ func runCmd(ctx context.Context, args []string, stdout io.Writer) error {
 		defer l.Close() // after Serve, a no-op; it closes it too
 	}
 	if c.migrate {
-		if err := migrateWithRetry(ctx, c.databaseURL, c.schema, c.maxBackoff, log); err != nil {
+		if err := migrateWithRetry(ctx, c.databaseURL, c.schema, relay.Source(c.source), c.maxBackoff, log); err != nil {
 			return err
 		}
 		if ctx.Err() != nil {
@@ -322,10 +342,10 @@ func runCmd(ctx context.Context, args []string, stdout io.Writer) error {
 
 // migrateWithRetry runs migrate until it succeeds, ctx ends, or it fails for
 // a reason other than an unreachable server.
-func migrateWithRetry(ctx context.Context, databaseURL, schema string, maxBackoff time.Duration, log *zap.Logger) error {
+func migrateWithRetry(ctx context.Context, databaseURL, schema string, src relay.Source, maxBackoff time.Duration, log *zap.Logger) error {
 	wait := 100 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		err := migrate(ctx, databaseURL, schema, log)
+		err := migrate(ctx, databaseURL, schema, src, log)
 		if err == nil || ctx.Err() != nil {
 			return nil
 		}

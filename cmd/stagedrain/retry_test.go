@@ -65,7 +65,7 @@ func TestMigrateWithRetryWaitsForStartup(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
-	if err := migrateWithRetry(ctx, dbURL, schema, 100*time.Millisecond, zap.New(core)); err != nil {
+	if err := migrateWithRetry(ctx, dbURL, schema, "", 100*time.Millisecond, zap.New(core)); err != nil {
 		t.Fatalf("migrateWithRetry = %v, want nil", err)
 	}
 	if ctx.Err() != nil {

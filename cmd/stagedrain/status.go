@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -20,6 +21,7 @@ import (
 type statusFlags struct {
 	databaseURL string
 	schema      string
+	source      string
 	json        bool
 }
 
@@ -32,9 +34,11 @@ func newStatusFlags() (*flagSet, *statusFlags) {
 	f.env("database-url", "DATABASE_URL")
 	f.fs.StringVar(&c.schema, "schema", "public", "PostgreSQL `schema` of the staged_jobs table")
 	f.env("schema", "STAGEDRAIN_SCHEMA")
+	f.fs.StringVar(&c.source, "source", string(relay.SourceStagedJobs), "the `table` drained: staged_jobs, or sidekiq_staged_push (the sidekiq-staged_push gem's sidekiq_staged_push_jobs)")
+	f.env("source", "STAGEDRAIN_SOURCE")
 	f.fs.BoolVar(&c.json, "json", false, "print one JSON object instead of a table")
 	f.env("json", "STAGEDRAIN_STATUS_JSON")
-	f.required("database-url", "schema")
+	f.required("database-url", "schema", "source")
 	return f, c
 }
 
@@ -48,6 +52,10 @@ type schemaStatus struct {
 	Queues    []queueStatus `json:"queues"`
 	// Dead counts <schema>.staged_jobs_dead, null when there is no such table.
 	Dead *int64 `json:"dead"`
+	// Poison counts, with --source sidekiq_staged_push (null otherwise), the
+	// staged rows whose payload no worker could run: the relay leaves them
+	// in the table and skips them. They count in Staged too.
+	Poison *int64 `json:"poison,omitempty"`
 	// Leader is the session holding the leader lock, null when none does.
 	Leader *leaderStatus `json:"leader"`
 }
@@ -89,6 +97,13 @@ func statusCmd(ctx context.Context, args []string, stdout io.Writer) error {
 		}
 		return usagef("status: %s %s", f.source("schema"), reason)
 	}
+	if err := relay.CheckSource(relay.Source(c.source)); err != nil {
+		reason := err.Error()
+		if fe := (*relay.FieldError)(nil); errors.As(err, &fe) {
+			reason = fe.Reason
+		}
+		return usagef("status: %s %s", f.source("source"), reason)
+	}
 	cfg, err := pgx.ParseConfig(c.databaseURL)
 	if err != nil { // CheckDatabaseURL parsed it already
 		return usagef("status: %s cannot be parsed", f.source("database-url"))
@@ -101,7 +116,11 @@ func statusCmd(ctx context.Context, args []string, stdout io.Writer) error {
 		return fmt.Errorf("status: connect to %s: %w", relay.DescribeDatabase(c.databaseURL), err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	st, err := readStatus(ctx, conn, c.schema)
+	read := readStatus
+	if relay.Source(c.source) == relay.SourceSidekiqStagedPush {
+		read = readStagedPushStatus
+	}
+	st, err := read(ctx, conn, c.schema)
 	if err != nil {
 		return fmt.Errorf("status: %w", err)
 	}
@@ -164,19 +183,85 @@ func readStatus(ctx context.Context, conn *pgx.Conn, schema string) (schemaStatu
 		}
 		st.Dead = &n
 	}
+	return st, readLeader(ctx, conn, &st)
+}
+
+// stagedPushPoison is true for a payload of the gem's table (as json, j) no
+// worker could run: the checks of the relay's mapping (relay/source.go)
+// that SQL can make.
+const stagedPushPoison = `(json_typeof(j) <> 'object'
+	OR json_typeof(j -> 'class') IS DISTINCT FROM 'string' OR j ->> 'class' = ''
+	OR json_typeof(j -> 'args') IS DISTINCT FROM 'array'
+	OR (j -> 'queue' IS NOT NULL AND (json_typeof(j -> 'queue') <> 'string' OR j ->> 'queue' = ''))
+	OR (j -> 'jid' IS NOT NULL AND (json_typeof(j -> 'jid') <> 'string' OR j ->> 'jid' = ''))
+	OR (j -> 'at' IS NOT NULL AND json_typeof(j -> 'at') <> 'number')
+	OR (j -> 'created_at' IS NOT NULL AND json_typeof(j -> 'created_at') <> 'number'))`
+
+// readStagedPushStatus is readStatus for --source sidekiq_staged_push: the
+// backlog of the gem's table by the queue the relay would push to (a
+// payload without one goes to "default"), its poison rows apart.
+func readStagedPushStatus(ctx context.Context, conn *pgx.Conn, schema string) (schemaStatus, error) {
+	st := schemaStatus{Schema: schema, Queues: []queueStatus{}}
+	table := pgx.Identifier{schema, "sidekiq_staged_push_jobs"}.Sanitize()
+	var hasTable bool
+	if err := conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, table).Scan(&hasTable); err != nil {
+		return st, fmt.Errorf("look up %s: %w", table, err)
+	}
+	if !hasTable {
+		return st, fmt.Errorf("%s does not exist: install sidekiq-staged_push and run its migration, then 'stagedrain migrate --source sidekiq_staged_push'", table)
+	}
+	// created_at is a timestamp without time zone, in UTC (Rails): its
+	// epoch is read as UTC, whatever the session's time zone.
+	rows, err := conn.Query(ctx, `SELECT CASE WHEN `+stagedPushPoison+` THEN NULL
+			WHEN json_typeof(j -> 'queue') = 'string' THEN j ->> 'queue' ELSE 'default' END AS queue,
+		count(*), (extract(epoch FROM now()) - extract(epoch FROM min(created_at)))::float8
+		FROM (SELECT payload::json AS j, created_at FROM `+table+`) t GROUP BY 1 ORDER BY 1`)
+	if err != nil {
+		return st, fmt.Errorf("count staged jobs: %w", err)
+	}
+	var poison int64
+	st.Queues, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (queueStatus, error) {
+		var q queueStatus
+		var name *string
+		err := row.Scan(&name, &q.Staged, &q.OldestAge)
+		if name == nil {
+			poison = q.Staged
+		} else {
+			q.Queue = *name
+		}
+		return q, err
+	})
+	if err != nil {
+		return st, fmt.Errorf("count staged jobs: %w", err)
+	}
+	for _, q := range st.Queues {
+		st.Staged += q.Staged
+		if st.OldestAge == nil || q.OldestAge > *st.OldestAge {
+			age := q.OldestAge
+			st.OldestAge = &age
+		}
+	}
+	st.Queues = slices.DeleteFunc(st.Queues, func(q queueStatus) bool { return q.Queue == "" })
+	st.Poison = &poison
+	return st, readLeader(ctx, conn, &st)
+}
+
+// readLeader fills in st.Leader: the session holding the schema's leader
+// lock, if any.
+func readLeader(ctx context.Context, conn *pgx.Conn, st *schemaStatus) error {
 	var l leaderStatus
-	err = conn.QueryRow(ctx, leaderSQL, "stagedrain:"+schema).
+	err := conn.QueryRow(ctx, leaderSQL, "stagedrain:"+st.Schema).
 		Scan(&l.BackendPID, &l.ApplicationName, &l.ClientAddr, &l.ConnectedAt)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 	case err != nil:
-		return st, fmt.Errorf("find the leader: %w", err)
+		return fmt.Errorf("find the leader: %w", err)
 	default:
 		l.Host, l.PID = parseApplicationName(l.ApplicationName)
 		l.ConnectedAt = l.ConnectedAt.UTC()
 		st.Leader = &l
 	}
-	return st, nil
+	return nil
 }
 
 // parseApplicationName reads host and pid out of the relay's
@@ -211,6 +296,9 @@ func printStatus(w io.Writer, st schemaStatus) {
 		dead = strconv.FormatInt(*st.Dead, 10)
 	}
 	fmt.Fprintf(tw, "dead\t%s\n", dead)
+	if st.Poison != nil {
+		fmt.Fprintf(tw, "poison\t%d (left staged, skipped)\n", *st.Poison)
+	}
 	leader := "none"
 	if l := st.Leader; l != nil {
 		who := l.ApplicationName

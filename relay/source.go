@@ -1,0 +1,476 @@
+package relay
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Source is the table the relay drains, and the layout of its rows.
+type Source string
+
+const (
+	// SourceStagedJobs drains <schema>.staged_jobs, made by Migrate. The
+	// default.
+	SourceStagedJobs Source = "staged_jobs"
+	// SourceSidekiqStagedPush drains <schema>.sidekiq_staged_push_jobs, the
+	// table of the sidekiq-staged_push gem (payload: a Sidekiq job hash as
+	// JSON). MigrateSource adds only the wake trigger to it. Poison rows stay
+	// in the table: the relay skips them (see Relay.poisoned).
+	SourceSidekiqStagedPush Source = "sidekiq_staged_push"
+)
+
+// sidekiqStagedPushTable is the gem's table.
+const sidekiqStagedPushTable = "sidekiq_staged_push_jobs"
+
+// A source owns what the relay knows of the table it drains: the claim
+// (and its due-only variant), the scan of a claimed row into a stagedJob,
+// the reinsert of rows left staged, where poison rows go, the backlog
+// query, and the check at leadership that the table is ready.
+type source interface {
+	// statements returns the source's SQL, identifiers quoted: claim,
+	// claimDue, nextDue, backlog, staged, and, when it buries, bury.
+	statements() tableSQL
+	// scanner returns what reads the rows of one claim, each into a
+	// stagedJob.
+	scanner() rowScan
+	// reinsert returns the statement and arguments that put jobs back,
+	// unchanged.
+	reinsert(jobs []stagedJob) (string, []any)
+	// buries reports whether poison rows leave the table for a dead-letter
+	// table (tableSQL.bury); if not, they are put back and skipped.
+	buries() bool
+	// check returns an error when the table is not ready for this binary
+	// (ErrNotMigrated, ErrSchemaTooNew), at leadership.
+	check(ctx context.Context, conn *pgx.Conn) error
+}
+
+func newSource(cfg Config, version int) (source, error) {
+	if cfg.Source == SourceSidekiqStagedPush {
+		s := newStagedPushSource(cfg.Schema)
+		var err error
+		_, s.wake, err = wakeFunction()
+		return s, err
+	}
+	return &stagedJobsSource{schema: cfg.Schema, sql: newTableSQL(cfg.Schema), version: version}, nil
+}
+
+// stagedJobsSource is SourceStagedJobs.
+type stagedJobsSource struct {
+	schema  string
+	sql     tableSQL
+	version int // the schema version this binary needs
+}
+
+func (s *stagedJobsSource) statements() tableSQL { return s.sql }
+func (s *stagedJobsSource) buries() bool         { return true }
+
+func (s *stagedJobsSource) scanner() rowScan { return stagedJobScan() }
+
+func (s *stagedJobsSource) reinsert(jobs []stagedJob) (string, []any) {
+	return s.sql.reinsert, reinsertArgs(jobs)
+}
+
+// check compares the schema version that Migrate recorded with the one
+// this binary needs, in one query: a schema Migrate never ran on, or one it
+// has not brought up to date (ErrNotMigrated), would fail every drain with
+// an error retrying cannot fix, and so would a schema a newer stagedrain has
+// changed (ErrSchemaTooNew).
+func (s *stagedJobsSource) check(ctx context.Context, conn *pgx.Conn) error {
+	var have *int // nil: no version recorded
+	err := conn.QueryRow(ctx, s.sql.version).Scan(&have)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") {
+		err = nil // no stagedrain_migrations table, or no schema: never migrated
+	}
+	if err != nil {
+		return fmt.Errorf("check schema version: %w", err)
+	}
+	switch {
+	case have == nil:
+		return fmt.Errorf("%w in %q: no schema version recorded (this stagedrain needs %d): run 'stagedrain migrate' first",
+			ErrNotMigrated, s.schema, s.version)
+	case *have < s.version:
+		return fmt.Errorf("%w in %q: schema version %d is older than this stagedrain needs (%d): run 'stagedrain migrate' first",
+			ErrNotMigrated, s.schema, *have, s.version)
+	case *have > s.version:
+		return fmt.Errorf("%w in %q: schema version %d is newer than this stagedrain knows (%d): upgrade stagedrain",
+			ErrSchemaTooNew, s.schema, *have, s.version)
+	}
+	return nil
+}
+
+// stagedPushSource is SourceSidekiqStagedPush: the gem's table,
+// sidekiq_staged_push_jobs(id bigserial, payload json NOT NULL, created_at,
+// updated_at). Its payload is a Sidekiq job hash, often as raw as
+// {"class":"HardWorker","args":[1]}: the relay completes it as Sidekiq's
+// client would (see mapStagedPush).
+//
+// A claimed row keeps its whole record as JSON (to_json of the row), so
+// that a row put back is the same row: every column, whatever the table
+// holds, restored by json_populate_recordset from the row's own type.
+type stagedPushSource struct {
+	schema string
+	table  string // quoted
+	sql    tableSQL
+	wake   int // the migration of the stagedrain_wake() this binary needs
+}
+
+// stagedPushAt is the payload's "at" as numeric when it is a JSON number,
+// else NULL: never an error that would fail every claim.
+// The column is json (the gem's first migration) or jsonb (its later one).
+const stagedPushAt = `CASE WHEN json_typeof((t.payload -> 'at')::json) = 'number' THEN (t.payload ->> 'at')::numeric END`
+
+func newStagedPushSource(schema string) *stagedPushSource {
+	table := pgx.Identifier{schema, sidekiqStagedPushTable}.Sanitize()
+	claim := func(where string) string {
+		return `WITH b AS MATERIALIZED (SELECT id FROM ` + table + ` t` +
+			` WHERE id > $3 AND id <> ALL($2)` + where + ` ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)` +
+			` DELETE FROM ` + table + ` t USING b WHERE t.id = b.id RETURNING ` +
+			`t.id, t.payload::text, extract(epoch FROM t.created_at)::float8, to_json(t)::text`
+	}
+	return &stagedPushSource{schema: schema, table: table, sql: tableSQL{
+		claim: claim(""),
+		// A job whose "at" is in the future stays staged until it is due.
+		claimDue: claim(` AND NOT coalesce(` + stagedPushAt + ` > extract(epoch FROM now()), false)`),
+		// Microseconds until the earliest future "at" (at most a day),
+		// NULL if none.
+		nextDue: `SELECT ceil(least(min(at) - extract(epoch FROM now()), 86400) * 1e6)::bigint FROM (SELECT ` +
+			stagedPushAt + ` AS at FROM ` + table + ` t) s WHERE at > extract(epoch FROM now())`,
+		backlog: `SELECT (SELECT count(*) FROM (SELECT FROM ` + table + ` LIMIT $1) c),
+			(SELECT to_timestamp(extract(epoch FROM min(created_at))) FROM (SELECT created_at FROM ` + table + ` ORDER BY id LIMIT 100) o)`,
+		staged: `SELECT id FROM ` + table + ` WHERE id = ANY($1)`,
+		// Puts rows back from their records (to_json of each row).
+		reinsert: `INSERT INTO ` + table + ` SELECT * FROM json_populate_recordset(NULL::` + table + `, $1::json)`,
+	}}
+}
+
+func (s *stagedPushSource) statements() tableSQL { return s.sql }
+func (s *stagedPushSource) buries() bool         { return false }
+
+func (s *stagedPushSource) reinsert(jobs []stagedJob) (string, []any) {
+	n := 2
+	for i := range jobs {
+		n += len(jobs[i].record) + 1
+	}
+	b := make([]byte, 0, n)
+	b = append(b, '[')
+	for i := range jobs {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, jobs[i].record...)
+	}
+	b = append(b, ']')
+	return s.sql.reinsert, []any{string(b)}
+}
+
+func (s *stagedPushSource) scanner() rowScan { return s.scan }
+
+func (s *stagedPushSource) scan(rows pgx.Rows, j *stagedJob) error {
+	var payload []byte
+	var created *float64
+	if err := rows.Scan(&j.id, &payload, &created, &j.record); err != nil {
+		return err
+	}
+	mapStagedPush(j, payload, created, time.Now())
+	return nil
+}
+
+// mapStagedPush fills j from a Sidekiq job hash, completing it as
+// Sidekiq's client would: queue "default", a random 24-hex jid, created_at
+// from the row (else now); "at" becomes runAt (the schedule's score), and
+// enqueued_at is the push's. Every other key (retry, backtrace, tags,
+// bid, ...) goes to options unchanged; the sidekiq target writes retry
+// true when it is missing. A payload no worker could run sets j.bad.
+func mapStagedPush(j *stagedJob, payload []byte, created *float64, now time.Time) {
+	*j = stagedJob{id: j.id, record: j.record, options: []byte("{}")}
+	if created != nil {
+		j.createdAt = fromEpoch(*created)
+	} else {
+		j.createdAt = now
+	}
+	var hash map[string]json.RawMessage
+	if payload == nil {
+		j.bad = "payload is NULL"
+		return
+	}
+	if err := json.Unmarshal(payload, &hash); err != nil || hash == nil {
+		j.bad = "payload is not a JSON object"
+		return
+	}
+	str := func(key string) (string, bool, error) {
+		raw, ok := hash[key]
+		if !ok {
+			return "", false, nil
+		}
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil || s == "" {
+			return "", true, fmt.Errorf("payload's %q is not a non-empty string", key)
+		}
+		return s, true, nil
+	}
+	num := func(key string) (float64, bool, error) {
+		raw, ok := hash[key]
+		if !ok {
+			return 0, false, nil
+		}
+		var f float64
+		if err := json.Unmarshal(raw, &f); err != nil || string(bytes.TrimSpace(raw)) == "null" {
+			return 0, true, fmt.Errorf("payload's %q is not a number", key)
+		}
+		return f, true, nil
+	}
+	var err error
+	var ok bool
+	if j.name, ok, err = str("class"); err != nil || !ok {
+		j.bad = "payload has no \"class\""
+		if err != nil {
+			j.bad = err.Error()
+		}
+		return
+	}
+	args := bytes.TrimSpace(hash["args"])
+	if len(args) == 0 || args[0] != '[' {
+		j.bad = "payload's \"args\" is not a JSON array"
+		return
+	}
+	j.args = args
+	if j.queue, ok, err = str("queue"); err != nil {
+		j.bad = err.Error()
+		return
+	} else if !ok {
+		j.queue = "default"
+	}
+	if j.jid, ok, err = str("jid"); err != nil {
+		j.bad = err.Error()
+		return
+	} else if !ok {
+		j.jid = newJID()
+	}
+	if c, ok, err := num("created_at"); err != nil {
+		j.bad = err.Error()
+		return
+	} else if ok {
+		if c > 1e11 { // Sidekiq 8: integer milliseconds
+			c /= 1000
+		}
+		j.createdAt = fromEpoch(c)
+	}
+	if at, ok, err := num("at"); err != nil {
+		j.bad = err.Error()
+		return
+	} else if ok {
+		t := fromEpoch(at)
+		j.runAt = &t
+	}
+	var keys []string
+	for k := range hash {
+		switch k {
+		case "class", "args", "queue", "jid", "created_at", "enqueued_at", "at":
+		default:
+			keys = append(keys, k)
+		}
+	}
+	if len(keys) == 0 {
+		return
+	}
+	slices.Sort(keys)
+	o := []byte{'{'}
+	for i, k := range keys {
+		if i > 0 {
+			o = append(o, ',')
+		}
+		o = appendJSONString(o, k)
+		o = append(o, ':')
+		o = append(o, bytes.TrimSpace(hash[k])...)
+	}
+	j.options = append(o, '}')
+}
+
+// fromEpoch is float epoch seconds as a time, to the microsecond.
+func fromEpoch(s float64) time.Time {
+	return time.UnixMicro(int64(math.Round(s * 1e6)))
+}
+
+// newJID is a random Sidekiq jid: 24 lowercase hex digits.
+func newJID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	return hex.EncodeToString(b[:])
+}
+
+// check verifies that the gem's table and the wake trigger are there, the
+// trigger running the stagedrain_wake() this binary needs (there is no
+// stagedrain_migrations table for this source).
+func (s *stagedPushSource) check(ctx context.Context, conn *pgx.Conn) error {
+	var table, trigger bool
+	var comment string
+	if err := conn.QueryRow(ctx, wakeTriggerSQL, s.table).Scan(&table, &trigger, &comment); err != nil {
+		return fmt.Errorf("check %s: %w", s.table, err)
+	}
+	have := wakeVersion(comment)
+	switch {
+	case !table:
+		return fmt.Errorf("%w in %q: no table %s (install sidekiq-staged_push and run its migration, then run 'stagedrain migrate --source sidekiq_staged_push' first)",
+			ErrNotMigrated, s.schema, sidekiqStagedPushTable)
+	case !trigger:
+		return fmt.Errorf("%w in %q: %s has no stagedrain_wake trigger: run 'stagedrain migrate --source sidekiq_staged_push' first",
+			ErrNotMigrated, s.schema, sidekiqStagedPushTable)
+	case have < s.wake:
+		return fmt.Errorf("%w in %q: the stagedrain_wake trigger of %s is older than this stagedrain needs (%d): run 'stagedrain migrate --source sidekiq_staged_push' first",
+			ErrNotMigrated, s.schema, sidekiqStagedPushTable, s.wake)
+	case have > s.wake:
+		return fmt.Errorf("%w in %q: the stagedrain_wake trigger of %s is from a newer stagedrain (%d, this one knows %d): upgrade stagedrain",
+			ErrSchemaTooNew, s.schema, sidekiqStagedPushTable, have, s.wake)
+	}
+	return nil
+}
+
+// wakeFunction returns the latest definition of the stagedrain_wake()
+// function among the migrations (the statement from its CREATE to "$$;"),
+// and that migration's version.
+func wakeFunction() (string, int, error) {
+	ms, err := migrations()
+	if err != nil {
+		return "", 0, err
+	}
+	const create = "CREATE OR REPLACE FUNCTION stagedrain_wake()"
+	for i := len(ms) - 1; i >= 0; i-- {
+		body := ms[i].body
+		start := strings.LastIndex(body, create)
+		if start < 0 {
+			continue
+		}
+		end := strings.Index(body[start:], "$$;")
+		if end < 0 {
+			return "", 0, fmt.Errorf("%s: stagedrain_wake() does not end with $$;", ms[i].name)
+		}
+		return body[start : start+end+3], ms[i].version, nil
+	}
+	return "", 0, errors.New("no migration defines stagedrain_wake()")
+}
+
+// The gem's table has no stagedrain_migrations: the trigger's comment
+// records which migration's stagedrain_wake() it runs, "stagedrain_wake N",
+// for the check at leadership.
+const wakeCommentPrefix = "stagedrain_wake "
+
+// wakeTriggerSQL reads, for the table $1: whether it exists, whether it has
+// the stagedrain_wake trigger, and that trigger's comment.
+const wakeTriggerSQL = `SELECT c.oid IS NOT NULL, t.oid IS NOT NULL, coalesce(obj_description(t.oid, 'pg_trigger'), '')
+	FROM (SELECT to_regclass($1) AS oid) c
+	LEFT JOIN pg_trigger t ON t.tgrelid = c.oid AND t.tgname = 'stagedrain_wake'`
+
+// wakeVersion reads the version out of a trigger comment; 0 if none.
+func wakeVersion(comment string) int {
+	v, err := strconv.Atoi(strings.TrimPrefix(comment, wakeCommentPrefix))
+	if err != nil || !strings.HasPrefix(comment, wakeCommentPrefix) {
+		return 0
+	}
+	return v
+}
+
+// migrateStagedPush adds the wake trigger to the gem's table in schema: the
+// stagedrain_wake() function (created or replaced) and, when missing, the
+// deferred constraint trigger. Nothing else: no table, no schema.
+func migrateStagedPush(ctx context.Context, conn *pgx.Conn, schema string) (MigrateResult, error) {
+	var res MigrateResult
+	fn, version, err := wakeFunction()
+	if err != nil {
+		return res, fmt.Errorf("read migrations: %w", err)
+	}
+	table := pgx.Identifier{schema, sidekiqStagedPushTable}.Sanitize()
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, "stagedrain:migrate:"+schema); err != nil {
+			return fmt.Errorf("take migration lock: %w", err)
+		}
+		var exists, hasTrigger bool
+		var comment string
+		if err := tx.QueryRow(ctx, wakeTriggerSQL, table).Scan(&exists, &hasTrigger, &comment); err != nil {
+			return fmt.Errorf("look up %s: %w", table, err)
+		}
+		res.Current = wakeVersion(comment)
+		if !exists {
+			return fmt.Errorf("no table %s: install sidekiq-staged_push and run its migration first", table)
+		}
+		if _, err := tx.Exec(ctx, `SET LOCAL search_path TO `+pgx.Identifier{schema}.Sanitize()); err != nil {
+			return fmt.Errorf("set search_path: %w", err)
+		}
+		// CREATE TRIGGER locks the app's table: rather fail than stall
+		// the app's writes queued behind it.
+		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '5s'`); err != nil {
+			return fmt.Errorf("set lock_timeout: %w", err)
+		}
+		if hasTrigger && res.Current == version {
+			return nil // nothing to do: write nothing
+		}
+		if res.Current > version {
+			return fmt.Errorf("the stagedrain_wake trigger of %s is from a newer stagedrain (%d, this one knows %d): upgrade stagedrain",
+				table, res.Current, version)
+		}
+		if _, err := tx.Exec(ctx, fn, pgx.QueryExecModeSimpleProtocol); err != nil {
+			return fmt.Errorf("create stagedrain_wake(): %w", err)
+		}
+		res.Applied = append(res.Applied, fmt.Sprintf("stagedrain_wake() of migration %03d", version))
+		if !hasTrigger {
+			if _, err := tx.Exec(ctx, `CREATE CONSTRAINT TRIGGER stagedrain_wake
+				AFTER INSERT ON `+table+`
+				DEFERRABLE INITIALLY DEFERRED
+				FOR EACH ROW EXECUTE FUNCTION stagedrain_wake()`); err != nil {
+				return fmt.Errorf("create trigger stagedrain_wake: %w", err)
+			}
+			res.Applied = append(res.Applied, "stagedrain_wake trigger on "+sidekiqStagedPushTable)
+		}
+		if _, err := tx.Exec(ctx, `COMMENT ON TRIGGER stagedrain_wake ON `+table+` IS '`+wakeCommentPrefix+strconv.Itoa(version)+`'`); err != nil {
+			return fmt.Errorf("comment on trigger stagedrain_wake: %w", err)
+		}
+		res.Current = version
+		return nil
+	})
+	if err != nil {
+		return MigrateResult{}, fmt.Errorf("migrate schema %q for source %s: %w", schema, SourceSidekiqStagedPush, err)
+	}
+	return res, nil
+}
+
+// MigrateSource is Migrate for a source: for SourceStagedJobs (or ""),
+// Migrate; for SourceSidekiqStagedPush, it adds only the wake trigger
+// (function and deferred constraint trigger) to the gem's table in schema,
+// which must exist, and creates nothing else. The trigger's comment records
+// the migration whose stagedrain_wake() it runs (MigrateResult.Current),
+// which Run checks; a trigger of an older one gets the new function.
+// Idempotent: once up to date, it writes nothing.
+func MigrateSource(ctx context.Context, conn *pgx.Conn, schema string, src Source) (MigrateResult, error) {
+	switch src {
+	case "", SourceStagedJobs:
+		return Migrate(ctx, conn, schema)
+	case SourceSidekiqStagedPush:
+		if err := validateSchemaName(schema); err != nil {
+			return MigrateResult{}, err
+		}
+		return migrateStagedPush(ctx, conn, schema)
+	}
+	return MigrateResult{}, CheckSource(src)
+}
+
+// CheckSource reports whether src names a source, as a *FieldError of
+// field Source.
+func CheckSource(src Source) error {
+	if src != SourceStagedJobs && src != SourceSidekiqStagedPush {
+		return fieldErr("Source", "must be %q or %q, got %q", SourceStagedJobs, SourceSidekiqStagedPush, src)
+	}
+	return nil
+}
