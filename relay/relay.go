@@ -21,6 +21,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -46,6 +48,11 @@ type Relay struct {
 	handoff *handoff
 	holder  string // names this relay in the fence hash
 	lockKey string
+	// group is the sorted, comma-joined Config.Queues; "" for all queues.
+	group string
+	// claimArgs are the claim's arguments after the first three: the
+	// queues, for a relay with Config.Queues.
+	claimArgs []any
 	version int // the schema version this binary needs: its latest migration
 
 	// Test hooks (export_test.go); nil outside tests.
@@ -98,18 +105,28 @@ func New(cfg Config) (*Relay, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read migrations: %w", err)
 	}
+	queues := slices.Sorted(slices.Values(cfg.Queues))
+	group := strings.Join(queues, ",")
 	r := &Relay{
 		cfg:     cfg,
 		log:     cfg.Logger,
 		pgCfg:   pgCfg,
-		sql:     newTableSQL(cfg.Schema),
-		handoff: newHandoff(cfg.Redis, newHandoffKeys(cfg.RedisNamespace, pgCfg.Database, cfg.Schema)),
+		sql:     newTableSQL(cfg.Schema, group != ""),
+		handoff: newHandoff(cfg.Redis, newHandoffKeys(cfg.RedisNamespace, pgCfg.Database, cfg.Schema, group)),
 		holder:  applicationName("leader"),
 		lockKey: "stagedrain:" + cfg.Schema,
+		group:   group,
 		version: version,
 
 		gateTimeout:  defaultGateTimeout,
 		summaryEvery: summaryEvery,
+	}
+	if group != "" {
+		// A lock of the group's own: relays with the same queues, in any
+		// order, are its leader and standbys.
+		r.lockKey += ":queues=" + group
+		r.claimArgs = []any{queues}
+		r.cfg.Queues = queues
 	}
 	switch cfg.Target {
 	case TargetAsynq:
@@ -251,7 +268,8 @@ func (r *Relay) lead(ctx context.Context, lockConn *pgx.Conn, lockMu *sync.Mutex
 	wake := make(chan struct{}, 1)
 	wake <- struct{}{} // drain at start
 	gt := &gate{mu: lockMu, conn: lockConn,
-		awakeKey: awakeLockName(r.cfg.Schema), barrierKey: barrierLockName(r.cfg.Schema)}
+		awakeKey: awakeLockName(r.cfg.Schema), barrierKey: barrierLockName(r.cfg.Schema),
+		unheld: r.group != ""}
 	if r.cfg.PollOnly {
 		// Awake for good: commits never NOTIFY, since nobody listens.
 		if err := gt.wake(ctx); err != nil {
@@ -300,7 +318,7 @@ var (
 
 // isFatal reports whether err is one that retrying cannot fix.
 func isFatal(err error) bool {
-	if errors.Is(err, ErrNotMigrated) || errors.Is(err, ErrSchemaTooNew) {
+	if errors.Is(err, ErrNotMigrated) || errors.Is(err, ErrSchemaTooNew) || errors.Is(err, ErrQueueConflict) {
 		return true
 	}
 	var pgErr *pgconn.PgError

@@ -71,6 +71,14 @@ func (r *Relay) armDue(ctx context.Context, pool *pgxpool.Pool, due *time.Timer,
 // The locks live on the leader's lock connection, so they go when
 // leadership goes. In poll-only mode the relay is awake for good (pinned):
 // no commit notifies, and the fallback poll does all the waking.
+//
+// A relay with Config.Queues leaves the locks alone (unheld): "awake" is
+// schema-wide, and holding it would keep commits to other groups' queues
+// from notifying their idle relays. So while only such relays run, nobody
+// holds "awake" and every commit notifies, as with 001's trigger (the cost
+// is in the README, "Several groups of queues"); with nobody waiting on
+// "barrier" there is no commit to wait for, and no wake-up is missed since
+// every commit notifies. It keeps its awake state for the drain's linger.
 type gate struct {
 	mu         *sync.Mutex // guards conn, shared with keepLock
 	conn       *pgx.Conn
@@ -78,6 +86,7 @@ type gate struct {
 	barrierKey string
 	awake      bool
 	pinned     bool      // poll-only: never goes idle
+	unheld     bool      // a relay with Config.Queues: takes no lock
 	idleAt     time.Time // when the relay last went idle, or a drain ended
 }
 
@@ -103,6 +112,10 @@ func barrierLockName(schema string) string { return "stagedrain-barrier:" + sche
 // shards not held go on notifying.
 func (g *gate) wake(ctx context.Context) error {
 	if g.awake {
+		return nil
+	}
+	if g.unheld {
+		g.awake = true
 		return nil
 	}
 	g.mu.Lock()
@@ -132,6 +145,9 @@ func (g *gate) sleep(ctx context.Context) (timedOut bool, err error) {
 // barrier waits for the commits that saw the relay awake, releasing
 // "awake" first when unlock is set; all in one round trip.
 func (g *gate) barrier(ctx context.Context, unlock bool) (timedOut bool, err error) {
+	if g.unheld {
+		return false, nil
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	b := &pgx.Batch{}

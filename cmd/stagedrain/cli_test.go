@@ -243,6 +243,7 @@ func TestHelp(t *testing.T) {
 		"shutdown-timeout":  "STAGEDRAIN_SHUTDOWN_TIMEOUT",
 		"max-payload-bytes": "STAGEDRAIN_MAX_PAYLOAD_BYTES",
 		"poll-only":         "STAGEDRAIN_POLL_ONLY",
+		"queues":            "STAGEDRAIN_QUEUES",
 		"migrate":           "STAGEDRAIN_MIGRATE",
 		"metrics-addr":      "STAGEDRAIN_METRICS_ADDR",
 	}

@@ -156,6 +156,7 @@ type runFlags struct {
 	shutdownTimeout time.Duration
 	maxPayloadBytes int
 	pollOnly        bool
+	queues          string
 	migrate         bool
 	metricsAddr     string
 }
@@ -175,6 +176,7 @@ var flagOfField = map[string]string{
 	"Target":          "target",
 	"RedisNamespace":  "redis-namespace",
 	"StreamMaxLen":    "stream-maxlen",
+	"Queues":          "queues",
 }
 
 // newRunFlags declares run's flags.
@@ -207,6 +209,8 @@ func newRunFlags() (*flagSet, *runFlags) {
 	f.env("max-payload-bytes", "STAGEDRAIN_MAX_PAYLOAD_BYTES")
 	f.fs.BoolVar(&c.pollOnly, "poll-only", false, "drain on the fallback poll alone: no LISTEN, no wake-up gate (for PgBouncer in transaction pooling mode; pair with a short --poll-interval)")
 	f.env("poll-only", "STAGEDRAIN_POLL_ONLY")
+	f.fs.StringVar(&c.queues, "queues", "", "drain only these `queues` (comma list), as a group with a leader lock of its own; relays of a schema must have equal or disjoint lists (default: all queues)")
+	f.env("queues", "STAGEDRAIN_QUEUES")
 	f.fs.BoolVar(&c.migrate, "migrate", false, "run migrate before draining (retried until PostgreSQL answers)")
 	f.env("migrate", "STAGEDRAIN_MIGRATE")
 	registerMetricsAddr(f, &c.metricsAddr)
@@ -236,6 +240,13 @@ func runCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	} {
 		if d <= 0 {
 			return usagef("run: %s must be positive, got %s", f.source(name), d)
+		}
+	}
+	var queues []string
+	if c.queues != "" {
+		queues = strings.Split(c.queues, ",")
+		for i, q := range queues {
+			queues[i] = strings.TrimSpace(q)
 		}
 	}
 	ropts, err := redis.ParseURL(c.redisURL)
@@ -275,6 +286,7 @@ func runCmd(ctx context.Context, args []string, stdout io.Writer) error {
 		ShutdownTimeout: c.shutdownTimeout,
 		MaxPayloadBytes: c.maxPayloadBytes,
 		PollOnly:        c.pollOnly,
+		Queues:          queues,
 		Logger:          log,
 	})
 	if err != nil {
