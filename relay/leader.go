@@ -163,9 +163,11 @@ var ErrQueueConflict = errors.New("queue conflict")
 // first tries for the leader lock until the connection closes; two-key
 // locks whose second key is hashtext of the group (the sorted, comma-joined
 // queue list; "" for all queues):
-//   ('stagedrain-group:<schema>', group)        by every relay
-//   ('stagedrain-queue:<schema>:<queue>', group) by a relay with a list,
-//                                                one per queue
+//
+//	('stagedrain-group:<schema>', group)        by every relay
+//	('stagedrain-queue:<schema>:<queue>', group) by a relay with a list,
+//	                                             one per queue
+//
 // Then it looks in pg_locks for a conflicting relay: another group holding
 // one of its queues, or, between the all-queues group and the list groups,
 // any member of the other kind. Each relay takes its locks before it looks,

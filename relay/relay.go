@@ -53,7 +53,7 @@ type Relay struct {
 	// claimArgs are the claim's arguments after the first three: the
 	// queues, for a relay with Config.Queues.
 	claimArgs []any
-	version int // the schema version this binary needs: its latest migration
+	version   int // the schema version this binary needs: its latest migration
 
 	// Test hooks (export_test.go); nil outside tests.
 	hooks testHooks
