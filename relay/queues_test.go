@@ -1,0 +1,206 @@
+package relay_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/stagedrain/stagedrain/relay"
+	"github.com/stagedrain/stagedrain/relay/internal/testenv"
+)
+
+// groupRelay is one relay of a queues test, run until stop or the test's
+// end, with logs of its own.
+type groupRelay struct {
+	r    *relay.Relay
+	logs *observer.ObservedLogs
+	stop context.CancelFunc
+	done chan error // Run's result
+}
+
+// startGroup runs a relay of h's schema draining queues (nil: all queues).
+// The fallback poll is a minute, so a job that arrives sooner was woken for
+// by its commit's NOTIFY.
+func (h *harness) startGroup(queues ...string) *groupRelay {
+	h.t.Helper()
+	core, logs := observer.New(zapcore.DebugLevel)
+	cfg := h.config()
+	cfg.Queues = queues
+	cfg.PollInterval = time.Minute
+	cfg.LeaderInterval = 50 * time.Millisecond
+	cfg.Logger = zap.New(core).With(zap.Strings("test_queues", queues))
+	r, err := relay.New(cfg)
+	if err != nil {
+		h.t.Fatalf("relay.New(Queues %v): %v", queues, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	g := &groupRelay{r: r, logs: logs, stop: cancel, done: make(chan error, 1)}
+	go func() { g.done <- r.Run(ctx) }()
+	h.t.Cleanup(func() {
+		cancel()
+		select {
+		case <-g.done:
+		case <-time.After(15 * time.Second):
+			h.t.Errorf("Run(Queues %v) did not return within 15s of cancel", queues)
+		}
+	})
+	return g
+}
+
+// waitRole waits until g's relay reports role.
+func (h *harness) waitRole(g *groupRelay, role relay.Role) {
+	h.t.Helper()
+	testenv.WaitFor(h.t, 10*time.Second, fmt.Sprintf("role %s", role), func() (bool, string) {
+		st := g.r.Status()
+		return st.Role == role, fmt.Sprintf("role %s; logs %v", st.Role, messages(g.logs))
+	})
+}
+
+// waitRefused waits for g's Run to return an ErrQueueConflict, and returns
+// its message.
+func (h *harness) waitRefused(g *groupRelay) string {
+	h.t.Helper()
+	select {
+	case err := <-g.done:
+		g.done <- err // for the cleanup
+		if !errors.Is(err, relay.ErrQueueConflict) {
+			h.t.Fatalf("Run returned %v, want an ErrQueueConflict", err)
+		}
+		if strings.Contains(err.Error(), "\n") {
+			h.t.Errorf("the error is not one line: %q", err)
+		}
+		return err.Error()
+	case <-time.After(10 * time.Second):
+		h.t.Fatalf("Run was not refused within 10s; role %s, logs %v", g.r.Status().Role, messages(g.logs))
+		return ""
+	}
+}
+
+// TestQueueGroups runs two groups, {a,b} (a leader and a standby, their
+// lists in different orders) and {c}, on one table, with the poll at a
+// minute: each job is delivered once, by its group, woken for by NOTIFY;
+// a group stopped leaves its queues staged while the other's flow; and a
+// standby that takes over drains its group's queues.
+func TestQueueGroups(t *testing.T) {
+	h := newHarness(t)
+	ab1 := h.startGroup("a", "b")
+	h.waitRole(ab1, relay.RoleLeader)
+	ab2 := h.startGroup("b", "a")
+	h.waitRole(ab2, relay.RoleStandby)
+	c := h.startGroup("c")
+	h.waitRole(c, relay.RoleLeader)
+
+	var want = map[string][]string{}
+	for _, q := range []string{"a", "b", "c", "a", "c", "b"} {
+		want[q] = append(want[q], h.stage(relay.Job{Name: "W", Queue: q}))
+	}
+	for q, jids := range want {
+		h.waitQueueLen(q, int64(len(jids)), 10*time.Second) // the poll is a minute away
+	}
+	for q, jids := range want {
+		if got := h.queueJIDs(q); fmt.Sprint(got) != fmt.Sprint(jids) {
+			t.Errorf("queue:%s holds %v, want %v", q, got, jids)
+		}
+	}
+	// Each group pushed under a fence of its own; the all-queues fence
+	// was never taken.
+	db := h.conn.Config().Database
+	for _, group := range []string{"a,b", "c", ""} {
+		fence, _ := relay.HandoffKeys(h.ns, db, h.schema, group)
+		n, err := h.rdb.Exists(context.Background(), fence).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := group != ""; (n == 1) != want {
+			t.Errorf("fence of group %q: EXISTS %d, want it to exist: %v", group, n, want)
+		}
+	}
+
+	// Group {c} stopped: a job in c waits, one in a (committed after it)
+	// is delivered, by a drain that would have claimed c's row too.
+	c.stop()
+	<-c.done
+	c.done <- nil
+	jc := h.stage(relay.Job{Name: "W", Queue: "c"})
+	ja := h.stage(relay.Job{Name: "W", Queue: "a"})
+	h.waitQueueLen("a", 3, 10*time.Second)
+	if got := h.queueJIDs("a")[2]; got != ja {
+		t.Errorf("queue:a's last job is %s, want %s", got, ja)
+	}
+	if n := h.staged(); n != 1 {
+		t.Fatalf("%d rows staged after group {a,b} drained, want 1 (c's)", n)
+	}
+	h.startGroup("c")
+	h.waitQueueLen("c", 3, 10*time.Second)
+	if got := h.queueJIDs("c")[2]; got != jc {
+		t.Errorf("queue:c's last job is %s, want %s", got, jc)
+	}
+
+	// The leader of {a,b} stops: the standby takes over and drains b.
+	ab1.stop()
+	h.waitRole(ab2, relay.RoleLeader)
+	jb := h.stage(relay.Job{Name: "W", Queue: "b"})
+	h.waitQueueLen("b", 3, 10*time.Second)
+	if got := h.queueJIDs("b")[2]; got != jb {
+		t.Errorf("queue:b's last job is %s, want %s", got, jb)
+	}
+	h.waitStaged(0)
+}
+
+// TestQueueConflict: beside a group {a,b}, a relay for {b,c} and a relay
+// for all queues are refused with a one-line ErrQueueConflict, and {d}
+// runs; beside a relay for all queues, a relay with a list is refused; two
+// overlapping relays started at the same moment do not both run.
+func TestQueueConflict(t *testing.T) {
+	h := newHarness(t)
+	ab := h.startGroup("a", "b")
+	h.waitRole(ab, relay.RoleLeader)
+
+	msg := h.waitRefused(h.startGroup("c", "b"))
+	if !strings.Contains(msg, `queue "b"`) || !strings.Contains(msg, "stagedrain leader ") {
+		t.Errorf("refusal %q does not name the queue and the relay", msg)
+	}
+	msg = h.waitRefused(h.startGroup())
+	if !strings.Contains(msg, "this relay drains all queues") {
+		t.Errorf("refusal %q does not say this relay drains all queues", msg)
+	}
+	d := h.startGroup("d")
+	h.waitRole(d, relay.RoleLeader)
+	if ab.r.Status().Role != relay.RoleLeader {
+		t.Errorf("the {a,b} leader is %s after the refusals", ab.r.Status().Role)
+	}
+
+	// Another schema: a relay for all queues, then a list beside it.
+	h2 := newHarness(t)
+	all := h2.startGroup()
+	h2.waitRole(all, relay.RoleLeader)
+	msg = h2.waitRefused(h2.startGroup("a"))
+	if !strings.Contains(msg, "drains all queues, and this relay drains a list (queues a)") {
+		t.Errorf("refusal %q", msg)
+	}
+
+	// At the same moment, in a third schema: at least one is refused.
+	h3 := newHarness(t)
+	x, y := h3.startGroup("x", "y"), h3.startGroup("y")
+	select {
+	case err := <-x.done:
+		x.done <- err
+		if !errors.Is(err, relay.ErrQueueConflict) {
+			t.Fatalf("{x,y} returned %v", err)
+		}
+	case err := <-y.done:
+		y.done <- err
+		if !errors.Is(err, relay.ErrQueueConflict) {
+			t.Fatalf("{y} returned %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("neither overlapping relay was refused; roles %s, %s", x.r.Status().Role, y.r.Status().Role)
+	}
+}
