@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -202,5 +205,111 @@ func TestQueueConflict(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatalf("neither overlapping relay was refused; roles %s, %s", x.r.Status().Role, y.r.Status().Role)
+	}
+}
+
+// The gate per queue (sql/006_queue_gate.sql), driven exactly as
+// TestGateWaitsForCommitThatSawItAwake drives the schema's: a relay of {a}
+// awake holds a's awake lock, not the schema's; a commit to a sees it awake
+// (holds a's barrier, will not notify) and commits only after the relay
+// went idle, whose barrier waits for it; a commit to b, whose relay is
+// absent, notifies meanwhile.
+func TestGatePerQueue(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	awakeA, barrierA := relay.AwakeLockName(h.schema)+":a", relay.BarrierLockName(h.schema)+":a"
+	awakeB, barrierB := relay.AwakeLockName(h.schema)+":b", relay.BarrierLockName(h.schema)+":b"
+
+	h.stage(relay.Job{Name: "First", Queue: "a"})
+	second := h.stage(relay.Job{Name: "Second", Queue: "a"})
+	cfg := h.config()
+	cfg.Queues = []string{"a"}
+	cfg.PollInterval = time.Minute
+	cfg.BatchSize = 1
+	r, err := relay.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay.SetGateTimeout(r, time.Minute)
+	var pushes atomic.Int32
+	secondPushed := make(chan struct{})
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	unblock := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(unblock)
+	relay.SetAfterPush(r, func(context.Context) error {
+		if pushes.Add(1) == 2 {
+			close(secondPushed)
+			<-release
+		}
+		return nil
+	})
+	h.run(r)
+	select {
+	case <-secondPushed:
+	case <-time.After(15 * time.Second):
+		t.Fatalf("the second batch was not pushed within 15s; logs: %v", messages(h.logs))
+	}
+	if held := h.advisoryLocks(awakeA, "ExclusiveLock", true); held != 1 {
+		t.Fatalf("a's awake lock held by %d sessions during the second batch, want 1 (the relay)", held)
+	}
+	if held := h.advisoryLocks(relay.AwakeLockName(h.schema), "ExclusiveLock", true); held != 0 {
+		t.Fatalf("the schema's awake lock held by %d sessions, want 0: a relay with a list holds its queues'", held)
+	}
+	// Listening from now on: no notification of the commits so far.
+	listener := testenv.Conn(t, testenv.DatabaseURL())
+	if _, err := listener.Exec(ctx, "LISTEN "+pgx.Identifier{relay.ChannelName(h.schema)}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+
+	// A commit to a, checked now: the relay of a is awake.
+	appConn := testenv.Conn(t, testenv.DatabaseURL())
+	tx, err := appConn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // committed below
+	if _, err := tx.Exec(ctx, "SET CONSTRAINTS ALL IMMEDIATE"); err != nil {
+		t.Fatal(err)
+	}
+	late, err := h.stager.Stage(ctx, tx, relay.Job{Name: "Late", Queue: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if held := h.advisoryLocks(barrierA, "ShareLock", true); held != 1 {
+		t.Fatalf("a's barrier held shared by %d sessions after the gate check, want 1 (the app's)", held)
+	}
+	if held := h.advisoryLocks(awakeA, "ShareLock", true); held != 0 {
+		t.Fatalf("a's awake lock held shared by %d sessions: the app's transaction decided to notify", held)
+	}
+
+	// A commit to b meanwhile: nobody drains b awake, so it notifies.
+	jb := h.stage(relay.Job{Name: "ToB", Queue: "b"})
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := listener.WaitForNotification(wctx); err != nil {
+		t.Fatalf("no notification for a commit to b while only a's relay is awake: %v", err)
+	}
+	if held := h.advisoryLocks(barrierB, "ShareLock", true) + h.advisoryLocks(awakeB, "ExclusiveLock", true); held != 0 {
+		t.Fatalf("b's gate locks held by %d sessions", held)
+	}
+
+	// The relay goes idle; its barrier on a waits for the app's commit.
+	unblock()
+	testenv.WaitFor(t, 15*time.Second, "the relay to wait on a's barrier", func() (bool, string) {
+		n := h.advisoryLocks(barrierA, "ExclusiveLock", false)
+		return n == 1, fmt.Sprintf("%d waiting; queue: %v", n, h.queueJIDs("a"))
+	})
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	h.waitQueueLen("a", 3, 10*time.Second)
+	if got := h.queueJIDs("a"); got[1] != second || got[2] != late {
+		t.Fatalf("delivered %v, want the late job %s last", got, late)
+	}
+	// b's row is not the relay's.
+	var staged string
+	if err := h.conn.QueryRow(ctx, "SELECT jid FROM "+pgx.Identifier{h.schema, "staged_jobs"}.Sanitize()).Scan(&staged); err != nil || staged != jb {
+		t.Fatalf("staged: %q (%v), want b's job %s alone", staged, err, jb)
 	}
 }

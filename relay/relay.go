@@ -267,9 +267,8 @@ func (r *Relay) lead(ctx context.Context, lockConn *pgx.Conn, lockMu *sync.Mutex
 	g, ctx := errgroup.WithContext(ctx)
 	wake := make(chan struct{}, 1)
 	wake <- struct{}{} // drain at start
-	gt := &gate{mu: lockMu, conn: lockConn,
-		awakeKey: awakeLockName(r.cfg.Schema), barrierKey: barrierLockName(r.cfg.Schema),
-		unheld: r.group != ""}
+	gt := &gate{mu: lockMu, conn: lockConn}
+	gt.awakeKeys, gt.barrierKeys = gateLockNames(r.cfg.Schema, r.cfg.Queues)
 	if r.cfg.PollOnly {
 		// Awake for good: commits never NOTIFY, since nobody listens.
 		if err := gt.wake(ctx); err != nil {
