@@ -77,13 +77,13 @@ func (r *Relay) armDue(ctx context.Context, pool *pgxpool.Pool, due *time.Timer,
 // schema-wide "awake" would keep commits to other groups' queues from
 // notifying their idle relays.
 type gate struct {
-	mu         *sync.Mutex // guards conn, shared with keepLock
-	conn       *pgx.Conn
+	mu          *sync.Mutex // guards conn, shared with keepLock
+	conn        *pgx.Conn
 	awakeKeys   []string // the schema's lock, or one per queue of Config.Queues
 	barrierKeys []string
-	awake      bool
-	pinned     bool      // poll-only: never goes idle
-	idleAt     time.Time // when the relay last went idle, or a drain ended
+	awake       bool
+	pinned      bool      // poll-only: never goes idle
+	idleAt      time.Time // when the relay last went idle, or a drain ended
 }
 
 // Each gate lock has 16 shards (two-key advisory locks: hashtext(name),
