@@ -98,6 +98,8 @@ func TestUsageErrors(t *testing.T) {
 		{"millis without sidekiq", []string{"run", "--database-url", db, "--target", "streams", "--timestamp-format", "millis"}, []string{"run: --timestamp-format", "sidekiq target only"}},
 		{"stream maxlen negative", []string{"run", "--database-url", db, "--target", "streams", "--stream-maxlen", "-1"}, []string{"run: --stream-maxlen", "negative"}},
 		{"stream maxlen without streams", []string{"run", "--database-url", db, "--stream-maxlen", "100"}, []string{"run: --stream-maxlen", "streams target only"}},
+		{"queues with an empty name", []string{"run", "--database-url", db, "--queues", "a,,b"}, []string{"run: --queues", "empty queue"}},
+		{"queues with a duplicate", []string{"run", "--database-url", db, "--queues", "a, b,a"}, []string{"run: --queues", `names queue "a" twice`}},
 		{"bad log level, run", []string{"run", "--database-url", db, "--log-level", "loud"}, []string{"--log-level", "loud"}},
 		{"bad log level, migrate", []string{"migrate", "--database-url", db, "--log-level", "loud"}, []string{"--log-level", "loud"}},
 		{"bad log format", []string{"migrate", "--database-url", db, "--log-format", "xml"}, []string{"--log-format", "xml"}},
