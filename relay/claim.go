@@ -67,9 +67,9 @@ const claimColumns = `id, job_name, job_args, queue, run_at, jid, created_at, op
 // fetch each (see README, "Several groups of queues").
 func newTableSQL(schema string, byQueue bool) tableSQL {
 	table := pgx.Identifier{schema, "staged_jobs"}.Sanitize()
-	where := ""
+	where, backlogWhere := "", ""
 	if byQueue {
-		where = ` AND queue = ANY($4::text[])`
+		where, backlogWhere = ` AND queue = ANY($4::text[])`, ` WHERE queue = ANY($2::text[])`
 	}
 	dead := pgx.Identifier{schema, "staged_jobs_dead"}.Sanitize()
 	migrations := pgx.Identifier{schema, "stagedrain_migrations"}.Sanitize()
@@ -93,9 +93,10 @@ func newTableSQL(schema string, byQueue bool) tableSQL {
 		nextDue: `SELECT ceil(extract(epoch FROM min(run_at) - now()) * 1e6)::bigint FROM ` + table +
 			` WHERE run_at > now()`,
 		// For the summary line: staged rows, counted up to $1, and the
-		// oldest created_at among the 100 lowest ids.
-		backlog: `SELECT (SELECT count(*) FROM (SELECT FROM ` + table + ` LIMIT $1) c),
-			(SELECT min(created_at) FROM (SELECT created_at FROM ` + table + ` ORDER BY id LIMIT 100) o)`,
+		// oldest created_at among the 100 lowest ids; of the queues in $2
+		// only, for a relay with Config.Queues.
+		backlog: `SELECT (SELECT count(*) FROM (SELECT FROM ` + table + backlogWhere + ` LIMIT $1) c),
+			(SELECT min(created_at) FROM (SELECT created_at FROM ` + table + backlogWhere + ` ORDER BY id LIMIT 100) o)`,
 		// Puts back, unchanged, the rows of a batch that were not pushed.
 		reinsert: `INSERT INTO ` + table + ` (` + claimColumns + `)
 			SELECT id, job_name, job_args::jsonb, queue, run_at, jid, created_at, options::jsonb

@@ -43,6 +43,7 @@ func (h *harness) startGroup(queues ...string) *groupRelay {
 	if err != nil {
 		h.t.Fatalf("relay.New(Queues %v): %v", queues, err)
 	}
+	relay.SetBacklogTTL(r, 0)
 	ctx, cancel := context.WithCancel(context.Background())
 	g := &groupRelay{r: r, logs: logs, stop: cancel, done: make(chan error, 1)}
 	go func() { g.done <- r.Run(ctx) }()
@@ -139,6 +140,10 @@ func TestQueueGroups(t *testing.T) {
 	}
 	if n := h.staged(); n != 1 {
 		t.Fatalf("%d rows staged after group {a,b} drained, want 1 (c's)", n)
+	}
+	// The backlog gauge of {a,b}'s leader counts its own queues only.
+	if b := backlogGauge(t, ab1.r); b != 0 {
+		t.Errorf("the {a,b} leader's backlog_jobs is %v with only c's row staged, want 0", b)
 	}
 	h.startGroup("c")
 	h.waitQueueLen("c", 3, 10*time.Second)
@@ -312,4 +317,20 @@ func TestGatePerQueue(t *testing.T) {
 	if err := h.conn.QueryRow(ctx, "SELECT jid FROM "+pgx.Identifier{h.schema, "staged_jobs"}.Sanitize()).Scan(&staged); err != nil || staged != jb {
 		t.Fatalf("staged: %q (%v), want b's job %s alone", staged, err, jb)
 	}
+}
+
+// backlogGauge scrapes r's stagedrain_backlog_jobs.
+func backlogGauge(t *testing.T, r *relay.Relay) float64 {
+	t.Helper()
+	mfs, err := r.MetricsGatherer().Gather()
+	if err != nil {
+		t.Fatalf("gather: %v", err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "stagedrain_backlog_jobs" && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no stagedrain_backlog_jobs gauge")
+	return 0
 }

@@ -138,6 +138,9 @@ func New(cfg Config) (*Relay, error) {
 		r.target = newSidekiqTarget(cfg.RedisNamespace, cfg.TimestampFormat, cfg.MaxPayloadBytes)
 	}
 	r.backlog.sql, r.backlog.ttl = r.sql.backlog, backlogTTL
+	if group != "" {
+		r.backlog.args = []any{queues}
+	}
 	r.metrics = newMetrics(string(cfg.Target), &r.backlog, &r.summary.mu)
 	r.summary.metrics = r.metrics
 	r.state.init(r.metrics.leader)
