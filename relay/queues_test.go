@@ -93,6 +93,7 @@ func (h *harness) waitRefused(g *groupRelay) string {
 // a group stopped leaves its queues staged while the other's flow; and a
 // standby that takes over drains its group's queues.
 func TestQueueGroups(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	ab1 := h.startGroup("a", "b")
 	h.waitRole(ab1, relay.RoleLeader)
@@ -167,6 +168,7 @@ func TestQueueGroups(t *testing.T) {
 // runs; beside a relay for all queues, a relay with a list is refused; two
 // overlapping relays started at the same moment do not both run.
 func TestQueueConflict(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	ab := h.startGroup("a", "b")
 	h.waitRole(ab, relay.RoleLeader)
@@ -220,6 +222,7 @@ func TestQueueConflict(t *testing.T) {
 // went idle, whose barrier waits for it; a commit to b, whose relay is
 // absent, notifies meanwhile.
 func TestGatePerQueue(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	ctx := context.Background()
 	awakeA, barrierA := relay.AwakeLockName(h.schema)+":a", relay.BarrierLockName(h.schema)+":a"
