@@ -337,3 +337,28 @@ func backlogGauge(t *testing.T, r *relay.Relay) float64 {
 	t.Fatalf("no stagedrain_backlog_jobs gauge")
 	return 0
 }
+
+// A standby checks again when it takes over: a conflicting relay that
+// appeared while it stood by (here a session holding the queue lock of a
+// group {a,z}, as such a relay would) makes it refuse to lead.
+func TestQueueConflictAtTakeover(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	leader := h.startGroup("a")
+	h.waitRole(leader, relay.RoleLeader)
+	standby := h.startGroup("a")
+	h.waitRole(standby, relay.RoleStandby)
+
+	other := testenv.Conn(t, testenv.DatabaseURL())
+	if _, err := other.Exec(context.Background(), `SELECT pg_advisory_lock_shared(hashtext('stagedrain-queue:' || $1 || ':a'), hashtext('a,z'))`, h.schema); err != nil {
+		t.Fatal(err)
+	}
+	leader.stop()
+	msg := h.waitRefused(standby)
+	if !strings.Contains(msg, `queue "a"`) {
+		t.Errorf("refusal %q does not name queue a", msg)
+	}
+	if n := standby.logs.FilterMessage("became leader").Len(); n != 0 {
+		t.Errorf("the standby became leader beside a conflicting group")
+	}
+}
