@@ -26,6 +26,7 @@ type groupRelay struct {
 	logs *observer.ObservedLogs
 	stop context.CancelFunc
 	done chan error // Run's result
+	idle chan int64 // see harness.startSignaled
 }
 
 // startGroup runs a relay of h's schema draining queues (nil: all queues).
@@ -45,7 +46,13 @@ func (h *harness) startGroup(queues ...string) *groupRelay {
 	}
 	relay.SetBacklogTTL(r, 0)
 	ctx, cancel := context.WithCancel(context.Background())
-	g := &groupRelay{r: r, logs: logs, stop: cancel, done: make(chan error, 1)}
+	g := &groupRelay{r: r, logs: logs, stop: cancel, done: make(chan error, 1), idle: make(chan int64, 1000)}
+	relay.SetOnIdle(r, func(listens int64) {
+		select {
+		case g.idle <- listens:
+		default:
+		}
+	})
 	go func() { g.done <- r.Run(ctx) }()
 	h.t.Cleanup(func() {
 		cancel()
@@ -101,6 +108,9 @@ func TestQueueGroups(t *testing.T) {
 	h.waitRole(ab2, relay.RoleStandby)
 	c := h.startGroup("c")
 	h.waitRole(c, relay.RoleLeader)
+	// From now on only a notification (the poll is a minute) wakes them.
+	h.waitIdleAfterListen(ab1.idle)
+	h.waitIdleAfterListen(c.idle)
 
 	var want = map[string][]string{}
 	for _, q := range []string{"a", "b", "c", "a", "c", "b"} {
@@ -155,6 +165,7 @@ func TestQueueGroups(t *testing.T) {
 	// The leader of {a,b} stops: the standby takes over and drains b.
 	ab1.stop()
 	h.waitRole(ab2, relay.RoleLeader)
+	h.waitIdleAfterListen(ab2.idle)
 	jb := h.stage(relay.Job{Name: "W", Queue: "b"})
 	h.waitQueueLen("b", 3, 10*time.Second)
 	if got := h.queueJIDs("b")[2]; got != jb {
