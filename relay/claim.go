@@ -64,8 +64,15 @@ type tableSQL struct {
 // claimColumns are the columns a batch reads, in stagedJob's scan order.
 const claimColumns = `id, job_name, job_args, queue, run_at, jid, created_at, options`
 
-func newTableSQL(schema string) tableSQL {
+// byQueue makes the claims take rows of the queues in $4 only (a relay with
+// Config.Queues): the scan by id steps over other queues' rows, a heap
+// fetch each (see README, "Several groups of queues").
+func newTableSQL(schema string, byQueue bool) tableSQL {
 	table := pgx.Identifier{schema, "staged_jobs"}.Sanitize()
+	where, backlogWhere := "", ""
+	if byQueue {
+		where, backlogWhere = ` AND queue = ANY($4::text[])`, ` WHERE queue = ANY($2::text[])`
+	}
 	dead := pgx.Identifier{schema, "staged_jobs_dead"}.Sanitize()
 	migrations := pgx.Identifier{schema, "stagedrain_migrations"}.Sanitize()
 	return tableSQL{
@@ -77,20 +84,21 @@ func newTableSQL(schema string) tableSQL {
 		// row; a rollback, if the push fails, undoes the delete. It deletes
 		// exactly the claimed ids: never "id <= max", which under READ
 		// COMMITTED would delete a lower id committed after the claim.
-		claim: claimSQL(table, ""),
+		claim: claimSQL(table, where),
 		// For a target with no scheduler (streams): rows whose run_at is
 		// not in the future only. The scan by id steps over the future
 		// rows below the batch's last id, each a heap fetch (see README).
-		claimDue: claimSQL(table, ` AND (run_at IS NULL OR run_at <= now())`),
+		claimDue: claimSQL(table, where+` AND (run_at IS NULL OR run_at <= now())`),
 		// Microseconds until the earliest future run_at, NULL if none: when
 		// to wake for it. A scan of the table, which holds the backlog and
 		// the future rows (see README).
 		nextDue: `SELECT ceil(extract(epoch FROM min(run_at) - now()) * 1e6)::bigint FROM ` + table +
 			` WHERE run_at > now()`,
 		// For the summary line: staged rows, counted up to $1, and the
-		// oldest created_at among the 100 lowest ids.
-		backlog: `SELECT (SELECT count(*) FROM (SELECT FROM ` + table + ` LIMIT $1) c),
-			(SELECT min(created_at) FROM (SELECT created_at FROM ` + table + ` ORDER BY id LIMIT 100) o)`,
+		// oldest created_at among the 100 lowest ids; of the queues in $2
+		// only, for a relay with Config.Queues.
+		backlog: `SELECT (SELECT count(*) FROM (SELECT FROM ` + table + backlogWhere + ` LIMIT $1) c),
+			(SELECT min(created_at) FROM (SELECT created_at FROM ` + table + backlogWhere + ` ORDER BY id LIMIT 100) o)`,
 		// Puts back, unchanged, the rows of a batch that were not pushed.
 		reinsert: `INSERT INTO ` + table + ` (` + claimColumns + `)
 			SELECT id, job_name, job_args::jsonb, queue, run_at, jid, created_at, options::jsonb
@@ -130,7 +138,8 @@ func claimSQL(table, where string) string {
 // claims (deletes) up to limit committed rows into dst[:0], sorted by id,
 // each read by scan (nil: staged_jobs' columns, stagedJobScan).
 // On success the transaction stays open: the caller commits what it pushed.
-func claimBatch(ctx context.Context, conn *pgx.Conn, sql string, scan rowScan, limit int, skip []int64, from int64, dst []stagedJob) ([]stagedJob, error) {
+// extra are the statement's arguments after $3 (the queues of byQueue).
+func claimBatch(ctx context.Context, conn *pgx.Conn, sql string, scan rowScan, limit int, skip []int64, from int64, dst []stagedJob, extra ...any) ([]stagedJob, error) {
 	if scan == nil {
 		scan = stagedJobScan()
 	}
@@ -139,7 +148,7 @@ func claimBatch(ctx context.Context, conn *pgx.Conn, sql string, scan rowScan, l
 	}
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	b.Queue(sql, limit, skip, from)
+	b.Queue(sql, append([]any{limit, skip, from}, extra...)...)
 	br := conn.SendBatch(ctx, b)
 	dst = dst[:0]
 	if _, err := br.Exec(); err != nil {

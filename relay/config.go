@@ -129,6 +129,16 @@ type Config struct {
 	// (1048576); at most 512 MiB, Redis's own limit on a string.
 	MaxPayloadBytes int
 
+	// Queues, when set, makes the relay drain only the rows whose queue is
+	// one of these, as one group of relays: relays with the same set (in
+	// any order) are its leader and standbys, with a leader lock, fence
+	// and handoff record of their own, so several groups share one table.
+	// A relay refuses to run (ErrQueueConflict) beside a relay whose set
+	// overlaps its own without being equal, or beside a relay for all
+	// queues (Queues empty). Names must be non-empty and distinct. Default
+	// none: every queue.
+	Queues []string
+
 	// ShutdownTimeout bounds how long a batch in flight when the context
 	// ends may take to finish; past it the batch is rolled back (its rows
 	// stay staged). Default 10s.
@@ -223,6 +233,12 @@ func (c Config) Validate() error {
 	if err := CheckSource(c.Source); err != nil {
 		return err
 	}
+	if err := validateQueues(c.Queues); err != nil {
+		return err
+	}
+	if len(c.Queues) > 0 && c.Source == SourceSidekiqStagedPush {
+		return fieldErr("Queues", "cannot be used with the %s source, whose queue is inside each row's payload", SourceSidekiqStagedPush)
+	}
 	if _, err := pgx.ParseConfig(c.DatabaseURL); err != nil {
 		return fieldErr("DatabaseURL", "%v", redactErr(err))
 	}
@@ -251,4 +267,20 @@ func isCluster(rdb redis.UniversalClient) bool {
 func isRing(rdb redis.UniversalClient) bool {
 	_, ok := rdb.(*redis.Ring)
 	return ok
+}
+
+func validateQueues(queues []string) error {
+	seen := make(map[string]bool, len(queues))
+	for _, q := range queues {
+		switch {
+		case q == "":
+			return fieldErr("Queues", "must not name an empty queue")
+		case strings.ContainsAny(q, ",\x00"):
+			return fieldErr("Queues", "must not contain a comma or a NUL byte, got %q", q)
+		case seen[q]:
+			return fieldErr("Queues", "names queue %q twice", q)
+		}
+		seen[q] = true
+	}
+	return nil
 }

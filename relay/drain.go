@@ -291,7 +291,7 @@ func (r *Relay) claim(ctx context.Context, pool *pgxpool.Pool, buf *[]stagedJob,
 	if err != nil {
 		return c, fmt.Errorf("claim batch: %w", err)
 	}
-	*buf, err = claimBatch(ctx, conn.Conn(), r.sql.claim, r.src.scanner(), r.cfg.BatchSize, skip, from, *buf)
+	*buf, err = claimBatch(ctx, conn.Conn(), r.sql.claim, r.src.scanner(), r.cfg.BatchSize, skip, from, *buf, r.claimArgs...)
 	if err != nil {
 		claimed{conn: conn}.rollback(ctx)
 		return c, err

@@ -28,9 +28,10 @@ var (
 // SetSummaryEvery sets how often r logs its summary line (default 10s).
 func SetSummaryEvery(r *Relay, d time.Duration) { r.summaryEvery = d }
 
-// HandoffKeys returns the fence and record keys of a schema.
-func HandoffKeys(namespace, database, schema string) (fence, record string) {
-	k := newHandoffKeys(namespace, database, schema)
+// HandoffKeys returns the fence and record keys of a schema, or of one
+// group of queues in it (Config.Queues sorted and comma-joined).
+func HandoffKeys(namespace, database, schema string, group ...string) (fence, record string) {
+	k := newHandoffKeys(namespace, database, schema, group...)
 	return k.fence, k.record
 }
 

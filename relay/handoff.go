@@ -134,13 +134,19 @@ const maxCommandArgs = 1000
 var errFenced = errors.New("fenced off")
 
 // handoffKeys are the relay's own Redis keys, for one schema of one
-// database, under the namespace: the fence hash and the record hash.
+// database, under the namespace: the fence hash and the record hash. A
+// group of relays with Config.Queues has its own (group is its sorted
+// queue list, comma-joined; "" for the relays of all queues): the leaders
+// of two groups lead at the same time and must not fence each other.
 type handoffKeys struct {
 	fence, record string
 }
 
-func newHandoffKeys(namespace, database, schema string) handoffKeys {
+func newHandoffKeys(namespace, database, schema string, group ...string) handoffKeys {
 	base := "stagedrain:" + database + ":" + schema + ":"
+	if len(group) > 0 && group[0] != "" {
+		base += "queues=" + group[0] + ":"
+	}
 	if namespace != "" {
 		base = namespace + ":" + base
 	}

@@ -58,7 +58,7 @@ func BenchmarkClaim(b *testing.B) {
 		SELECT 'BenchJob', jsonb_build_array(g, 'some argument'), 'q' || (g % 4) FROM generate_series(1, 1000) g`); err != nil {
 		b.Fatal(err)
 	}
-	sql := newTableSQL(schema).claim
+	sql := newTableSQL(schema, false).claim
 	var buf []stagedJob
 	b.ReportAllocs()
 	n := 0

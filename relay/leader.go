@@ -71,6 +71,9 @@ func (r *Relay) campaign(ctx context.Context, pool *pgxpool.Pool) (connected tim
 	if err := r.checkVersion(ctx, conn); err != nil {
 		return connected, err
 	}
+	if err := r.joinGroup(ctx, conn); err != nil {
+		return connected, err
+	}
 
 	standby := false
 	for {
@@ -87,7 +90,8 @@ func (r *Relay) campaign(ctx context.Context, pool *pgxpool.Pool) (connected tim
 		}
 		if !standby {
 			r.state.setRole(RoleStandby)
-			r.log.Info("standby: another relay is draining this schema", zap.String("schema", r.cfg.Schema))
+			r.log.Info("standby: another relay is draining this schema", zap.String("schema", r.cfg.Schema),
+				zap.Strings("queues", r.cfg.Queues))
 			standby = true
 		}
 		if !sleep(ctx, jitter(r.cfg.LeaderInterval)) {
@@ -99,13 +103,16 @@ func (r *Relay) campaign(ctx context.Context, pool *pgxpool.Pool) (connected tim
 		if err := r.checkVersion(ctx, conn); err != nil {
 			return connected, err // closing conn releases the lock
 		}
+		if err := r.checkGroup(ctx, conn); err != nil {
+			return connected, err
+		}
 	}
 
 	// The backlog gauges are the leader's, sampled on its lock connection.
 	var lockMu sync.Mutex
 	r.backlog.attach(conn, &lockMu)
 	r.state.setRole(RoleLeader)
-	r.log.Info("became leader", zap.String("schema", r.cfg.Schema))
+	r.log.Info("became leader", zap.String("schema", r.cfg.Schema), zap.Strings("queues", r.cfg.Queues))
 	err = r.lead(ctx, conn, &lockMu, pool)
 	r.backlog.detach()
 	if ctx.Err() != nil {
@@ -181,4 +188,89 @@ func withDeadline(ctx context.Context, d time.Duration, f func(context.Context) 
 	c, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	return f(c)
+}
+
+// ErrQueueConflict is returned by Run when another relay drains the same
+// schema with a set of queues (Config.Queues) that overlaps this relay's
+// without being equal, or when a relay for all queues and a relay with a
+// list would run side by side: each would claim the other's rows.
+var ErrQueueConflict = errors.New("queue conflict")
+
+// Every relay says which group it belongs to with session advisory locks
+// on its lock connection, taken shared (so they never wait) from before it
+// first tries for the leader lock until the connection closes; two-key
+// locks whose second key is hashtext of the group (the sorted, comma-joined
+// queue list; "" for all queues):
+//
+//	('stagedrain-group:<schema>', group)        by every relay
+//	('stagedrain-queue:<schema>:<queue>', group) by a relay with a list,
+//	                                             one per queue
+//
+// Then it looks in pg_locks for a conflicting relay: another group holding
+// one of its queues, or, between the all-queues group and the list groups,
+// any member of the other kind. Each relay takes its locks before it looks,
+// so of two conflicting relays that start at the same moment the second to
+// look sees the first (both may refuse). A relay of a stagedrain without
+// --queues support takes no such lock and is not seen.
+const (
+	groupLockSQL = `SELECT pg_advisory_lock_shared(hashtext('stagedrain-group:' || $1), hashtext($2)),
+		(SELECT count(pg_advisory_lock_shared(hashtext('stagedrain-queue:' || $1 || ':' || q), hashtext($2))) FROM unnest($3::text[]) q)`
+	// The first conflicting relay's application_name, and the queue it
+	// shares ("" when the conflict is the all-queues group). Advisory
+	// two-key locks show in pg_locks as classid, objid (unsigned) with
+	// objsubid 2.
+	groupConflictSQL = `WITH k AS (
+			SELECT q AS queue, hashtext('stagedrain-queue:' || $1 || ':' || q)::bigint & 4294967295 AS key FROM unnest($3::text[]) q
+			UNION ALL
+			SELECT '', hashtext('stagedrain-group:' || $1)::bigint & 4294967295)
+		SELECT coalesce(a.application_name, ''), k.queue
+		FROM k JOIN pg_locks l ON l.locktype = 'advisory' AND l.objsubid = 2
+			AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+			AND l.classid::bigint = k.key
+			AND l.objid::bigint <> hashtext($2)::bigint & 4294967295
+		LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+		WHERE k.queue <> '' OR $2 = '' OR l.objid::bigint = hashtext('')::bigint & 4294967295
+		ORDER BY k.queue DESC LIMIT 1`
+)
+
+// joinGroup takes this relay's group locks on conn and checks for a
+// conflicting relay (see groupLockSQL).
+func (r *Relay) joinGroup(ctx context.Context, conn *pgx.Conn) error {
+	if _, err := conn.Exec(ctx, groupLockSQL, r.cfg.Schema, r.group, r.cfg.Queues); err != nil {
+		return fmt.Errorf("take the group locks: %w", err)
+	}
+	return r.checkGroup(ctx, conn)
+}
+
+// checkGroup returns an ErrQueueConflict naming the first conflicting
+// relay found, if any.
+func (r *Relay) checkGroup(ctx context.Context, conn *pgx.Conn) error {
+	var app, queue string
+	err := conn.QueryRow(ctx, groupConflictSQL, r.cfg.Schema, r.group, r.cfg.Queues).Scan(&app, &queue)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("check for conflicting relays: %w", err)
+	}
+	if app == "" {
+		app = "another relay"
+	} else {
+		app = fmt.Sprintf("relay %q", app)
+	}
+	mine := "all queues"
+	if r.group != "" {
+		mine = "queues " + r.group
+	}
+	switch {
+	case queue != "":
+		return fmt.Errorf("%w in schema %q: %s drains queue %q with a different set of queues than this relay's (%s); relays must have equal or disjoint --queues",
+			ErrQueueConflict, r.cfg.Schema, app, queue, mine)
+	case r.group == "":
+		return fmt.Errorf("%w in schema %q: %s drains a list of queues (--queues), and this relay drains all queues; give every relay of the schema a list",
+			ErrQueueConflict, r.cfg.Schema, app)
+	default:
+		return fmt.Errorf("%w in schema %q: %s drains all queues, and this relay drains a list (%s); give every relay of the schema a list",
+			ErrQueueConflict, r.cfg.Schema, app, mine)
+	}
 }

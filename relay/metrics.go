@@ -255,6 +255,7 @@ type backlog struct {
 	conn   *pgx.Conn   // the lock connection while leading, else nil
 	connMu *sync.Mutex // guards conn's use, shared with keepLock and the gate
 	sql    string
+	args   []any              // sql's arguments after $1: the queues of a group
 	ttl    time.Duration      // how long a scrape reuses a sample
 	errs   prometheus.Counter // counts failed samples; nil: none
 
@@ -311,7 +312,7 @@ func (b *backlog) sample(ctx context.Context, maxAge time.Duration) (backlogSamp
 	batch := &pgx.Batch{}
 	// One implicit transaction: the setting ends with it.
 	batch.Queue(`SELECT set_config('statement_timeout', $1, true)`, fmt.Sprint(backlogTimeout.Milliseconds()))
-	batch.Queue(b.sql, backlogCap).QueryRow(func(row pgx.Row) error { return row.Scan(&s.count, &oldest) })
+	batch.Queue(b.sql, append([]any{backlogCap}, b.args...)...).QueryRow(func(row pgx.Row) error { return row.Scan(&s.count, &oldest) })
 	b.connMu.Lock()
 	err := withTimeout(ctx, backlogTimeout+2*time.Second, func(ctx context.Context) error {
 		return b.conn.SendBatch(ctx, batch).Close()

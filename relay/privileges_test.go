@@ -140,9 +140,9 @@ func (e *privilegeEnv) statements(ctx context.Context) error {
 			b := &pgx.Batch{}
 			b.Queue(tryLockSQL, r.lockKey)
 			b.Queue(unlockSQL, r.lockKey)
-			b.Queue(gateLockSQL, awakeLockName(e.schema))
-			b.Queue(gateUnlockSQL, awakeLockName(e.schema))
-			b.Queue(gateBarrierSQL, barrierLockName(e.schema))
+			b.Queue(gateLockSQL, []string{awakeLockName(e.schema)})
+			b.Queue(gateUnlockSQL, []string{awakeLockName(e.schema)})
+			b.Queue(gateBarrierSQL, []string{barrierLockName(e.schema)})
 			return tx.SendBatch(ctx, b).Close()
 		}},
 		{"listen", func(tx pgx.Tx) error {

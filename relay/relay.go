@@ -22,6 +22,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -53,7 +54,12 @@ type Relay struct {
 	poisoned []int64
 	holder   string // names this relay in the fence hash
 	lockKey  string
-	version  int // the schema version this binary needs: its latest migration
+	// group is the sorted, comma-joined Config.Queues; "" for all queues.
+	group string
+	// claimArgs are the claim's arguments after the first three: the
+	// queues, for a relay with Config.Queues.
+	claimArgs []any
+	version   int // the schema version this binary needs: its latest migration
 
 	// Test hooks (export_test.go); nil outside tests.
 	hooks testHooks
@@ -110,13 +116,16 @@ func New(cfg Config) (*Relay, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read migrations: %w", err)
 	}
+	queues := slices.Sorted(slices.Values(cfg.Queues))
+	group := strings.Join(queues, ",")
 	r := &Relay{
 		cfg:     cfg,
 		log:     cfg.Logger,
 		pgCfg:   pgCfg,
-		handoff: newHandoff(cfg.Redis, newHandoffKeys(cfg.RedisNamespace, pgCfg.Database, cfg.Schema)),
+		handoff: newHandoff(cfg.Redis, newHandoffKeys(cfg.RedisNamespace, pgCfg.Database, cfg.Schema, group)),
 		holder:  applicationName("leader"),
 		lockKey: "stagedrain:" + cfg.Schema,
+		group:   group,
 		version: version,
 
 		gateTimeout:   defaultGateTimeout,
@@ -127,6 +136,13 @@ func New(cfg Config) (*Relay, error) {
 		return nil, fmt.Errorf("read migrations: %w", err)
 	}
 	r.sql = r.src.statements()
+	if group != "" {
+		// A lock of the group's own: relays with the same queues, in any
+		// order, are its leader and standbys.
+		r.lockKey += ":queues=" + group
+		r.claimArgs = []any{queues}
+		r.cfg.Queues = queues
+	}
 	switch cfg.Target {
 	case TargetAsynq:
 		r.target = newAsynqTarget(cfg.MaxPayloadBytes)
@@ -137,6 +153,9 @@ func New(cfg Config) (*Relay, error) {
 		r.target = newSidekiqTarget(cfg.RedisNamespace, cfg.TimestampFormat, cfg.MaxPayloadBytes)
 	}
 	r.backlog.sql, r.backlog.ttl = r.sql.backlog, backlogTTL
+	if group != "" {
+		r.backlog.args = []any{queues}
+	}
 	r.metrics = newMetrics(string(cfg.Target), &r.backlog, &r.summary.mu)
 	r.summary.metrics = r.metrics
 	r.state.init(r.metrics.leader)
@@ -293,8 +312,8 @@ func (r *Relay) lead(ctx context.Context, lockConn *pgx.Conn, lockMu *sync.Mutex
 	wake := make(chan struct{}, 1)
 	wake <- struct{}{} // drain at start
 	gt := &gate{mu: lockMu, conn: lockConn,
-		awakeKey: awakeLockName(r.cfg.Schema), barrierKey: barrierLockName(r.cfg.Schema),
 		timeout: r.gateTimeout + lockQueryTimeout(r.cfg.LeaderInterval)}
+	gt.awakeKeys, gt.barrierKeys = gateLockNames(r.cfg.Schema, r.cfg.Queues)
 	if r.cfg.PollOnly {
 		// Awake for good: commits never NOTIFY, since nobody listens.
 		if err := gt.wake(ctx); err != nil {
@@ -332,7 +351,7 @@ var (
 
 // isFatal reports whether err is one that retrying cannot fix.
 func isFatal(err error) bool {
-	if errors.Is(err, ErrNotMigrated) || errors.Is(err, ErrSchemaTooNew) || errors.Is(err, ErrPermission) {
+	if errors.Is(err, ErrNotMigrated) || errors.Is(err, ErrSchemaTooNew) || errors.Is(err, ErrPermission) || errors.Is(err, ErrQueueConflict) {
 		return true
 	}
 	var pgErr *pgconn.PgError

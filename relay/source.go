@@ -64,7 +64,7 @@ func newSource(cfg Config, version int) (source, error) {
 		_, s.wake, err = wakeFunction()
 		return s, err
 	}
-	return &stagedJobsSource{schema: cfg.Schema, sql: newTableSQL(cfg.Schema), version: version}, nil
+	return &stagedJobsSource{schema: cfg.Schema, sql: newTableSQL(cfg.Schema, len(cfg.Queues) > 0), version: version}, nil
 }
 
 // stagedJobsSource is SourceStagedJobs.

@@ -71,15 +71,20 @@ func (r *Relay) armDue(ctx context.Context, pool *pgxpool.Pool, due *time.Timer,
 // The locks live on the leader's lock connection, so they go when
 // leadership goes. In poll-only mode the relay is awake for good (pinned):
 // no commit notifies, and the fallback poll does all the waking.
+//
+// A relay with Config.Queues holds the locks of its queues instead
+// ("awake:<queue>" and "barrier:<queue>", sql/006_queue_gate.sql): a
+// schema-wide "awake" would keep commits to other groups' queues from
+// notifying their idle relays.
 type gate struct {
-	mu         *sync.Mutex // guards conn, shared with keepLock
-	conn       *pgx.Conn
-	awakeKey   string
-	barrierKey string
-	awake      bool
-	pinned     bool          // poll-only: never goes idle
-	idleAt     time.Time     // when the relay last went idle, or a drain ended
-	timeout    time.Duration // bounds each statement: lock_timeout plus the lock connection's query timeout
+	mu          *sync.Mutex // guards conn, shared with keepLock
+	conn        *pgx.Conn
+	awakeKeys   []string // the schema's lock, or one per queue of Config.Queues
+	barrierKeys []string
+	awake       bool
+	pinned      bool          // poll-only: never goes idle
+	idleAt      time.Time     // when the relay last went idle, or a drain ended
+	timeout     time.Duration // bounds each statement: lock_timeout plus the lock connection's query timeout
 }
 
 // Each gate lock has 16 shards (two-key advisory locks: hashtext(name),
@@ -87,15 +92,29 @@ type gate struct {
 const (
 	// Every shard, in order. A lock_timeout part way leaves the shards
 	// before it held, which the relay treats as awake (see wake).
-	gateLockSQL = `SELECT pg_advisory_lock(hashtext($1), s) FROM generate_series(0, 15) s`
+	// Each lock of $1 in turn.
+	gateLockSQL = `SELECT pg_advisory_lock(hashtext(k), s) FROM unnest($1::text[]) k, generate_series(0, 15) s`
 	// Unlocking a shard not held only raises a WARNING.
-	gateUnlockSQL = `SELECT pg_advisory_unlock(hashtext($1), s) FROM generate_series(0, 15) s`
+	gateUnlockSQL = `SELECT pg_advisory_unlock(hashtext(k), s) FROM unnest($1::text[]) k, generate_series(0, 15) s`
 	// Waits for the commits holding each shard shared, holding none.
-	gateBarrierSQL = `SELECT pg_advisory_lock(hashtext($1), s), pg_advisory_unlock(hashtext($1), s) FROM generate_series(0, 15) s`
+	gateBarrierSQL = `SELECT pg_advisory_lock(hashtext(k), s), pg_advisory_unlock(hashtext(k), s) FROM unnest($1::text[]) k, generate_series(0, 15) s`
 )
 
 func awakeLockName(schema string) string   { return "stagedrain-awake:" + schema }
 func barrierLockName(schema string) string { return "stagedrain-barrier:" + schema }
+
+// gateLockNames are the gate's lock names for a relay of queues, or of
+// all queues when queues is empty.
+func gateLockNames(schema string, queues []string) (awake, barrier []string) {
+	if len(queues) == 0 {
+		return []string{awakeLockName(schema)}, []string{barrierLockName(schema)}
+	}
+	for _, q := range queues {
+		awake = append(awake, awakeLockName(schema)+":"+q)
+		barrier = append(barrier, barrierLockName(schema)+":"+q)
+	}
+	return awake, barrier
+}
 
 // wake marks the relay awake. If commits that decided to notify hold a
 // shard of "awake" past the lock connection's lock_timeout, the shards
@@ -109,7 +128,7 @@ func (g *gate) wake(ctx context.Context) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	err := withDeadline(ctx, g.timeout, func(ctx context.Context) error {
-		_, err := g.conn.Exec(ctx, gateLockSQL, g.awakeKey)
+		_, err := g.conn.Exec(ctx, gateLockSQL, g.awakeKeys)
 		return err
 	})
 	if err != nil && !isLockTimeout(err) {
@@ -140,9 +159,9 @@ func (g *gate) barrier(ctx context.Context, unlock bool) (timedOut bool, err err
 	defer g.mu.Unlock()
 	b := &pgx.Batch{}
 	if unlock {
-		b.Queue(gateUnlockSQL, g.awakeKey)
+		b.Queue(gateUnlockSQL, g.awakeKeys)
 	}
-	b.Queue(gateBarrierSQL, g.barrierKey)
+	b.Queue(gateBarrierSQL, g.barrierKeys)
 	err = withDeadline(ctx, g.timeout, func(ctx context.Context) error {
 		return g.conn.SendBatch(ctx, b).Close()
 	})

@@ -101,6 +101,8 @@ func TestUsageErrors(t *testing.T) {
 		{"millis without sidekiq", []string{"run", "--database-url", db, "--target", "streams", "--timestamp-format", "millis"}, []string{"run: --timestamp-format", "sidekiq target only"}},
 		{"stream maxlen negative", []string{"run", "--database-url", db, "--target", "streams", "--stream-maxlen", "-1"}, []string{"run: --stream-maxlen", "negative"}},
 		{"stream maxlen without streams", []string{"run", "--database-url", db, "--stream-maxlen", "100"}, []string{"run: --stream-maxlen", "streams target only"}},
+		{"queues with an empty name", []string{"run", "--database-url", db, "--queues", "a,,b"}, []string{"run: --queues", "empty queue"}},
+		{"queues with a duplicate", []string{"run", "--database-url", db, "--queues", "a, b,a"}, []string{"run: --queues", `names queue "a" twice`}},
 		{"bad log level, run", []string{"run", "--database-url", db, "--log-level", "loud"}, []string{"--log-level", "loud"}},
 		{"bad log level, migrate", []string{"migrate", "--database-url", db, "--log-level", "loud"}, []string{"--log-level", "loud"}},
 		{"bad log format", []string{"migrate", "--database-url", db, "--log-format", "xml"}, []string{"--log-format", "xml"}},
@@ -255,6 +257,7 @@ func TestHelp(t *testing.T) {
 		"shutdown-timeout":  "STAGEDRAIN_SHUTDOWN_TIMEOUT",
 		"max-payload-bytes": "STAGEDRAIN_MAX_PAYLOAD_BYTES",
 		"poll-only":         "STAGEDRAIN_POLL_ONLY",
+		"queues":            "STAGEDRAIN_QUEUES",
 		"migrate":           "STAGEDRAIN_MIGRATE",
 		"metrics-addr":      "STAGEDRAIN_METRICS_ADDR",
 	}

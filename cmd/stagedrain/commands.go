@@ -177,6 +177,7 @@ type runFlags struct {
 	shutdownTimeout time.Duration
 	maxPayloadBytes int
 	pollOnly        bool
+	queues          string
 	migrate         bool
 	metricsAddr     string
 }
@@ -197,6 +198,7 @@ var flagOfField = map[string]string{
 	"Target":          "target",
 	"RedisNamespace":  "redis-namespace",
 	"StreamMaxLen":    "stream-maxlen",
+	"Queues":          "queues",
 }
 
 // newRunFlags declares run's flags.
@@ -231,6 +233,8 @@ func newRunFlags() (*flagSet, *runFlags) {
 	f.env("max-payload-bytes", "STAGEDRAIN_MAX_PAYLOAD_BYTES")
 	f.fs.BoolVar(&c.pollOnly, "poll-only", false, "drain on the fallback poll alone: no LISTEN, no wake-up gate (for PgBouncer in transaction pooling mode; pair with a short --poll-interval)")
 	f.env("poll-only", "STAGEDRAIN_POLL_ONLY")
+	f.fs.StringVar(&c.queues, "queues", "", "drain only these `queues` (comma list), as a group with a leader lock of its own; relays of a schema must have equal or disjoint lists (default: all queues)")
+	f.env("queues", "STAGEDRAIN_QUEUES")
 	f.fs.BoolVar(&c.migrate, "migrate", false, "run migrate before draining (retried until PostgreSQL answers)")
 	f.env("migrate", "STAGEDRAIN_MIGRATE")
 	registerMetricsAddr(f, &c.metricsAddr)
@@ -264,6 +268,13 @@ func (c *runFlags) config(f *flagSet) (relay.Config, func() redis.UniversalClien
 			return relay.Config{}, nil, usagef("run: %s must be positive, got %s", f.source(d.name), d.d)
 		}
 	}
+	var queues []string
+	if c.queues != "" {
+		queues = strings.Split(c.queues, ",")
+		for i, q := range queues {
+			queues[i] = strings.TrimSpace(q)
+		}
+	}
 	newRedis, err := c.redisClient(f)
 	if err != nil {
 		return relay.Config{}, nil, err
@@ -283,6 +294,7 @@ func (c *runFlags) config(f *flagSet) (relay.Config, func() redis.UniversalClien
 		ShutdownTimeout: c.shutdownTimeout,
 		MaxPayloadBytes: c.maxPayloadBytes,
 		PollOnly:        c.pollOnly,
+		Queues:          queues,
 	}
 	// Validate only checks that a client is set; the caller makes it.
 	check := cfg

@@ -141,6 +141,30 @@ func TestRunNotMigrated(t *testing.T) {
 	}
 }
 
+// run with --queues beside a relay whose list overlaps its own is refused,
+// exit 1 and one line naming the queue; one with a disjoint list leads.
+func TestRunQueuesConflict(t *testing.T) {
+	t.Parallel()
+	schema := testSchema(t)
+	_, ns := testRedis(t)
+	if r := runCLI("migrate", "--database-url", testDatabaseURL(), "--schema", schema); r.code != 0 {
+		t.Fatalf("migrate: exit %d: %s", r.code, r.stderr)
+	}
+	args := []string{"run", "--schema", schema, "--redis-namespace", ns}
+	ab := startProc(t, "ab", childEnv(), append(args, "--queues", "a,b")...)
+	ab.waitLog(rootLogger, "became leader", 15*time.Second)
+	bc := startProc(t, "bc", childEnv(), append(args, "--queues", "b,c")...)
+	if code := bc.wait(15 * time.Second); code != 1 {
+		t.Fatalf("exit code %d, want 1; output:\n%s", code, bc.output())
+	}
+	stderr := bc.stderr.snapshot()
+	if len(stderr) != 1 || !strings.Contains(stderr[0].raw, `queue conflict in schema "`+schema+`"`) || !strings.Contains(stderr[0].raw, `queue "b"`) {
+		t.Fatalf("stderr = %q, want one line naming the conflict and queue b", bc.output())
+	}
+	d := startProc(t, "d", childEnv(), append(args, "--queues", "d")...)
+	d.waitLog(rootLogger, "became leader", 15*time.Second)
+}
+
 // run refuses, with exit 1 and one line, a schema whose recorded version is
 // not the one it needs: the seed article's table migrate never upgraded,
 // and a schema a newer stagedrain migrated.

@@ -1,0 +1,375 @@
+package relay_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/stagedrain/stagedrain/relay"
+	"github.com/stagedrain/stagedrain/relay/internal/testenv"
+)
+
+// groupRelay is one relay of a queues test, run until stop or the test's
+// end, with logs of its own.
+type groupRelay struct {
+	r    *relay.Relay
+	logs *observer.ObservedLogs
+	stop context.CancelFunc
+	done chan error // Run's result
+	idle chan int64 // see harness.startSignaled
+}
+
+// startGroup runs a relay of h's schema draining queues (nil: all queues).
+// The fallback poll is a minute, so a job that arrives sooner was woken for
+// by its commit's NOTIFY.
+func (h *harness) startGroup(queues ...string) *groupRelay {
+	h.t.Helper()
+	core, logs := observer.New(zapcore.DebugLevel)
+	cfg := h.config()
+	cfg.Queues = queues
+	cfg.PollInterval = time.Minute
+	cfg.LeaderInterval = 50 * time.Millisecond
+	cfg.Logger = zap.New(core).With(zap.Strings("test_queues", queues))
+	r, err := relay.New(cfg)
+	if err != nil {
+		h.t.Fatalf("relay.New(Queues %v): %v", queues, err)
+	}
+	relay.SetBacklogTTL(r, 0)
+	ctx, cancel := context.WithCancel(context.Background())
+	g := &groupRelay{r: r, logs: logs, stop: cancel, done: make(chan error, 1), idle: make(chan int64, 1000)}
+	relay.SetOnIdle(r, func(listens int64) {
+		select {
+		case g.idle <- listens:
+		default:
+		}
+	})
+	go func() { g.done <- r.Run(ctx) }()
+	h.t.Cleanup(func() {
+		cancel()
+		select {
+		case <-g.done:
+		case <-time.After(15 * time.Second):
+			h.t.Errorf("Run(Queues %v) did not return within 15s of cancel", queues)
+		}
+	})
+	return g
+}
+
+// waitRole waits until g's relay reports role.
+func (h *harness) waitRole(g *groupRelay, role relay.Role) {
+	h.t.Helper()
+	testenv.WaitFor(h.t, 10*time.Second, fmt.Sprintf("role %s", role), func() (bool, string) {
+		st := g.r.Status()
+		return st.Role == role, fmt.Sprintf("role %s; logs %v", st.Role, messages(g.logs))
+	})
+}
+
+// waitRefused waits for g's Run to return an ErrQueueConflict, and returns
+// its message.
+func (h *harness) waitRefused(g *groupRelay) string {
+	h.t.Helper()
+	select {
+	case err := <-g.done:
+		g.done <- err // for the cleanup
+		if !errors.Is(err, relay.ErrQueueConflict) {
+			h.t.Fatalf("Run returned %v, want an ErrQueueConflict", err)
+		}
+		if strings.Contains(err.Error(), "\n") {
+			h.t.Errorf("the error is not one line: %q", err)
+		}
+		return err.Error()
+	case <-time.After(10 * time.Second):
+		h.t.Fatalf("Run was not refused within 10s; role %s, logs %v", g.r.Status().Role, messages(g.logs))
+		return ""
+	}
+}
+
+// TestQueueGroups runs two groups, {a,b} (a leader and a standby, their
+// lists in different orders) and {c}, on one table, with the poll at a
+// minute: each job is delivered once, by its group, woken for by NOTIFY;
+// a group stopped leaves its queues staged while the other's flow; and a
+// standby that takes over drains its group's queues.
+func TestQueueGroups(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ab1 := h.startGroup("a", "b")
+	h.waitRole(ab1, relay.RoleLeader)
+	ab2 := h.startGroup("b", "a")
+	h.waitRole(ab2, relay.RoleStandby)
+	c := h.startGroup("c")
+	h.waitRole(c, relay.RoleLeader)
+	// From now on only a notification (the poll is a minute) wakes them.
+	h.waitIdleAfterListen(ab1.idle)
+	h.waitIdleAfterListen(c.idle)
+
+	var want = map[string][]string{}
+	for _, q := range []string{"a", "b", "c", "a", "c", "b"} {
+		want[q] = append(want[q], h.stage(relay.Job{Name: "W", Queue: q}))
+	}
+	for q, jids := range want {
+		h.waitQueueLen(q, int64(len(jids)), 10*time.Second) // the poll is a minute away
+	}
+	for q, jids := range want {
+		if got := h.queueJIDs(q); fmt.Sprint(got) != fmt.Sprint(jids) {
+			t.Errorf("queue:%s holds %v, want %v", q, got, jids)
+		}
+	}
+	// Each group pushed under a fence of its own; the all-queues fence
+	// was never taken.
+	db := h.conn.Config().Database
+	for _, group := range []string{"a,b", "c", ""} {
+		fence, _ := relay.HandoffKeys(h.ns, db, h.schema, group)
+		n, err := h.rdb.Exists(context.Background(), fence).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := group != ""; (n == 1) != want {
+			t.Errorf("fence of group %q: EXISTS %d, want it to exist: %v", group, n, want)
+		}
+	}
+
+	// Group {c} stopped: a job in c waits, one in a (committed after it)
+	// is delivered, by a drain that would have claimed c's row too.
+	c.stop()
+	<-c.done
+	c.done <- nil
+	jc := h.stage(relay.Job{Name: "W", Queue: "c"})
+	ja := h.stage(relay.Job{Name: "W", Queue: "a"})
+	h.waitQueueLen("a", 3, 10*time.Second)
+	if got := h.queueJIDs("a")[2]; got != ja {
+		t.Errorf("queue:a's last job is %s, want %s", got, ja)
+	}
+	if n := h.staged(); n != 1 {
+		t.Fatalf("%d rows staged after group {a,b} drained, want 1 (c's)", n)
+	}
+	// The backlog gauge of {a,b}'s leader counts its own queues only.
+	if b := backlogGauge(t, ab1.r); b != 0 {
+		t.Errorf("the {a,b} leader's backlog_jobs is %v with only c's row staged, want 0", b)
+	}
+	h.startGroup("c")
+	h.waitQueueLen("c", 3, 10*time.Second)
+	if got := h.queueJIDs("c")[2]; got != jc {
+		t.Errorf("queue:c's last job is %s, want %s", got, jc)
+	}
+
+	// The leader of {a,b} stops: the standby takes over and drains b.
+	ab1.stop()
+	h.waitRole(ab2, relay.RoleLeader)
+	h.waitIdleAfterListen(ab2.idle)
+	jb := h.stage(relay.Job{Name: "W", Queue: "b"})
+	h.waitQueueLen("b", 3, 10*time.Second)
+	if got := h.queueJIDs("b")[2]; got != jb {
+		t.Errorf("queue:b's last job is %s, want %s", got, jb)
+	}
+	h.waitStaged(0)
+}
+
+// TestQueueConflict: beside a group {a,b}, a relay for {b,c} and a relay
+// for all queues are refused with a one-line ErrQueueConflict, and {d}
+// runs; beside a relay for all queues, a relay with a list is refused; two
+// overlapping relays started at the same moment do not both run.
+func TestQueueConflict(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ab := h.startGroup("a", "b")
+	h.waitRole(ab, relay.RoleLeader)
+
+	msg := h.waitRefused(h.startGroup("c", "b"))
+	if !strings.Contains(msg, `queue "b"`) || !strings.Contains(msg, "stagedrain leader ") {
+		t.Errorf("refusal %q does not name the queue and the relay", msg)
+	}
+	msg = h.waitRefused(h.startGroup())
+	if !strings.Contains(msg, "this relay drains all queues") {
+		t.Errorf("refusal %q does not say this relay drains all queues", msg)
+	}
+	d := h.startGroup("d")
+	h.waitRole(d, relay.RoleLeader)
+	if ab.r.Status().Role != relay.RoleLeader {
+		t.Errorf("the {a,b} leader is %s after the refusals", ab.r.Status().Role)
+	}
+
+	// Another schema: a relay for all queues, then a list beside it.
+	h2 := newHarness(t)
+	all := h2.startGroup()
+	h2.waitRole(all, relay.RoleLeader)
+	msg = h2.waitRefused(h2.startGroup("a"))
+	if !strings.Contains(msg, "drains all queues, and this relay drains a list (queues a)") {
+		t.Errorf("refusal %q", msg)
+	}
+
+	// At the same moment, in a third schema: at least one is refused.
+	h3 := newHarness(t)
+	x, y := h3.startGroup("x", "y"), h3.startGroup("y")
+	select {
+	case err := <-x.done:
+		x.done <- err
+		if !errors.Is(err, relay.ErrQueueConflict) {
+			t.Fatalf("{x,y} returned %v", err)
+		}
+	case err := <-y.done:
+		y.done <- err
+		if !errors.Is(err, relay.ErrQueueConflict) {
+			t.Fatalf("{y} returned %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("neither overlapping relay was refused; roles %s, %s", x.r.Status().Role, y.r.Status().Role)
+	}
+}
+
+// The gate per queue (sql/006_queue_gate.sql), driven exactly as
+// TestGateWaitsForCommitThatSawItAwake drives the schema's: a relay of {a}
+// awake holds a's awake lock, not the schema's; a commit to a sees it awake
+// (holds a's barrier, will not notify) and commits only after the relay
+// went idle, whose barrier waits for it; a commit to b, whose relay is
+// absent, notifies meanwhile.
+func TestGatePerQueue(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ctx := context.Background()
+	awakeA, barrierA := relay.AwakeLockName(h.schema)+":a", relay.BarrierLockName(h.schema)+":a"
+	awakeB, barrierB := relay.AwakeLockName(h.schema)+":b", relay.BarrierLockName(h.schema)+":b"
+
+	h.stage(relay.Job{Name: "First", Queue: "a"})
+	second := h.stage(relay.Job{Name: "Second", Queue: "a"})
+	cfg := h.config()
+	cfg.Queues = []string{"a"}
+	cfg.PollInterval = time.Minute
+	cfg.BatchSize = 1
+	r, err := relay.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay.SetGateTimeout(r, time.Minute)
+	var pushes atomic.Int32
+	secondPushed := make(chan struct{})
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	unblock := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(unblock)
+	relay.SetAfterPush(r, func(context.Context) error {
+		if pushes.Add(1) == 2 {
+			close(secondPushed)
+			<-release
+		}
+		return nil
+	})
+	h.run(r)
+	select {
+	case <-secondPushed:
+	case <-time.After(15 * time.Second):
+		t.Fatalf("the second batch was not pushed within 15s; logs: %v", messages(h.logs))
+	}
+	if held := h.advisoryLocks(awakeA, "ExclusiveLock", true); held != 1 {
+		t.Fatalf("a's awake lock held by %d sessions during the second batch, want 1 (the relay)", held)
+	}
+	if held := h.advisoryLocks(relay.AwakeLockName(h.schema), "ExclusiveLock", true); held != 0 {
+		t.Fatalf("the schema's awake lock held by %d sessions, want 0: a relay with a list holds its queues'", held)
+	}
+	// Listening from now on: no notification of the commits so far.
+	listener := testenv.Conn(t, testenv.DatabaseURL())
+	if _, err := listener.Exec(ctx, "LISTEN "+pgx.Identifier{relay.ChannelName(h.schema)}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+
+	// A commit to a, checked now: the relay of a is awake.
+	appConn := testenv.Conn(t, testenv.DatabaseURL())
+	tx, err := appConn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // committed below
+	if _, err := tx.Exec(ctx, "SET CONSTRAINTS ALL IMMEDIATE"); err != nil {
+		t.Fatal(err)
+	}
+	late, err := h.stager.Stage(ctx, tx, relay.Job{Name: "Late", Queue: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if held := h.advisoryLocks(barrierA, "ShareLock", true); held != 1 {
+		t.Fatalf("a's barrier held shared by %d sessions after the gate check, want 1 (the app's)", held)
+	}
+	if held := h.advisoryLocks(awakeA, "ShareLock", true); held != 0 {
+		t.Fatalf("a's awake lock held shared by %d sessions: the app's transaction decided to notify", held)
+	}
+
+	// A commit to b meanwhile: nobody drains b awake, so it notifies.
+	jb := h.stage(relay.Job{Name: "ToB", Queue: "b"})
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := listener.WaitForNotification(wctx); err != nil {
+		t.Fatalf("no notification for a commit to b while only a's relay is awake: %v", err)
+	}
+	if held := h.advisoryLocks(barrierB, "ShareLock", true) + h.advisoryLocks(awakeB, "ExclusiveLock", true); held != 0 {
+		t.Fatalf("b's gate locks held by %d sessions", held)
+	}
+
+	// The relay goes idle; its barrier on a waits for the app's commit.
+	unblock()
+	testenv.WaitFor(t, 15*time.Second, "the relay to wait on a's barrier", func() (bool, string) {
+		n := h.advisoryLocks(barrierA, "ExclusiveLock", false)
+		return n == 1, fmt.Sprintf("%d waiting; queue: %v", n, h.queueJIDs("a"))
+	})
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	h.waitQueueLen("a", 3, 10*time.Second)
+	if got := h.queueJIDs("a"); got[1] != second || got[2] != late {
+		t.Fatalf("delivered %v, want the late job %s last", got, late)
+	}
+	// b's row is not the relay's.
+	var staged string
+	if err := h.conn.QueryRow(ctx, "SELECT jid FROM "+pgx.Identifier{h.schema, "staged_jobs"}.Sanitize()).Scan(&staged); err != nil || staged != jb {
+		t.Fatalf("staged: %q (%v), want b's job %s alone", staged, err, jb)
+	}
+}
+
+// backlogGauge scrapes r's stagedrain_backlog_jobs.
+func backlogGauge(t *testing.T, r *relay.Relay) float64 {
+	t.Helper()
+	mfs, err := r.MetricsGatherer().Gather()
+	if err != nil {
+		t.Fatalf("gather: %v", err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "stagedrain_backlog_jobs" && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no stagedrain_backlog_jobs gauge")
+	return 0
+}
+
+// A standby checks again when it takes over: a conflicting relay that
+// appeared while it stood by (here a session holding the queue lock of a
+// group {a,z}, as such a relay would) makes it refuse to lead.
+func TestQueueConflictAtTakeover(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	leader := h.startGroup("a")
+	h.waitRole(leader, relay.RoleLeader)
+	standby := h.startGroup("a")
+	h.waitRole(standby, relay.RoleStandby)
+
+	other := testenv.Conn(t, testenv.DatabaseURL())
+	if _, err := other.Exec(context.Background(), `SELECT pg_advisory_lock_shared(hashtext('stagedrain-queue:' || $1 || ':a'), hashtext('a,z'))`, h.schema); err != nil {
+		t.Fatal(err)
+	}
+	leader.stop()
+	msg := h.waitRefused(standby)
+	if !strings.Contains(msg, `queue "a"`) {
+		t.Errorf("refusal %q does not name queue a", msg)
+	}
+	if n := standby.logs.FilterMessage("became leader").Len(); n != 0 {
+		t.Errorf("the standby became leader beside a conflicting group")
+	}
+}
