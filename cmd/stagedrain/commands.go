@@ -12,7 +12,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
@@ -134,7 +133,7 @@ func migrateCmd(ctx context.Context, args []string, stdout io.Writer) error {
 }
 
 func migrate(ctx context.Context, databaseURL, schema string, src relay.Source, log *zap.Logger) error {
-	conn, err := pgx.Connect(ctx, databaseURL)
+	conn, err := connectDB(ctx, databaseURL, "stagedrain migrate")
 	if err != nil {
 		return fmt.Errorf("migrate: connect to %s: %w", relay.DescribeDatabase(databaseURL), err)
 	}

@@ -79,7 +79,7 @@ func deadCmd(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 
-	conn, err := pgx.Connect(ctx, c.databaseURL)
+	conn, err := connectDB(ctx, c.databaseURL, "stagedrain "+f.cmd)
 	if err != nil {
 		return fmt.Errorf("%s: connect to %s: %w", f.cmd, relay.DescribeDatabase(c.databaseURL), err)
 	}

@@ -108,9 +108,7 @@ func statusCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil { // CheckDatabaseURL parsed it already
 		return usagef("status: %s cannot be parsed", f.source("database-url"))
 	}
-	if cfg.RuntimeParams["application_name"] == "" {
-		cfg.RuntimeParams["application_name"] = "stagedrain status"
-	}
+	tuneCommandConn(cfg, "stagedrain status")
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return fmt.Errorf("status: connect to %s: %w", relay.DescribeDatabase(c.databaseURL), err)
