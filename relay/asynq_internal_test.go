@@ -27,7 +27,7 @@ func TestAsynqLayoutMatchesClient(t *testing.T) {
 	ours := privateRedis(t)
 	client := asynq.NewClientFromRedisClient(theirs)
 	t.Cleanup(func() { _ = client.Close() })
-	h := newHandoff(ours, newHandoffKeys("", "test", "asynq"))
+	h := newHandoff(ours, newHandoffKeys("", "test", "asynq", ""))
 	if err := h.acquire(ctx, "me"); err != nil {
 		t.Fatal(err)
 	}

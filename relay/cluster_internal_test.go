@@ -17,7 +17,7 @@ func TestClusterFenceRefusesTheDeposedLeader(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	rdb := testenv.StartRedisCluster(t).Client(t)
-	keys := newHandoffKeys("", "test", "fenced")
+	keys := newHandoffKeys("", "test", "fenced", "")
 	listA, listB := "{qa}:list", "{qb}:list"
 	if keySlot(listA) == keySlot(listB) {
 		t.Fatal("the two lists share a slot")
@@ -97,7 +97,7 @@ func TestClusterRefusesACrossSlotOp(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	rdb := testenv.StartRedisCluster(t).Client(t)
-	h := newHandoff(rdb, newHandoffKeys("", "test", "cross"))
+	h := newHandoff(rdb, newHandoffKeys("", "test", "cross", ""))
 	if err := h.acquire(ctx, "h"); err != nil {
 		t.Fatal(err)
 	}

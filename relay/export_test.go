@@ -31,7 +31,11 @@ func SetSummaryEvery(r *Relay, d time.Duration) { r.summaryEvery = d }
 // HandoffKeys returns the fence and record keys of a schema, or of one
 // group of queues in it (Config.Queues sorted and comma-joined).
 func HandoffKeys(namespace, database, schema string, group ...string) (fence, record string) {
-	k := newHandoffKeys(namespace, database, schema, group...)
+	g := ""
+	if len(group) > 0 {
+		g = group[0]
+	}
+	k := newHandoffKeys(namespace, database, schema, g)
 	return k.fence, k.record
 }
 

@@ -142,10 +142,10 @@ type handoffKeys struct {
 	fence, record string
 }
 
-func newHandoffKeys(namespace, database, schema string, group ...string) handoffKeys {
+func newHandoffKeys(namespace, database, schema, group string) handoffKeys {
 	base := "stagedrain:" + database + ":" + schema + ":"
-	if len(group) > 0 && group[0] != "" {
-		base += "queues=" + group[0] + ":"
+	if group != "" {
+		base += "queues=" + group + ":"
 	}
 	if namespace != "" {
 		base = namespace + ":" + base

@@ -15,7 +15,7 @@ func TestFenceRefusesTheDeposedLeader(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	rdb, ns := testenv.Redis(t)
-	keys := newHandoffKeys(ns, "test", "fenced")
+	keys := newHandoffKeys(ns, "test", "fenced", "")
 	old, cur := newHandoff(rdb, keys), newHandoff(rdb, keys)
 	if err := old.acquire(ctx, "old"); err != nil {
 		t.Fatal(err)
@@ -59,7 +59,7 @@ func TestPushUnitOps(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	rdb, ns := testenv.Redis(t)
-	keys := newHandoffKeys(ns, "test", "ops")
+	keys := newHandoffKeys(ns, "test", "ops", "")
 	h := newHandoff(rdb, keys)
 	if err := h.acquire(ctx, "me"); err != nil {
 		t.Fatal(err)

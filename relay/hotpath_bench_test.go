@@ -95,7 +95,7 @@ func BenchmarkBatchRecord(b *testing.B) {
 		b.Run(fmt.Sprintf("metrics=%v", withMetrics), func(b *testing.B) {
 			var s summary
 			if withMetrics {
-				s.metrics = newMetrics(targetSidekiq, &backlog{}, &s.mu)
+				s.metrics = newMetrics(string(TargetSidekiq), &backlog{}, &s.mu)
 			}
 			b.ReportAllocs()
 			n := 0

@@ -94,9 +94,6 @@ type queueCount struct {
 	n    int
 }
 
-// targetSidekiq is the target label of jobs pushed in Sidekiq's layout.
-const targetSidekiq = "sidekiq"
-
 // Bucket upper bounds, in seconds and in jobs.
 var (
 	// A job's time from created_at to its push, and a batch's from claim

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -82,14 +83,7 @@ type permissionError struct {
 const stagedPushNeeds = `the relay's role needs USAGE on the schema; SELECT, INSERT, DELETE and UPDATE (id) on sidekiq_staged_push_jobs ` +
 	`(see README "Least-privilege role")`
 
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
-}
-
-func (e *permissionError) Error() string        { return e.err.Error() + ": " + cmpOr(e.needs, runNeeds) }
+func (e *permissionError) Error() string        { return e.err.Error() + ": " + cmp.Or(e.needs, runNeeds) }
 func (e *permissionError) Unwrap() error        { return e.err }
 func (e *permissionError) Is(target error) bool { return target == ErrPermission }
 

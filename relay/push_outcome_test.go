@@ -52,7 +52,7 @@ func TestPushToRefusingRedis(t *testing.T) {
 			}
 			ns := testenv.Name("sdtest_")
 			r := &Relay{target: newSidekiqTarget(ns, TimestampSeconds, defaultMaxPayloadBytes),
-				handoff: newHandoff(rdb, newHandoffKeys(ns, "test", "public")), holder: "test"}
+				handoff: newHandoff(rdb, newHandoffKeys(ns, "test", "public", "")), holder: "test"}
 			res, err := r.push(context.Background(), batch, now)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("push = %+v, %v; want an error containing %q", res, err, tc.want)

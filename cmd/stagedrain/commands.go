@@ -399,17 +399,21 @@ func runRedisOptions(url string) (*redis.Options, error) {
 	if err != nil {
 		return nil, err
 	}
-	ropts.ClientName = "stagedrain"
-	ropts.DisableIdentity = true // CLIENT SETINFO is unknown to Redis < 7.2
-	// The relay retries failed batches with its own logged backoff; the
-	// client's defaults (5 dials x 4 tries) would hide a dead Redis for
-	// seconds per batch. One retry still rides over a stale connection.
-	ropts.DialerRetries = 1
-	if ropts.MaxRetries == 0 {
-		ropts.MaxRetries = 1
-	}
+	tuneRedisClient(&ropts.ClientName, &ropts.DisableIdentity, &ropts.DialerRetries, &ropts.MaxRetries)
 	ropts.Dialer = redisDialer(ropts.DialTimeout, ropts.TLSConfig)
 	return ropts, nil
+}
+
+// tuneRedisClient sets what run's Redis client has in every --redis-mode:
+// its name, no CLIENT SETINFO (unknown to Redis < 7.2), and few retries.
+// The relay retries failed batches with its own logged backoff; the
+// client's defaults (5 dials x 4 tries) would hide a dead Redis for seconds
+// per batch. One retry still rides over a stale connection.
+func tuneRedisClient(name *string, noIdentity *bool, dialerRetries, maxRetries *int) {
+	*name, *noIdentity, *dialerRetries = "stagedrain", true, 1
+	if *maxRetries == 0 {
+		*maxRetries = 1
+	}
 }
 
 // redisDialer dials Redis as go-redis's default dialer does (dial_timeout,
@@ -429,12 +433,6 @@ func redisDialer(timeout time.Duration, tlsConfig *tls.Config) func(context.Cont
 // the client: go-redis's Client (single), ClusterClient (cluster) or
 // FailoverClient (sentinel), each with run's retries and keepalives.
 func (c *runFlags) redisClient(f *flagSet) (func() redis.UniversalClient, error) {
-	// See runRedisOptions for the retries.
-	retries := func(max *int) {
-		if *max == 0 {
-			*max = 1
-		}
-	}
 	switch c.redisMode {
 	case "single":
 		ropts, err := runRedisOptions(c.redisURL)
@@ -450,10 +448,7 @@ func (c *runFlags) redisClient(f *flagSet) (func() redis.UniversalClient, error)
 		if err != nil {
 			return nil, usagef("run: %s cannot be parsed as a cluster URL (want redis://[user:password@]host1:port1?addr=host2:port2&addr=host3:port3)", f.source("redis-url"))
 		}
-		ropts.ClientName = "stagedrain"
-		ropts.DisableIdentity = true
-		ropts.DialerRetries = 1
-		retries(&ropts.MaxRetries)
+		tuneRedisClient(&ropts.ClientName, &ropts.DisableIdentity, &ropts.DialerRetries, &ropts.MaxRetries)
 		ropts.Dialer = redisDialer(ropts.DialTimeout, ropts.TLSConfig)
 		return func() redis.UniversalClient { return redis.NewClusterClient(ropts) }, nil
 	case "sentinel":
@@ -461,10 +456,7 @@ func (c *runFlags) redisClient(f *flagSet) (func() redis.UniversalClient, error)
 		if err != nil || ropts.MasterName == "" {
 			return nil, usagef("run: %s cannot be parsed as a sentinel URL (want redis://[user:password@]sentinel1:26379/db?master_name=mymaster&addr=sentinel2:26379[&password=...])", f.source("redis-url"))
 		}
-		ropts.ClientName = "stagedrain"
-		ropts.DisableIdentity = true
-		ropts.DialerRetries = 1
-		retries(&ropts.MaxRetries)
+		tuneRedisClient(&ropts.ClientName, &ropts.DisableIdentity, &ropts.DialerRetries, &ropts.MaxRetries)
 		ropts.Dialer = redisDialer(ropts.DialTimeout, ropts.TLSConfig)
 		return func() redis.UniversalClient { return redis.NewFailoverClient(ropts) }, nil
 	default:
