@@ -130,7 +130,7 @@ func newTableSQL(schema string, byQueue bool) tableSQL {
 func claimSQL(table, where string) string {
 	return `WITH b AS MATERIALIZED (SELECT id FROM ` + table +
 		` WHERE id > $3 AND id <> ALL($2)` + where + ` ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)` +
-		` DELETE FROM ` + table + ` t USING b WHERE t.id = b.id RETURNING ` +
+		` DELETE FROM ` + table + ` t WHERE t.id = ANY(ARRAY(SELECT id FROM b)) RETURNING ` +
 		`t.id, t.job_name, t.job_args, t.queue, t.run_at, t.jid, t.created_at, t.options`
 }
 

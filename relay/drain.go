@@ -19,11 +19,12 @@ import (
 func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan struct{}, g *gate) error {
 	log := r.log.Named("drain")
 	var bufs [2][]stagedJob
-	// A leader that died awake left commits that did not notify; wait for
-	// them before the drain at start, which then sees their rows.
-	if _, err := g.barrier(ctx, false); err != nil {
+	// A leader that died awake left commits that did not notify: the drain
+	// at start sees those that ended, and the checks of g.late the rest.
+	if err := g.inProgress(ctx, false); err != nil {
 		return err
 	}
+	defer g.late.stop()
 	// due wakes the drain when the earliest future run_at is due, for a
 	// target with no scheduler (dueOnly).
 	due := time.NewTimer(time.Hour)
@@ -36,6 +37,15 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 			return nil
 		case <-wake:
 		case <-dueC:
+		case <-g.late.C():
+			ended, err := g.checkLate(ctx)
+			if err != nil {
+				return err
+			}
+			if !ended {
+				continue
+			}
+			r.metrics.wakeLate.Inc()
 		}
 		listens := r.listens.Load()
 		for attempt := 0; ; {
@@ -99,10 +109,9 @@ type claimed struct {
 // does from the first batch when the last drain ended less than lingerFor
 // ago: commits arrive that often, and each one notifying would serialize
 // them on PostgreSQL's notify lock, so slowly that no drain would ever find
-// a second batch. When a
-// claim comes back empty it goes idle, waits for the commits that saw it
-// awake, and claims once more; only an empty claim after that ends the
-// drain.
+// a second batch. When a claim comes back empty it goes idle, notes the
+// transactions in progress (see gate.sleep), and claims once more; only an
+// empty claim after that ends the drain.
 //
 // PostgreSQL is the bottleneck, so while a full batch is pushed, deleted and
 // committed, the next is already being claimed on a second connection: its
@@ -145,12 +154,8 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 					return nil
 				}
 			default:
-				timedOut, err := g.sleep(ctx)
-				if err != nil {
+				if err := g.sleep(ctx); err != nil {
 					return err
-				}
-				if timedOut {
-					log.Debug("a commit held the wake barrier past its timeout; its jobs come with the next poll")
 				}
 			}
 			if cur, err = claimFromStart(&bufs[i%2]); err != nil {

@@ -16,14 +16,9 @@ func SetAfterPush(r *Relay, f func(ctx context.Context) error) { r.hooks.afterPu
 // number of LISTENs completed before its last drain began.
 func SetOnIdle(r *Relay, f func(listens int64)) { r.hooks.idle = f }
 
-// SetGateTimeout sets how long r's gate waits for commits (default 200ms).
-func SetGateTimeout(r *Relay, d time.Duration) { r.gateTimeout = d }
 
-// AwakeLockName and BarrierLockName are the gate's advisory lock names.
-var (
-	AwakeLockName   = awakeLockName
-	BarrierLockName = barrierLockName
-)
+// AwakeLockName is the gate's advisory lock name.
+var AwakeLockName = awakeLockName
 
 // SetSummaryEvery sets how often r logs its summary line (default 10s).
 func SetSummaryEvery(r *Relay, d time.Duration) { r.summaryEvery = d }

@@ -29,7 +29,7 @@ type metrics struct {
 	dead      prometheus.Counter
 	leader    prometheus.Gauge
 
-	wakeNotify, wakePoll, wakeReconnect prometheus.Counter
+	wakeNotify, wakePoll, wakeReconnect, wakeLate prometheus.Counter
 
 	errRedis, errPostgres, errLostLock, errFenced prometheus.Counter
 
@@ -137,11 +137,12 @@ func newMetrics(target string, b *backlog, mu *sync.Mutex) *metrics {
 	})
 	wakeups := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "stagedrain_wakeups_total",
-		Help: "Wake-up signals to the drain loop by cause: notify (a NOTIFY arrived), poll (the fallback poll), reconnect (the listener's LISTEN, first or again).",
+		Help: "Wake-up signals to the drain loop by cause: notify (a NOTIFY arrived), poll (the fallback poll), reconnect (the listener's LISTEN, first or again), late_commit (a transaction in progress when the relay went idle ended: it may have staged jobs without notifying).",
 	}, []string{"cause"})
 	m.wakeNotify = wakeups.WithLabelValues("notify")
 	m.wakePoll = wakeups.WithLabelValues("poll")
 	m.wakeReconnect = wakeups.WithLabelValues("reconnect")
+	m.wakeLate = wakeups.WithLabelValues("late_commit")
 	errs := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "stagedrain_errors_total",
 		Help: "Failures by kind: redis (a batch's push, or a PING), postgres (a batch, a database session, the listener, the backlog query), lost_lock (the leader lost its lock connection), fenced (the fence refused a push: another relay leads).",

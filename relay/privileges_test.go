@@ -142,7 +142,8 @@ func (e *privilegeEnv) statements(ctx context.Context) error {
 			b.Queue(unlockSQL, r.lockKey)
 			b.Queue(gateLockSQL, []string{awakeLockName(e.schema)})
 			b.Queue(gateUnlockSQL, []string{awakeLockName(e.schema)})
-			b.Queue(gateBarrierSQL, []string{barrierLockName(e.schema)})
+			b.Queue(inProgressSQL)
+			b.Queue(stillInProgressSQL, []int64{1})
 			return tx.SendBatch(ctx, b).Close()
 		}},
 		{"listen", func(tx pgx.Tx) error {

@@ -226,18 +226,17 @@ func TestQueueConflict(t *testing.T) {
 	}
 }
 
-// The gate per queue (sql/006_queue_gate.sql), driven exactly as
-// TestGateWaitsForCommitThatSawItAwake drives the schema's: a relay of {a}
-// awake holds a's awake lock, not the schema's; a commit to a sees it awake
-// (holds a's barrier, will not notify) and commits only after the relay
-// went idle, whose barrier waits for it; a commit to b, whose relay is
-// absent, notifies meanwhile.
+// The gate per queue (sql/006_queue_gate.sql, 007), driven exactly as
+// TestLateCommitIsDrainedWithoutNotifyOrPoll drives the schema's: a relay
+// of {a} awake holds a's awake lock, not the schema's; a commit to a sees
+// it awake (takes no lock, will not notify) and commits only after the
+// relay went idle, which drains when it ends; a commit to b, whose relay
+// is absent, notifies meanwhile.
 func TestGatePerQueue(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
 	ctx := context.Background()
-	awakeA, barrierA := relay.AwakeLockName(h.schema)+":a", relay.BarrierLockName(h.schema)+":a"
-	awakeB, barrierB := relay.AwakeLockName(h.schema)+":b", relay.BarrierLockName(h.schema)+":b"
+	awakeA, awakeB := relay.AwakeLockName(h.schema)+":a", relay.AwakeLockName(h.schema)+":b"
 
 	h.stage(relay.Job{Name: "First", Queue: "a"})
 	second := h.stage(relay.Job{Name: "Second", Queue: "a"})
@@ -249,7 +248,6 @@ func TestGatePerQueue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	relay.SetGateTimeout(r, time.Minute)
 	var pushes atomic.Int32
 	secondPushed := make(chan struct{})
 	release := make(chan struct{})
@@ -295,9 +293,6 @@ func TestGatePerQueue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if held := h.advisoryLocks(barrierA, "ShareLock", true); held != 1 {
-		t.Fatalf("a's barrier held shared by %d sessions after the gate check, want 1 (the app's)", held)
-	}
 	if held := h.advisoryLocks(awakeA, "ShareLock", true); held != 0 {
 		t.Fatalf("a's awake lock held shared by %d sessions: the app's transaction decided to notify", held)
 	}
@@ -309,15 +304,16 @@ func TestGatePerQueue(t *testing.T) {
 	if _, err := listener.WaitForNotification(wctx); err != nil {
 		t.Fatalf("no notification for a commit to b while only a's relay is awake: %v", err)
 	}
-	if held := h.advisoryLocks(barrierB, "ShareLock", true) + h.advisoryLocks(awakeB, "ExclusiveLock", true); held != 0 {
-		t.Fatalf("b's gate locks held by %d sessions", held)
+	if held := h.advisoryLocks(awakeB, "ExclusiveLock", true); held != 0 {
+		t.Fatalf("b's awake lock held by %d sessions", held)
 	}
 
-	// The relay goes idle; its barrier on a waits for the app's commit.
+	// The relay goes idle, noting the app's transaction in progress; it
+	// drains when that commits, with the poll a minute away.
 	unblock()
-	testenv.WaitFor(t, 15*time.Second, "the relay to wait on a's barrier", func() (bool, string) {
-		n := h.advisoryLocks(barrierA, "ExclusiveLock", false)
-		return n == 1, fmt.Sprintf("%d waiting; queue: %v", n, h.queueJIDs("a"))
+	testenv.WaitFor(t, 15*time.Second, "the relay to go idle", func() (bool, string) {
+		n := h.advisoryLocks(awakeA, "ExclusiveLock", true)
+		return n == 0, fmt.Sprintf("%d hold a's awake lock; queue: %v", n, h.queueJIDs("a"))
 	})
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)

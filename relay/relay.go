@@ -79,7 +79,7 @@ type Relay struct {
 	state state
 
 	// gateTimeout is the lock_timeout of the leader's lock connection: the
-	// longest the gate waits for commits when the relay goes awake or idle.
+	// longest the gate waits, going awake, for commits looking at it.
 	gateTimeout time.Duration
 
 	// drainIdleInTx is the drain sessions'
@@ -313,7 +313,8 @@ func (r *Relay) lead(ctx context.Context, lockConn *pgx.Conn, lockMu *sync.Mutex
 	wake <- struct{}{} // drain at start
 	gt := &gate{mu: lockMu, conn: lockConn,
 		timeout: r.gateTimeout + lockQueryTimeout(r.cfg.LeaderInterval)}
-	gt.awakeKeys, gt.barrierKeys = gateLockNames(r.cfg.Schema, r.cfg.Queues)
+	gt.awakeKeys = gateLockNames(r.cfg.Schema, r.cfg.Queues)
+	gt.late.window = r.cfg.PollInterval
 	if r.cfg.PollOnly {
 		// Awake for good: commits never NOTIFY, since nobody listens.
 		if err := gt.wake(ctx); err != nil {
@@ -330,10 +331,9 @@ func (r *Relay) lead(ctx context.Context, lockConn *pgx.Conn, lockMu *sync.Mutex
 	return g.Wait()
 }
 
-// defaultGateTimeout bounds how long a commit that runs the wake trigger can
-// be held up by the relay going awake or idle (see wake.go): only commits
-// that check the gate in that very instant wait, and only for the commits
-// in flight before them.
+// defaultGateTimeout bounds how long the relay, going awake, waits for the
+// commits that are looking at the gate in that very instant (see wake.go),
+// and so how long a commit that looks just after them can be held up.
 const defaultGateTimeout = 200 * time.Millisecond
 
 var (

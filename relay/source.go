@@ -138,7 +138,7 @@ func newStagedPushSource(schema string) *stagedPushSource {
 	claim := func(where string) string {
 		return `WITH b AS MATERIALIZED (SELECT id FROM ` + table + ` t` +
 			` WHERE id > $3 AND id <> ALL($2)` + where + ` ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)` +
-			` DELETE FROM ` + table + ` t USING b WHERE t.id = b.id RETURNING ` +
+			` DELETE FROM ` + table + ` t WHERE t.id = ANY(ARRAY(SELECT id FROM b)) RETURNING ` +
 			`t.id, t.payload::text, extract(epoch FROM t.created_at)::float8, to_json(t)::text`
 	}
 	return &stagedPushSource{schema: schema, table: table, sql: tableSQL{

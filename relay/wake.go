@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -57,34 +58,36 @@ func (r *Relay) armDue(ctx context.Context, pool *pgxpool.Pool, due *time.Timer,
 }
 
 // gate tells committing transactions whether to NOTIFY (see
-// sql/003_wake_gate.sql): while the relay holds the schema's "awake"
+// sql/007_wake_no_barrier.sql): while the relay holds the schema's "awake"
 // advisory lock, commits do not notify, since the relay is draining and will
 // find their rows by itself. Notifying commits are serialized by
 // PostgreSQL's notify lock; a relay that stays awake while jobs flow keeps
 // that cost off the app.
 //
-// Going idle, the relay releases "awake", then takes and releases "barrier",
-// which waits for every commit that saw it awake (they hold "barrier" shared
-// until their COMMIT is done), and then drains once more: no commit is left
-// without either a notification or a drain that sees it.
+// Going idle, the relay releases "awake" and, in the same round trip,
+// reads the ids of the transactions in progress: a commit that saw it awake
+// has ended by then, and the drain that follows sees its rows, or is one of
+// them, and the relay drains again as soon as one of them ends (late, and
+// its timer). No commit is left without either a notification or a drain
+// that sees it; a commit that ends later than the fallback poll's interval
+// after the relay went idle waits for the poll.
 //
-// The locks live on the leader's lock connection, so they go when
+// The lock lives on the leader's lock connection, so it goes when
 // leadership goes. In poll-only mode the relay is awake for good (pinned):
 // no commit notifies, and the fallback poll does all the waking.
 //
 // A relay with Config.Queues holds the locks of its queues instead
-// ("awake:<queue>" and "barrier:<queue>", sql/006_queue_gate.sql): a
-// schema-wide "awake" would keep commits to other groups' queues from
-// notifying their idle relays.
+// ("awake:<queue>", sql/006_queue_gate.sql): a schema-wide "awake" would
+// keep commits to other groups' queues from notifying their idle relays.
 type gate struct {
-	mu          *sync.Mutex // guards conn, shared with keepLock
-	conn        *pgx.Conn
-	awakeKeys   []string // the schema's lock, or one per queue of Config.Queues
-	barrierKeys []string
-	awake       bool
-	pinned      bool          // poll-only: never goes idle
-	idleAt      time.Time     // when the relay last went idle, or a drain ended
-	timeout     time.Duration // bounds each statement: lock_timeout plus the lock connection's query timeout
+	mu        *sync.Mutex // guards conn, shared with keepLock
+	conn      *pgx.Conn
+	awakeKeys []string // the schema's lock, or one per queue of Config.Queues
+	awake     bool
+	pinned    bool          // poll-only: never goes idle
+	idleAt    time.Time     // when the relay last went idle, or a drain ended
+	timeout   time.Duration // bounds each statement: lock_timeout plus the lock connection's query timeout
+	late      lateCommits
 }
 
 // Each gate lock has 16 shards (two-key advisory locks: hashtext(name),
@@ -96,31 +99,39 @@ const (
 	gateLockSQL = `SELECT pg_advisory_lock(hashtext(k), s) FROM unnest($1::text[]) k, generate_series(0, 15) s`
 	// Unlocking a shard not held only raises a WARNING.
 	gateUnlockSQL = `SELECT pg_advisory_unlock(hashtext(k), s) FROM unnest($1::text[]) k, generate_series(0, 15) s`
-	// Waits for the commits holding each shard shared, holding none.
-	gateBarrierSQL = `SELECT pg_advisory_lock(hashtext(k), s), pg_advisory_unlock(hashtext(k), s) FROM unnest($1::text[]) k, generate_series(0, 15) s`
+	// The ids of the transactions in progress: each holds an exclusive
+	// lock on its own id from when it gets one (before it inserts a row)
+	// until its commit is visible. pg_current_snapshot() would not do: it
+	// does not list the ids above the last one to end. xid as text as
+	// bigint: pgx has no xid array type.
+	inProgressSQL = `SELECT coalesce(array_agg(DISTINCT transactionid::text::bigint), '{}') FROM pg_locks
+		WHERE locktype = 'transactionid' AND mode = 'ExclusiveLock' AND granted`
+	// Which of $1 are still in progress.
+	stillInProgressSQL = `SELECT coalesce(array_agg(DISTINCT transactionid::text::bigint), '{}') FROM pg_locks
+		WHERE locktype = 'transactionid' AND mode = 'ExclusiveLock' AND granted
+		  AND transactionid::text::bigint = ANY($1::bigint[])`
 )
 
-func awakeLockName(schema string) string   { return "stagedrain-awake:" + schema }
-func barrierLockName(schema string) string { return "stagedrain-barrier:" + schema }
+func awakeLockName(schema string) string { return "stagedrain-awake:" + schema }
 
 // gateLockNames are the gate's lock names for a relay of queues, or of
 // all queues when queues is empty.
-func gateLockNames(schema string, queues []string) (awake, barrier []string) {
+func gateLockNames(schema string, queues []string) []string {
 	if len(queues) == 0 {
-		return []string{awakeLockName(schema)}, []string{barrierLockName(schema)}
+		return []string{awakeLockName(schema)}
 	}
+	var awake []string
 	for _, q := range queues {
 		awake = append(awake, awakeLockName(schema)+":"+q)
-		barrier = append(barrier, barrierLockName(schema)+":"+q)
 	}
-	return awake, barrier
+	return awake
 }
 
 // wake marks the relay awake. If commits that decided to notify hold a
 // shard of "awake" past the lock connection's lock_timeout, the shards
 // before it are held and the rest are not: the relay counts as awake (its
-// sleep releases them all and waits at the barrier), and commits on the
-// shards not held go on notifying.
+// sleep releases them all), and commits on the shards not held go on
+// notifying.
 func (g *gate) wake(ctx context.Context) error {
 	if g.awake {
 		return nil
@@ -138,40 +149,126 @@ func (g *gate) wake(ctx context.Context) error {
 	return nil
 }
 
-// sleep marks the relay idle and waits (at most lock_timeout) until every
-// commit that saw it awake is done, so that the drain the caller runs next
-// sees their rows. timedOut reports that the wait gave up: a commit holds
-// the barrier for longer (it ran the trigger early, under SET CONSTRAINTS
-// ALL IMMEDIATE), and its rows come with the fallback poll.
-func (g *gate) sleep(ctx context.Context) (timedOut bool, err error) {
+// sleep marks the relay idle and adds the transactions then in progress
+// to g.late: the caller drains next, which sees every commit that saw the
+// relay awake and has ended, and the drain loop drains again when one of
+// the others ends.
+func (g *gate) sleep(ctx context.Context) error {
 	if !g.awake || g.pinned {
-		return false, nil
+		return nil
 	}
 	g.awake = false
 	g.idleAt = time.Now()
-	return g.barrier(ctx, true)
+	return g.inProgress(ctx, true)
 }
 
-// barrier waits for the commits that saw the relay awake, releasing
-// "awake" first when unlock is set; all in one round trip.
-func (g *gate) barrier(ctx context.Context, unlock bool) (timedOut bool, err error) {
+// inProgress adds the transactions in progress to g.late, releasing
+// "awake" first when unlock is set; in one round trip.
+func (g *gate) inProgress(ctx context.Context, unlock bool) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	b := &pgx.Batch{}
 	if unlock {
 		b.Queue(gateUnlockSQL, g.awakeKeys)
 	}
-	b.Queue(gateBarrierSQL, g.barrierKeys)
-	err = withDeadline(ctx, g.timeout, func(ctx context.Context) error {
+	var xids []int64
+	b.Queue(inProgressSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&xids) })
+	err := withDeadline(ctx, g.timeout, func(ctx context.Context) error {
 		return g.conn.SendBatch(ctx, b).Close()
 	})
-	if isLockTimeout(err) {
-		return true, nil
-	}
 	if err != nil {
-		return false, fmt.Errorf("%w: mark idle: %w", errLostLock, err)
+		return fmt.Errorf("%w: mark idle: %w", errLostLock, err)
 	}
-	return false, nil
+	g.late.add(xids, time.Now())
+	return nil
+}
+
+// checkLate asks which of the transactions in g.late are still in
+// progress, and reports whether any of them ended since the last check
+// (the caller drains then). It re-arms g.late's timer, or drops the rest
+// once the window is over.
+func (g *gate) checkLate(ctx context.Context) (ended bool, err error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var left []int64
+	err = withDeadline(ctx, g.timeout, func(ctx context.Context) error {
+		return g.conn.QueryRow(ctx, stillInProgressSQL, g.late.xids).Scan(&left)
+	})
+	if err != nil {
+		return false, fmt.Errorf("%w: check late commits: %w", errLostLock, err)
+	}
+	return g.late.checked(left, time.Now()), nil
+}
+
+// lateCommits are the transactions that were in progress when the relay
+// last went idle: any of them may have seen it awake, not notified, and
+// committed after its last drain. The relay checks them lateFirstCheck
+// after going idle, then at doubling intervals, and drains when any has
+// ended; it stops checking once window (the fallback poll's interval) has
+// passed since it went idle, as the poll covers the rest: a commit is
+// drained at most about twice as long after the relay went idle as it took
+// to end, and never later than the poll.
+type lateCommits struct {
+	xids   []int64
+	since  time.Time // when the relay last went idle
+	step   time.Duration
+	window time.Duration
+	timer  *time.Timer
+}
+
+const lateFirstCheck = 200 * time.Microsecond
+
+// add merges xids into the set and starts the checks again from
+// lateFirstCheck.
+func (l *lateCommits) add(xids []int64, now time.Time) {
+	for _, x := range xids {
+		if !slices.Contains(l.xids, x) {
+			l.xids = append(l.xids, x)
+		}
+	}
+	l.since, l.step = now, lateFirstCheck
+	l.arm(now)
+}
+
+// checked records the ids still in progress and reports whether any ended.
+func (l *lateCommits) checked(left []int64, now time.Time) bool {
+	ended := len(left) < len(l.xids)
+	l.xids = append(l.xids[:0], left...)
+	l.arm(now)
+	return ended
+}
+
+// arm sets the timer for the next check, or clears the set when it is
+// empty or the window is over.
+func (l *lateCommits) arm(now time.Time) {
+	if len(l.xids) == 0 || now.Add(l.step).Sub(l.since) > l.window {
+		l.xids = l.xids[:0]
+		if l.timer != nil {
+			l.timer.Stop()
+		}
+		return
+	}
+	if l.timer == nil {
+		l.timer = time.NewTimer(l.step)
+	} else {
+		l.timer.Reset(l.step)
+	}
+	l.step *= 2
+}
+
+// C is the timer's channel while there are transactions to check, nil
+// otherwise.
+func (l *lateCommits) C() <-chan time.Time {
+	if len(l.xids) == 0 || l.timer == nil {
+		return nil
+	}
+	return l.timer.C
+}
+
+func (l *lateCommits) stop() {
+	if l.timer != nil {
+		l.timer.Stop()
+	}
 }
 
 func isLockTimeout(err error) bool {

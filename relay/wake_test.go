@@ -3,6 +3,7 @@ package relay_test
 import (
 	"context"
 	"fmt"
+	"net/http/httptest"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,9 +17,12 @@ import (
 
 // The missed wake-up, driven exactly: a transaction checks the gate while
 // the relay is awake (so it will not NOTIFY) and commits only after the
-// relay has gone idle. The relay's barrier waits for that commit, and its
-// last drain delivers the job, with the poll a minute away.
-func TestGateWaitsForCommitThatSawItAwake(t *testing.T) {
+// relay has gone idle, lag after. The relay noted it as in progress when
+// it went idle, sees it end, and drains: the job arrives within the bound
+// of sql/007_wake_no_barrier.sql (twice the lag after the relay went idle,
+// plus the check), with the poll a minute away and no notification, as the
+// wake-up cause late_commit shows.
+func TestLateCommitIsDrainedWithoutNotifyOrPoll(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
 	ctx := context.Background()
@@ -35,7 +39,6 @@ func TestGateWaitsForCommitThatSawItAwake(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	relay.SetGateTimeout(r, time.Minute) // only the commit, never the timeout, ends the wait
 	var pushes atomic.Int32
 	secondPushed := make(chan struct{})
 	release := make(chan struct{})
@@ -49,6 +52,8 @@ func TestGateWaitsForCommitThatSawItAwake(t *testing.T) {
 		}
 		return nil
 	})
+	ts := httptest.NewServer(r.MetricsHandler())
+	t.Cleanup(ts.Close)
 	h.run(r)
 	select {
 	case <-secondPushed:
@@ -61,7 +66,7 @@ func TestGateWaitsForCommitThatSawItAwake(t *testing.T) {
 
 	// The app's transaction runs the gate check now (SET CONSTRAINTS ALL
 	// IMMEDIATE runs the deferred trigger at INSERT) and sees the relay
-	// awake: it holds the barrier and will not notify.
+	// awake: it takes no lock and will not notify.
 	appConn := testenv.Conn(t, testenv.DatabaseURL())
 	tx, err := appConn.Begin(ctx)
 	if err != nil {
@@ -75,26 +80,50 @@ func TestGateWaitsForCommitThatSawItAwake(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if held := h.advisoryLocks(relay.BarrierLockName(h.schema), "ShareLock", true); held != 1 {
-		t.Fatalf("barrier held shared by %d sessions after the gate check, want 1 (the app's)", held)
+	var appLocks int
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()`).Scan(&appLocks); err != nil {
+		t.Fatal(err)
 	}
-	if held := h.advisoryLocks(relay.AwakeLockName(h.schema), "ShareLock", true); held != 0 {
-		t.Fatalf("awake lock held shared by %d sessions: the app's transaction decided to notify", held)
+	if appLocks != 0 {
+		t.Fatalf("the app's transaction holds %d advisory locks after the gate check, want none", appLocks)
 	}
 
-	// Let the relay finish: its next claim is empty, it goes idle and its
-	// barrier waits for the app's transaction.
+	// Let the relay finish: its next claim is empty and it goes idle.
+	unblocked := time.Now()
 	unblock()
-	testenv.WaitFor(t, 15*time.Second, "the relay to wait on the barrier", func() (bool, string) {
-		n := h.advisoryLocks(relay.BarrierLockName(h.schema), "ExclusiveLock", false)
-		return n == 1, fmt.Sprintf("%d waiting; queue: %v", n, h.queueJIDs("default"))
+	testenv.WaitFor(t, 15*time.Second, "the relay to go idle", func() (bool, string) {
+		n := h.advisoryLocks(relay.AwakeLockName(h.schema), "ExclusiveLock", true)
+		return n == 0, fmt.Sprintf("%d sessions hold awake; queue: %v", n, h.queueJIDs("default"))
 	})
+	// The commit comes a while after (the lag is the scenario, not a wait
+	// for anything).
+	time.Sleep(100 * time.Millisecond)
+	if got := h.queueJIDs("default"); len(got) != 2 {
+		t.Fatalf("queue holds %v before the late commit, want the 2 earlier jobs", got)
+	}
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	h.waitQueueLen("default", 3, 10*time.Second)
+	committed := time.Now()
+	h.waitQueueLen("default", 3, 15*time.Second)
+	delivered := time.Now()
 	if got := h.queueJIDs("default"); got[1] != second || got[2] != late {
 		t.Fatalf("delivered %v, want the late job %s last", got, late)
+	}
+	// The relay went idle after unblocked, so the commit's lag is at most
+	// committed - unblocked, and the job is due by twice that after the
+	// relay went idle: at most the lag again after the commit. The slack
+	// covers the check's own round trip on a busy machine.
+	lag := committed.Sub(unblocked)
+	if took := delivered.Sub(committed); took > lag+time.Second {
+		t.Errorf("the late job took %s after its commit (lag %s after the relay went idle), want at most the lag (+1s slack)", took, lag)
+	}
+	s := scrapeMetrics(t, ts.URL+"/metrics")
+	if v := s.value("stagedrain_wakeups_total", "cause", "late_commit"); v < 1 {
+		t.Errorf("wakeups_total{cause=late_commit} = %v, want >= 1: the check of late commits delivered the job", v)
+	}
+	if v := s.value("stagedrain_wakeups_total", "cause", "notify"); v != 0 {
+		t.Errorf("wakeups_total{cause=notify} = %v, want 0: the late commit saw the relay awake", v)
 	}
 }
 
@@ -113,10 +142,9 @@ func (h *harness) advisoryLocks(name, mode string, granted bool) int {
 	return n
 }
 
-// With the relay idle, a commit notifies; with it awake, the trigger takes
-// the branch that does not notify (seen by the gate lock the committing
-// transaction holds: the barrier, not the awake lock); idle again, commits
-// notify again.
+// With the relay idle, a commit notifies; with it awake, the trigger does
+// not notify; idle again, commits notify again. Told apart by the sending
+// backend of the notifications that arrive.
 func TestGateNotifiesOnlyWhileIdle(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
@@ -140,34 +168,28 @@ func TestGateNotifiesOnlyWhileIdle(t *testing.T) {
 	if _, err := relayConn.Exec(ctx, `SELECT pg_advisory_lock(hashtext($1), s) FROM generate_series(0, 15) s`, relay.AwakeLockName(h.schema)); err != nil {
 		t.Fatal(err)
 	}
-	tx, err := h.conn.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(ctx, "SET CONSTRAINTS ALL IMMEDIATE"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(ctx, "INSERT INTO "+table+" (job_name, job_args) VALUES ('WhileAwake', '[]'), ('AndAnother', '[]')"); err != nil {
-		t.Fatal(err)
-	}
-	if held := h.advisoryLocks(relay.AwakeLockName(h.schema), "ShareLock", true); held != 0 {
-		t.Fatalf("awake lock held shared by %d sessions while the relay is awake, want 0", held)
-	}
-	if held := h.advisoryLocks(relay.BarrierLockName(h.schema), "ShareLock", true); held != 1 {
-		t.Fatalf("barrier held shared by %d sessions, want 1 (the committing transaction)", held)
-	}
-	if err := tx.Commit(ctx); err != nil {
+	awakeApp := testenv.Conn(t, testenv.DatabaseURL())
+	if _, err := awakeApp.Exec(ctx, "INSERT INTO "+table+" (job_name, job_args) VALUES ('WhileAwake', '[]'), ('AndAnother', '[]')"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := relayConn.Exec(ctx, `SELECT pg_advisory_unlock(hashtext($1), s) FROM generate_series(0, 15) s`, relay.AwakeLockName(h.schema)); err != nil {
 		t.Fatal(err)
 	}
-	// Idle again: the next commit notifies once more.
+	// Idle again: the next commit notifies once more, and it is the first
+	// notification since the one while idle (notifications arrive in
+	// commit order): the commit while awake sent none.
 	h.stage(relay.Job{Name: "IdleAgain"})
 	wctx2, cancel2 := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel2()
-	if _, err := listener.WaitForNotification(wctx2); err != nil {
+	n, err := listener.WaitForNotification(wctx2)
+	if err != nil {
 		t.Fatalf("no notification for a commit after the relay went idle: %v", err)
+	}
+	if n.PID == awakeApp.PgConn().PID() {
+		t.Fatal("the commit while the relay was awake notified")
+	}
+	if n.PID != h.conn.PgConn().PID() {
+		t.Fatalf("notification from backend %d, want the idle commit's %d", n.PID, h.conn.PgConn().PID())
 	}
 }
 
@@ -216,12 +238,12 @@ func TestPollOnlyNeitherListensNorIsNotified(t *testing.T) {
 	}
 }
 
-// The trigger (migration 005) holds no gate lock when it notifies, so a
-// notifying commit never makes the relay wait, going awake or idle; when
-// the relay is awake it holds only 'barrier', shared, to the end of the
-// transaction, and does not notify. Checked on the trigger itself, fired at
-// INSERT with SET CONSTRAINTS ALL IMMEDIATE, through pg_locks.
-func TestTriggerHoldsNoGateLockWhenItNotifies(t *testing.T) {
+// The trigger (migration 007) holds no gate lock after it ran, whether it
+// notified (the relay idle) or not (awake): a commit never makes the relay
+// wait, going awake or idle, and pays for no lock it keeps. Checked on the
+// trigger itself, fired at INSERT with SET CONSTRAINTS ALL IMMEDIATE,
+// through pg_locks.
+func TestTriggerHoldsNoGateLock(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	schema := testenv.Schema(t)
@@ -248,10 +270,9 @@ func TestTriggerHoldsNoGateLockWhenItNotifies(t *testing.T) {
 			}
 			// Two-key advisory locks show their first key as classid.
 			rows, err := tx.Query(ctx, `SELECT CASE classid
-					WHEN hashtext($1)::oid THEN 'awake'
-					WHEN hashtext($2)::oid THEN 'barrier' ELSE 'other' END || ' ' || mode
+					WHEN hashtext($1)::oid THEN 'awake' ELSE 'other' END || ' ' || mode
 				FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() ORDER BY 1`,
-				relay.AwakeLockName(schema), relay.BarrierLockName(schema))
+				relay.AwakeLockName(schema))
 			if err != nil {
 				return err
 			}
@@ -284,8 +305,8 @@ func TestTriggerHoldsNoGateLockWhenItNotifies(t *testing.T) {
 		relay.AwakeLockName(schema)); err != nil {
 		t.Fatal(err)
 	}
-	if held := fire(); len(held) != 1 || held[0] != "barrier ShareLock" {
-		t.Fatalf("a commit that found the relay awake holds %v, want only barrier, shared", held)
+	if held := fire(); len(held) != 0 {
+		t.Fatalf("a commit that found the relay awake holds %v, want no gate lock", held)
 	}
 	if notified() {
 		t.Fatal("a commit that found the relay awake notified")
