@@ -16,7 +16,6 @@ func SetAfterPush(r *Relay, f func(ctx context.Context) error) { r.hooks.afterPu
 // number of LISTENs completed before its last drain began.
 func SetOnIdle(r *Relay, f func(listens int64)) { r.hooks.idle = f }
 
-
 // AwakeLockName is the gate's advisory lock name.
 var AwakeLockName = awakeLockName
 
