@@ -82,8 +82,14 @@ func newTableSQL(schema string, byQueue bool) tableSQL {
 		// LOCKED keeps them locked until the batch's transaction ends, so
 		// even two relays that both think they lead never claim the same
 		// row; a rollback, if the push fails, undoes the delete. It deletes
-		// exactly the claimed ids: never "id <= max", which under READ
-		// COMMITTED would delete a lower id committed after the claim.
+		// exactly the claimed rows: never "id <= max", which under READ
+		// COMMITTED would delete a lower id committed after the claim. It
+		// finds them by ctid, read from the rows it locked (no other session
+		// can move or remove a locked row): a TID scan, where a join on id
+		// hashed the whole table (a seq scan of every page the app's inserts
+		// and the drain's deletes left, each claim) and "id = ANY" looked
+		// each row up in the index again. RETURNING gives exactly what it
+		// deleted, and only that is pushed.
 		claim: claimSQL(table, where),
 		// For a target with no scheduler (streams): rows whose run_at is
 		// not in the future only. The scan by id steps over the future
@@ -128,9 +134,9 @@ func newTableSQL(schema string, byQueue bool) tableSQL {
 
 // claimSQL is the claim statement, with extra conditions on the rows.
 func claimSQL(table, where string) string {
-	return `WITH b AS MATERIALIZED (SELECT id FROM ` + table +
+	return `WITH b AS MATERIALIZED (SELECT ctid FROM ` + table +
 		` WHERE id > $3 AND id <> ALL($2)` + where + ` ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)` +
-		` DELETE FROM ` + table + ` t WHERE t.id = ANY(ARRAY(SELECT id FROM b)) RETURNING ` +
+		` DELETE FROM ` + table + ` t WHERE t.ctid = ANY(ARRAY(SELECT ctid FROM b)) RETURNING ` +
 		`t.id, t.job_name, t.job_args, t.queue, t.run_at, t.jid, t.created_at, t.options`
 }
 

@@ -136,9 +136,9 @@ const stagedPushAt = `CASE WHEN json_typeof((t.payload -> 'at')::json) = 'number
 func newStagedPushSource(schema string) *stagedPushSource {
 	table := pgx.Identifier{schema, sidekiqStagedPushTable}.Sanitize()
 	claim := func(where string) string {
-		return `WITH b AS MATERIALIZED (SELECT id FROM ` + table + ` t` +
+		return `WITH b AS MATERIALIZED (SELECT ctid FROM ` + table + ` t` +
 			` WHERE id > $3 AND id <> ALL($2)` + where + ` ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)` +
-			` DELETE FROM ` + table + ` t WHERE t.id = ANY(ARRAY(SELECT id FROM b)) RETURNING ` +
+			` DELETE FROM ` + table + ` t WHERE t.ctid = ANY(ARRAY(SELECT ctid FROM b)) RETURNING ` +
 			`t.id, t.payload::text, extract(epoch FROM t.created_at)::float8, to_json(t)::text`
 	}
 	return &stagedPushSource{schema: schema, table: table, sql: tableSQL{
