@@ -192,7 +192,7 @@ func (g *gate) checkLate(ctx context.Context) (ended bool, err error) {
 	defer g.mu.Unlock()
 	var left []int64
 	err = withDeadline(ctx, g.timeout, func(ctx context.Context) error {
-		return g.conn.QueryRow(ctx, stillInProgressSQL, g.late.xids).Scan(&left)
+		return g.conn.QueryRow(ctx, stillInProgressSQL, g.late.ids()).Scan(&left)
 	})
 	if err != nil {
 		return false, fmt.Errorf("%w: check late commits: %w", errLostLock, err)
@@ -201,59 +201,84 @@ func (g *gate) checkLate(ctx context.Context) (ended bool, err error) {
 }
 
 // lateCommits are the transactions that were in progress when the relay
-// last went idle: any of them may have seen it awake, not notified, and
+// went idle: any of them may have seen it awake, not notified, and
 // committed after its last drain. The relay checks them lateFirstCheck
-// after going idle, then at doubling intervals, and drains when any has
-// ended; it stops checking once window (the fallback poll's interval) has
-// passed since it went idle, as the poll covers the rest: a commit is
+// after going idle, and then each time the youngest of them has doubled
+// its age (the time since the relay first saw it in progress), and drains
+// when any has ended. A transaction older than window (the fallback poll's
+// interval) is no longer checked, as the poll covers it. So a commit is
 // drained at most about twice as long after the relay went idle as it took
-// to end, and never later than the poll.
+// to end (and lateFirstCheck), and never later than the poll; and an app
+// transaction that stays open long costs a check each time its age
+// doubles, not one per idle moment.
 type lateCommits struct {
-	xids   []int64
-	since  time.Time // when the relay last went idle
-	step   time.Duration
+	xids   []lateXid
 	window time.Duration
 	timer  *time.Timer
 }
 
+type lateXid struct {
+	id    int64
+	since time.Time // when the relay first saw it in progress, going idle
+}
+
 const lateFirstCheck = 200 * time.Microsecond
 
-// add merges xids into the set and starts the checks again from
-// lateFirstCheck.
+// add adds the transactions in progress when the relay went idle at now.
 func (l *lateCommits) add(xids []int64, now time.Time) {
 	for _, x := range xids {
-		if !slices.Contains(l.xids, x) {
-			l.xids = append(l.xids, x)
+		if !slices.ContainsFunc(l.xids, func(lx lateXid) bool { return lx.id == x }) {
+			l.xids = append(l.xids, lateXid{id: x, since: now})
 		}
 	}
-	l.since, l.step = now, lateFirstCheck
 	l.arm(now)
 }
 
-// checked records the ids still in progress and reports whether any ended.
+// ids are the transactions to check.
+func (l *lateCommits) ids() []int64 {
+	ids := make([]int64, len(l.xids))
+	for i, x := range l.xids {
+		ids[i] = x.id
+	}
+	return ids
+}
+
+// checked keeps the transactions still in progress (left) and reports
+// whether any ended.
 func (l *lateCommits) checked(left []int64, now time.Time) bool {
-	ended := len(left) < len(l.xids)
-	l.xids = append(l.xids[:0], left...)
+	n := len(l.xids)
+	l.xids = slices.DeleteFunc(l.xids, func(x lateXid) bool { return !slices.Contains(left, x.id) })
+	ended := len(l.xids) < n
 	l.arm(now)
 	return ended
 }
 
-// arm sets the timer for the next check, or clears the set when it is
-// empty or the window is over.
+// next is the wait until the next check at now, and false when there is
+// nothing left to check (what is older than the window is dropped).
+func (l *lateCommits) next(now time.Time) (time.Duration, bool) {
+	l.xids = slices.DeleteFunc(l.xids, func(x lateXid) bool { return now.Sub(x.since) > l.window })
+	if len(l.xids) == 0 {
+		return 0, false
+	}
+	youngest := now.Sub(l.xids[0].since)
+	for _, x := range l.xids[1:] {
+		youngest = min(youngest, now.Sub(x.since))
+	}
+	return max(youngest, lateFirstCheck), true
+}
+
+// arm sets the timer for the next check, or stops it.
 func (l *lateCommits) arm(now time.Time) {
-	if len(l.xids) == 0 || now.Add(l.step).Sub(l.since) > l.window {
-		l.xids = l.xids[:0]
-		if l.timer != nil {
-			l.timer.Stop()
-		}
+	wait, ok := l.next(now)
+	if !ok {
+		l.stop()
 		return
 	}
 	if l.timer == nil {
-		l.timer = time.NewTimer(l.step)
+		l.timer = time.NewTimer(wait)
 	} else {
-		l.timer.Reset(l.step)
+		l.timer.Reset(wait)
 	}
-	l.step *= 2
 }
 
 // C is the timer's channel while there are transactions to check, nil

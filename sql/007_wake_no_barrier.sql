@@ -11,8 +11,9 @@
 -- Going idle, the relay releases 'awake' and then reads the ids of the
 -- transactions in progress (each holds a lock on its own id, in pg_locks).
 -- It drains once more at once, and again as soon as any of those
--- transactions ends (it looks again 0.2ms, 0.6ms, 1.4ms ... after going
--- idle, the step doubling, for up to the fallback poll's interval).
+-- transactions ends (it looks 0.2ms after going idle, then each time the
+-- time since has doubled: 0.4ms, 0.8ms, ... up to the fallback poll's
+-- interval).
 --
 -- Why no wake-up is missed. A commit T that does not notify saw 'awake'
 -- held in this trigger, before its COMMIT (the trigger is deferred: it runs
