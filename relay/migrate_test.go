@@ -409,3 +409,81 @@ func tableExists(t *testing.T, conn *pgx.Conn, schema, table string) bool {
 	}
 	return exists
 }
+
+// A schema at version 6 (005/006's trigger: no WHEN, the function with the
+// barrier) gets 007 from Migrate: the function without the barrier and the
+// trigger with its WHEN on the schema's awake lock; Migrate again applies
+// nothing.
+func TestMigrateUpgradesTheWakeTriggerFrom006(t *testing.T) {
+	t.Parallel()
+	schema := testenv.Schema(t)
+	conn := testenv.Conn(t, testenv.DatabaseURL())
+	ctx := context.Background()
+	if _, err := relay.Migrate(ctx, conn, schema); err != nil {
+		t.Fatal(err)
+	}
+	// Back to version 6, as a schema migrated by the previous release.
+	body, err := fs.ReadFile(sqlfiles.Files, "006_queue_gate.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	migrations := pgx.Identifier{schema, "stagedrain_migrations"}.Sanitize()
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		for _, q := range []string{
+			"SET LOCAL search_path TO " + pgx.Identifier{schema}.Sanitize(),
+			string(body),
+			`DROP TRIGGER stagedrain_wake ON staged_jobs`,
+			`CREATE CONSTRAINT TRIGGER stagedrain_wake AFTER INSERT ON staged_jobs
+				DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION stagedrain_wake()`,
+			`DELETE FROM ` + migrations + ` WHERE version = 7`,
+		} {
+			if _, err := tx.Exec(ctx, q, pgx.QueryExecModeSimpleProtocol); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	definitions := func() (trigger, function string) {
+		t.Helper()
+		err := conn.QueryRow(ctx, `SELECT pg_get_triggerdef(t.oid), pg_get_functiondef(t.tgfoid)
+			FROM pg_trigger t WHERE t.tgrelid = $1::regclass AND t.tgname = 'stagedrain_wake'`,
+			pgx.Identifier{schema, "staged_jobs"}.Sanitize()).Scan(&trigger, &function)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return trigger, function
+	}
+	if trig, fn := definitions(); strings.Contains(trig, "WHEN") || !strings.Contains(fn, "barrier") {
+		t.Fatalf("setup: not 006's trigger:\n%s\n%s", trig, fn)
+	}
+
+	res, err := relay.Migrate(ctx, conn, schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(res.Applied, []string{"007_wake_no_barrier.sql"}) || res.Current != 7 {
+		t.Fatalf("Migrate = %+v, want 007 applied, version 7", res)
+	}
+	trig, fn := definitions()
+	var key int32
+	if err := conn.QueryRow(ctx, `SELECT hashtext($1)`, relay.AwakeLockName(schema)).Scan(&key); err != nil {
+		t.Fatal(err)
+	}
+	keyText := strconv.Itoa(int(key)) // how pg_get_triggerdef prints it
+	if key < 0 {
+		keyText = "'" + keyText + "'::integer"
+	}
+	if want := fmt.Sprintf("WHEN ((pg_try_advisory_lock_shared(%s, (pg_backend_pid() %% 16)) AND pg_advisory_unlock_shared(%s, (pg_backend_pid() %% 16))))", keyText, keyText); !strings.Contains(trig, want) {
+		t.Fatalf("trigger after Migrate:\n%s\nwant it to contain\n%s", trig, want)
+	}
+	if strings.Contains(fn, "barrier") {
+		t.Fatalf("stagedrain_wake() still takes the barrier:\n%s", fn)
+	}
+	again, err := relay.Migrate(ctx, conn, schema)
+	if err != nil || len(again.Applied) != 0 {
+		t.Fatalf("Migrate again = %+v, %v; want nothing applied", again, err)
+	}
+}

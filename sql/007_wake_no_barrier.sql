@@ -1,5 +1,6 @@
 -- The wake trigger only looks at 'awake': a commit that sees the relay
--- awake takes no lock at all.
+-- awake takes no lock at all; and while the relay is awake, a row does not
+-- queue the trigger at all (its WHEN, at the end of this file).
 --
 -- 005 and 006 made a commit that saw the relay awake hold 'barrier' shared
 -- until its end, so that the relay, going idle, could wait for it. Measured
@@ -68,5 +69,34 @@ BEGIN
         END,
         '');
     RETURN NULL;
+END
+$$;
+
+-- While a relay of all queues is awake, a row does not even queue the
+-- trigger: its WHEN looks at 'awake' when the row is inserted (the same
+-- look as above: the shard taken shared and released at once, or nothing
+-- when it is held), and the function runs, at COMMIT, only for rows
+-- inserted while the relay was idle. That saves the app the deferred
+-- trigger's queue and a PL/pgSQL call per row while jobs flow (measured in
+-- README, "The wake-up"). A row inserted while the relay was awake belongs
+-- to a transaction in progress when the relay goes idle, which the relay
+-- checks as above (a transaction that then stays open longer than the
+-- fallback poll's interval is left to the poll). The lock's key is the
+-- schema's, computed here: hashtext('stagedrain-awake:' || schema).
+-- Renaming the schema leaves it stale, which only makes every row queue
+-- the trigger, as before this migration. Other sources' tables keep the
+-- trigger without WHEN.
+DO $$
+BEGIN
+    EXECUTE format(
+        'DROP TRIGGER IF EXISTS stagedrain_wake ON staged_jobs;
+         CREATE CONSTRAINT TRIGGER stagedrain_wake
+             AFTER INSERT ON staged_jobs
+             DEFERRABLE INITIALLY DEFERRED
+             FOR EACH ROW
+             WHEN (pg_try_advisory_lock_shared(%1$s, pg_backend_pid() %% 16)
+                   AND pg_advisory_unlock_shared(%1$s, pg_backend_pid() %% 16))
+             EXECUTE FUNCTION stagedrain_wake()',
+        hashtext('stagedrain-awake:' || current_schema()));
 END
 $$;
