@@ -58,6 +58,10 @@ func BenchmarkClaim(b *testing.B) {
 		SELECT 'BenchJob', jsonb_build_array(g, 'some argument'), 'q' || (g % 4) FROM generate_series(1, 1000) g`); err != nil {
 		b.Fatal(err)
 	}
+	// As the relay's drain sessions run it (relay.go).
+	if _, err := conn.Exec(ctx, "SET enable_seqscan = off"); err != nil {
+		b.Fatal(err)
+	}
 	sql := newTableSQL(schema, false).claim
 	var buf []stagedJob
 	b.ReportAllocs()

@@ -212,6 +212,14 @@ func (r *Relay) Run(ctx context.Context) error {
 	// back by PostgreSQL after drainIdleInTx, and its rows can be claimed
 	// again (see conn.go).
 	poolCfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = millis(r.drainIdleInTx)
+	// The claim deletes the rows it locked by ctid (claim.go). On a small
+	// table, or one whose statistics lag, the planner would rather scan
+	// the whole table and test each row against the claimed ctids (a cost
+	// that grows with every page the app's inserts and the drain's deletes
+	// left since the last vacuum, times the batch) than fetch them by TID.
+	// No statement of the drain needs a sequential scan where another path
+	// exists, so they are ruled out for its sessions.
+	poolCfg.ConnConfig.RuntimeParams["enable_seqscan"] = "off"
 	poolCfg.MaxConns = 2                             // one batch pushed while the next is claimed
 	pool, err := pgxpool.NewWithConfig(ctx, poolCfg) // connects lazily
 	if err != nil {
