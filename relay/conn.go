@@ -27,8 +27,9 @@ import (
 //     idle_in_transaction_session_timeout drainIdleInTx: a batch claimed by
 //     a relay that then froze is rolled back, and its rows can be claimed
 //     again.
-//   - The listener (listen.go) re-issues its LISTEN after listenerQuiet
-//     without a notification, and is replaced when that gets no answer.
+//   - The listener (listen.go) sends an empty statement after
+//     listenerQuiet without a notification, and is replaced when that gets
+//     no answer.
 
 const (
 	// connectTimeout bounds a connect (TCP, TLS, authentication) unless the

@@ -165,7 +165,7 @@ func TestListenerReconnectDrainsBacklog(t *testing.T) {
 	}
 	// Find the pid first: pg_terminate_backend in a WHERE clause may run
 	// before the other conditions filter the rows.
-	rows, err := tx.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE query = $1`,
+	rows, err := tx.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE query IN ($1, '-- ' || $1)`,
 		"listen "+pgx.Identifier{relay.ChannelName(h.schema)}.Sanitize())
 	if err != nil {
 		t.Fatal(err)

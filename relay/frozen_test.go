@@ -97,7 +97,7 @@ func TestSilentListenerIsReplaced(t *testing.T) {
 	h.waitIdleAfterListen(idle)
 
 	var pid int
-	err := h.conn.QueryRow(context.Background(), `SELECT pid FROM pg_stat_activity WHERE query = $1`,
+	err := h.conn.QueryRow(context.Background(), `SELECT pid FROM pg_stat_activity WHERE query IN ($1, '-- ' || $1)`,
 		"listen "+pgx.Identifier{relay.ChannelName(h.schema)}.Sanitize()).Scan(&pid)
 	if err != nil {
 		t.Fatalf("find the listener's backend: %v", err)

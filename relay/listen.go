@@ -28,12 +28,14 @@ func ChannelName(schema string) string {
 // it checks that its session still answers. A connection can die without a
 // word: the server's host gone (TCP keepalives find that within about 11s,
 // see conn.go), a firewall or NAT dropping the idle flow, a stuck backend.
-// So after listenerQuiet without a notification the listener re-issues its
-// LISTEN, which changes nothing on a live session, costs the server a round
-// trip and no lock, and keeps pg_stat_activity showing what the session is
-// for. One that gets no answer within lockQueryTimeout (2s by default) is
-// closed, logged at warn, and replaced: a dead listener is found within
-// about 4s, and the reconnect drains what it may have missed.
+// So after listenerQuiet without a notification the listener sends an
+// empty statement, a comment naming its LISTEN (l.checkSQL): the server
+// answers it without starting a transaction, so an idle relay's checks do
+// not count in pg_stat_database (a LISTEN, as before, counted one every
+// 2s), and pg_stat_activity still shows what the session is for. One that
+// gets no answer within lockQueryTimeout (2s by default) is closed, logged
+// at warn, and replaced: a dead listener is found within about 4s, and the
+// reconnect drains what it may have missed.
 const listenerQuiet = 2 * time.Second
 
 // listen holds a LISTEN connection until ctx ends, and replaces it when it
@@ -47,6 +49,7 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) error {
 	// pg_stat_activity shows a session's last statement: this one, for the
 	// listener (tests find it by that).
 	l.listenSQL = "listen " + pgx.Identifier{l.channel}.Sanitize()
+	l.checkSQL = "-- " + l.listenSQL
 	for attempt := 0; ; {
 		listened, err := l.session(ctx)
 		if ctx.Err() != nil {
@@ -71,7 +74,8 @@ type listener struct {
 	wake      chan<- struct{}
 	channel   string
 	listenSQL string
-	connects  int64 // sessions that LISTENed
+	checkSQL  string // the liveness check: an empty statement
+	connects  int64  // sessions that LISTENed
 }
 
 // session connects, LISTENs, wakes the drain, and then waits for
@@ -84,7 +88,7 @@ func (l *listener) session(ctx context.Context) (listened bool, err error) {
 	}
 	defer func() { _ = withTimeout(ctx, time.Second, conn.Close) }()
 	timeout := lockQueryTimeout(l.r.cfg.LeaderInterval)
-	if err := l.exec(ctx, conn, timeout); err != nil {
+	if err := l.exec(ctx, conn, l.listenSQL, timeout); err != nil {
 		return false, fmt.Errorf("listen %q: %w", l.channel, err)
 	}
 	l.r.listens.Add(1)
@@ -111,17 +115,19 @@ func (l *listener) session(ctx context.Context) (listened bool, err error) {
 		case !pgconn.Timeout(err):
 			return true, fmt.Errorf("wait for notification: %w", err)
 		default:
-			if err := l.exec(ctx, conn, timeout); err != nil {
-				return true, fmt.Errorf("no answer to LISTEN after %s without a notification: %w", listenerQuiet, err)
+			if err := l.exec(ctx, conn, l.checkSQL, timeout); err != nil {
+				return true, fmt.Errorf("no answer from the listener's session after %s without a notification: %w", listenerQuiet, err)
 			}
 		}
 	}
 }
 
-// exec runs the LISTEN, given at most timeout.
-func (l *listener) exec(ctx context.Context, conn *pgx.Conn, timeout time.Duration) error {
+// exec runs sql (the LISTEN, or its check), given at most timeout. The
+// simple protocol: a comment alone is an empty query, which the extended
+// protocol would first try to prepare.
+func (l *listener) exec(ctx context.Context, conn *pgx.Conn, sql string, timeout time.Duration) error {
 	return withDeadline(ctx, timeout, func(ctx context.Context) error {
-		_, err := conn.Exec(ctx, l.listenSQL)
+		_, err := conn.Exec(ctx, sql, pgx.QueryExecModeSimpleProtocol)
 		return err
 	})
 }
