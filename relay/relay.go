@@ -220,6 +220,12 @@ func (r *Relay) Run(ctx context.Context) error {
 	// No statement of the drain needs a sequential scan where another path
 	// exists, so they are ruled out for its sessions.
 	poolCfg.ConnConfig.RuntimeParams["enable_seqscan"] = "off"
+	// And PostgreSQL would plan the claim again at every execution (its
+	// custom plans cost less than its estimate of the generic one), about
+	// as long as it takes to run on a short batch. The generic plan is the
+	// same index scan and TID scan: a million-job backlog drained 5% faster
+	// with it (4 of 4 alternating runs; README, "Performance").
+	poolCfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
 	poolCfg.MaxConns = 2                             // one batch pushed while the next is claimed
 	pool, err := pgxpool.NewWithConfig(ctx, poolCfg) // connects lazily
 	if err != nil {
