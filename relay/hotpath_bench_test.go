@@ -59,8 +59,10 @@ func BenchmarkClaim(b *testing.B) {
 		b.Fatal(err)
 	}
 	// As the relay's drain sessions run it (relay.go).
-	if _, err := conn.Exec(ctx, "SET enable_seqscan = off"); err != nil {
-		b.Fatal(err)
+	for name, value := range drainPlanSettings {
+		if _, err := conn.Exec(ctx, "SELECT set_config($1, $2, false)", name, value); err != nil {
+			b.Fatal(err)
+		}
 	}
 	sql := newTableSQL(schema, false).claim
 	var buf []stagedJob

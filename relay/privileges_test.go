@@ -151,7 +151,7 @@ func (e *privilegeEnv) statements(ctx context.Context) error {
 			return err
 		}},
 		{"session settings", func(tx pgx.Tx) error {
-			_, err := tx.Exec(ctx, "SET LOCAL synchronous_commit = off; SET LOCAL lock_timeout = 200; SET LOCAL application_name = 'x'")
+			_, err := tx.Exec(ctx, "SET LOCAL synchronous_commit = off; SET LOCAL lock_timeout = 200; SET LOCAL application_name = 'x'; SET LOCAL enable_seqscan = off; SET LOCAL plan_cache_mode = force_generic_plan")
 			return err
 		}},
 	}

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -248,25 +246,9 @@ func TestGatePerQueue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var pushes atomic.Int32
-	secondPushed := make(chan struct{})
-	release := make(chan struct{})
-	var releaseOnce sync.Once
-	unblock := func() { releaseOnce.Do(func() { close(release) }) }
-	t.Cleanup(unblock)
-	relay.SetAfterPush(r, func(context.Context) error {
-		if pushes.Add(1) == 2 {
-			close(secondPushed)
-			<-release
-		}
-		return nil
-	})
+	held, unblock := h.holdAwake(r)
 	h.run(r)
-	select {
-	case <-secondPushed:
-	case <-time.After(15 * time.Second):
-		t.Fatalf("the second batch was not pushed within 15s; logs: %v", messages(h.logs))
-	}
+	h.waitHeld(held)
 	if held := h.advisoryLocks(awakeA, "ExclusiveLock", true); held != 1 {
 		t.Fatalf("a's awake lock held by %d sessions during the second batch, want 1 (the relay)", held)
 	}

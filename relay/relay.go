@@ -22,6 +22,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -212,20 +213,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	// back by PostgreSQL after drainIdleInTx, and its rows can be claimed
 	// again (see conn.go).
 	poolCfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = millis(r.drainIdleInTx)
-	// The claim deletes the rows it locked by ctid (claim.go). On a small
-	// table, or one whose statistics lag, the planner would rather scan
-	// the whole table and test each row against the claimed ctids (a cost
-	// that grows with every page the app's inserts and the drain's deletes
-	// left since the last vacuum, times the batch) than fetch them by TID.
-	// No statement of the drain needs a sequential scan where another path
-	// exists, so they are ruled out for its sessions.
-	poolCfg.ConnConfig.RuntimeParams["enable_seqscan"] = "off"
-	// And PostgreSQL would plan the claim again at every execution (its
-	// custom plans cost less than its estimate of the generic one), about
-	// as long as it takes to run on a short batch. The generic plan is the
-	// same index scan and TID scan: a million-job backlog drained 5% faster
-	// with it (4 of 4 alternating runs; README, "Performance").
-	poolCfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
+	maps.Copy(poolCfg.ConnConfig.RuntimeParams, drainPlanSettings)
 	poolCfg.MaxConns = 2                             // one batch pushed while the next is claimed
 	pool, err := pgxpool.NewWithConfig(ctx, poolCfg) // connects lazily
 	if err != nil {
@@ -326,9 +314,9 @@ func (r *Relay) lead(ctx context.Context, lockConn *pgx.Conn, lockMu *sync.Mutex
 	wake := make(chan struct{}, 1)
 	wake <- struct{}{} // drain at start
 	gt := &gate{mu: lockMu, conn: lockConn,
-		timeout: r.gateTimeout + lockQueryTimeout(r.cfg.LeaderInterval)}
+		timeout: r.gateTimeout + lockQueryTimeout(r.cfg.LeaderInterval),
+		late:    lateCommits{window: r.cfg.PollInterval}}
 	gt.awakeKeys = gateLockNames(r.cfg.Schema, r.cfg.Queues)
-	gt.late.window = r.cfg.PollInterval
 	if r.cfg.PollOnly {
 		// Awake for good: commits never NOTIFY, since nobody listens.
 		if err := gt.wake(ctx); err != nil {
@@ -343,6 +331,26 @@ func (r *Relay) lead(ctx context.Context, lockConn *pgx.Conn, lockMu *sync.Mutex
 	g.Go(func() error { return r.keepLock(ctx, lockConn, lockMu) })
 	g.Go(func() error { r.summarize(ctx, r.summaryEvery); return nil })
 	return g.Wait()
+}
+
+// drainPlanSettings are the planner settings of the drain's sessions.
+//
+// The claim deletes the rows it locked by ctid (claim.go). On a small
+// table, or one whose statistics lag, the planner would rather scan the
+// whole table and test each row against the claimed ctids (a cost that
+// grows with every page the app's inserts and the drain's deletes left
+// since the last vacuum, times the batch) than fetch them by TID. No
+// statement of the drain needs a sequential scan where another path
+// exists, so they are ruled out.
+//
+// And PostgreSQL would plan the claim again at every execution (its custom
+// plans cost less than its estimate of the generic one), about as long as
+// it takes to run on a short batch. The generic plan is the same index
+// scan and TID scan: a million-job backlog drained 5% faster with it (4 of
+// 4 alternating runs; README, "Performance").
+var drainPlanSettings = map[string]string{
+	"enable_seqscan":  "off",
+	"plan_cache_mode": "force_generic_plan",
 }
 
 // defaultGateTimeout bounds how long the relay, going awake, waits for the

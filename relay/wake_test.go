@@ -17,8 +17,8 @@ import (
 
 // The missed wake-up, driven exactly: a transaction checks the gate while
 // the relay is awake (so it will not NOTIFY) and commits only after the
-// relay has gone idle, lag after. The relay noted it as in progress when
-// it went idle, sees it end, and drains: the job arrives within the bound
+// relay has gone idle and its drain loop waits. The relay noted it as in
+// progress when it went idle, sees it end, and drains: the job arrives within the bound
 // of sql/007_wake_no_barrier.sql (twice the lag after the relay went idle,
 // plus the check), with the poll a minute away and no notification, as the
 // wake-up cause late_commit shows.
@@ -39,27 +39,18 @@ func TestLateCommitIsDrainedWithoutNotifyOrPoll(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var pushes atomic.Int32
-	secondPushed := make(chan struct{})
-	release := make(chan struct{})
-	var releaseOnce sync.Once
-	unblock := func() { releaseOnce.Do(func() { close(release) }) }
-	t.Cleanup(unblock) // before the relay's own cleanup, which waits for Run
-	relay.SetAfterPush(r, func(context.Context) error {
-		if pushes.Add(1) == 2 {
-			close(secondPushed)
-			<-release
+	held, unblock := h.holdAwake(r)
+	idle := make(chan struct{}, 1)
+	relay.SetOnIdle(r, func(int64) {
+		select {
+		case idle <- struct{}{}:
+		default:
 		}
-		return nil
 	})
 	ts := httptest.NewServer(r.MetricsHandler())
 	t.Cleanup(ts.Close)
 	h.run(r)
-	select {
-	case <-secondPushed:
-	case <-time.After(15 * time.Second):
-		t.Fatalf("the second batch was not pushed within 15s; logs: %v", messages(h.logs))
-	}
+	h.waitHeld(held)
 	if held := h.advisoryLocks(relay.AwakeLockName(h.schema), "ExclusiveLock", true); held != 1 {
 		t.Fatalf("awake lock held exclusively by %d sessions during the second batch, want 1 (the relay)", held)
 	}
@@ -88,16 +79,19 @@ func TestLateCommitIsDrainedWithoutNotifyOrPoll(t *testing.T) {
 		t.Fatalf("the app's transaction holds %d advisory locks after the gate check, want none", appLocks)
 	}
 
-	// Let the relay finish: its next claim is empty and it goes idle.
+	// Let the relay finish: its next claim is empty, it goes idle, claims
+	// once more (empty: the app's row is not committed) and its drain loop
+	// waits. Only then does the app commit.
 	unblocked := time.Now()
 	unblock()
-	testenv.WaitFor(t, 15*time.Second, "the relay to go idle", func() (bool, string) {
-		n := h.advisoryLocks(relay.AwakeLockName(h.schema), "ExclusiveLock", true)
-		return n == 0, fmt.Sprintf("%d sessions hold awake; queue: %v", n, h.queueJIDs("default"))
-	})
-	// The commit comes a while after (the lag is the scenario, not a wait
-	// for anything).
-	time.Sleep(100 * time.Millisecond)
+	select {
+	case <-idle:
+	case <-time.After(15 * time.Second):
+		t.Fatalf("the relay did not go idle within 15s; logs: %v", messages(h.logs))
+	}
+	if n := h.advisoryLocks(relay.AwakeLockName(h.schema), "ExclusiveLock", true); n != 0 {
+		t.Fatalf("%d sessions hold awake after the drain went idle, want 0", n)
+	}
 	if got := h.queueJIDs("default"); len(got) != 2 {
 		t.Fatalf("queue holds %v before the late commit, want the 2 earlier jobs", got)
 	}
@@ -124,6 +118,37 @@ func TestLateCommitIsDrainedWithoutNotifyOrPoll(t *testing.T) {
 	}
 	if v := s.value("stagedrain_wakeups_total", "cause", "notify"); v != 0 {
 		t.Errorf("wakeups_total{cause=notify} = %v, want 0: the late commit saw the relay awake", v)
+	}
+}
+
+// holdAwake makes r stop after its second push until the returned unblock
+// is called (or the test ends): a drain marks the relay awake from its
+// second batch on, so with BatchSize 1 and two jobs staged the relay is
+// held awake once held is closed (waitHeld waits for it).
+func (h *harness) holdAwake(r *relay.Relay) (held <-chan struct{}, unblock func()) {
+	h.t.Helper()
+	var pushes atomic.Int32
+	secondPushed := make(chan struct{})
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	unblock = func() { releaseOnce.Do(func() { close(release) }) }
+	h.t.Cleanup(unblock) // before the relay's own cleanup, which waits for Run
+	relay.SetAfterPush(r, func(context.Context) error {
+		if pushes.Add(1) == 2 {
+			close(secondPushed)
+			<-release
+		}
+		return nil
+	})
+	return secondPushed, unblock
+}
+
+func (h *harness) waitHeld(held <-chan struct{}) {
+	h.t.Helper()
+	select {
+	case <-held:
+	case <-time.After(15 * time.Second):
+		h.t.Fatalf("the second batch was not pushed within 15s; logs: %v", messages(h.logs))
 	}
 }
 
