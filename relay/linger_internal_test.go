@@ -13,16 +13,23 @@ func TestFlowRateLinger(t *testing.T) {
 	if got := f.linger(); got != lingerFor {
 		t.Fatalf("linger before any job = %s, want %s", got, lingerFor)
 	}
-	// 20 jobs over 20ms: 1,000/s.
+	// 20 jobs over 20ms: 1,000/s, below fastFlow.
 	for i := range 21 {
 		f.found(1, start.Add(time.Duration(i)*time.Millisecond))
 	}
+	if got := f.linger(); got != lingerFor {
+		t.Fatalf("linger at 1,000 jobs/s = %s, want %s", got, lingerFor)
+	}
+	// 100 jobs over the next 20ms: 5,000/s.
+	for i := range 100 {
+		f.found(1, start.Add(20*time.Millisecond+time.Duration(i+1)*200*time.Microsecond))
+	}
 	if got := f.linger(); got != lingerFast {
-		t.Fatalf("linger at 1,000 jobs/s = %s, want %s", got, lingerFast)
+		t.Fatalf("linger at 5,000 jobs/s = %s, want %s", got, lingerFast)
 	}
 	// Then 2 jobs over the next 40ms: 50/s.
-	f.found(1, start.Add(40*time.Millisecond))
 	f.found(1, start.Add(60*time.Millisecond))
+	f.found(1, start.Add(80*time.Millisecond))
 	if got := f.linger(); got != lingerFor {
 		t.Fatalf("linger at 50 jobs/s = %s, want %s", got, lingerFor)
 	}

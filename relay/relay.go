@@ -214,7 +214,18 @@ func (r *Relay) Run(ctx context.Context) error {
 	// again (see conn.go).
 	poolCfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = millis(r.drainIdleInTx)
 	maps.Copy(poolCfg.ConnConfig.RuntimeParams, drainPlanSettings)
-	poolCfg.MaxConns = 2                             // one batch pushed while the next is claimed
+	poolCfg.MaxConns = 2 // one batch pushed while the next is claimed
+	// pgxpool pings a connection idle for over a second before handing it
+	// out. The idle relay's fallback poll comes every 0.75-1.25
+	// PollInterval, so that was a ping before every other poll: a round
+	// trip, and a transaction in pg_stat_database (an empty statement is
+	// one), 0.5/s of an idle relay's 2. A connection idle longer than two
+	// polls is still pinged; one that broke since its last use fails its
+	// claim, which is retried, as after any failure.
+	pingAfter := max(2*r.cfg.PollInterval, time.Second)
+	poolCfg.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool {
+		return p.IdleDuration > pingAfter
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, poolCfg) // connects lazily
 	if err != nil {
 		return fmt.Errorf("pool: %w", err)
