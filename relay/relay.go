@@ -198,33 +198,9 @@ func (r *Relay) Run(ctx context.Context) error {
 		r.log.Info("stopped")
 		return nil
 	}
-	poolCfg, err := pgxpool.ParseConfig("")
+	poolCfg, err := r.drainPoolConfig()
 	if err != nil {
-		return fmt.Errorf("pool config: %w", err)
-	}
-	poolCfg.ConnConfig = r.connConfig("drain")
-	// A batch's COMMIT need not wait for its WAL to reach disk: if
-	// PostgreSQL crashes before it does (within about 3 x wal_writer_delay,
-	// 600ms by default), the claim's delete is undone and the same jobs
-	// are pushed again with the same jids. Never a lost job; the app's own
-	// commits are unaffected. This takes an fsync off every batch.
-	poolCfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
-	// A batch claimed by a relay that then froze or lost its host is rolled
-	// back by PostgreSQL after drainIdleInTx, and its rows can be claimed
-	// again (see conn.go).
-	poolCfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = millis(r.drainIdleInTx)
-	maps.Copy(poolCfg.ConnConfig.RuntimeParams, drainPlanSettings)
-	poolCfg.MaxConns = 2 // one batch pushed while the next is claimed
-	// pgxpool pings a connection idle for over a second before handing it
-	// out. The idle relay's fallback poll comes every 0.75-1.25
-	// PollInterval, so that was a ping before every other poll: a round
-	// trip, and a transaction in pg_stat_database (an empty statement is
-	// one), 0.5/s of an idle relay's 2. A connection idle longer than two
-	// polls is still pinged; one that broke since its last use fails its
-	// claim, which is retried, as after any failure.
-	pingAfter := max(2*r.cfg.PollInterval, time.Second)
-	poolCfg.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool {
-		return p.IdleDuration > pingAfter
+		return err
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, poolCfg) // connects lazily
 	if err != nil {
@@ -342,6 +318,39 @@ func (r *Relay) lead(ctx context.Context, lockConn *pgx.Conn, lockMu *sync.Mutex
 	g.Go(func() error { return r.keepLock(ctx, lockConn, lockMu) })
 	g.Go(func() error { r.summarize(ctx, r.summaryEvery); return nil })
 	return g.Wait()
+}
+
+// drainPoolConfig is the configuration of the drain's connection pool.
+func (r *Relay) drainPoolConfig() (*pgxpool.Config, error) {
+	poolCfg, err := pgxpool.ParseConfig("")
+	if err != nil {
+		return nil, fmt.Errorf("pool config: %w", err)
+	}
+	poolCfg.ConnConfig = r.connConfig("drain")
+	// A batch's COMMIT need not wait for its WAL to reach disk: if
+	// PostgreSQL crashes before it does (within about 3 x wal_writer_delay,
+	// 600ms by default), the claim's delete is undone and the same jobs
+	// are pushed again with the same jids. Never a lost job; the app's own
+	// commits are unaffected. This takes an fsync off every batch.
+	poolCfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+	// A batch claimed by a relay that then froze or lost its host is rolled
+	// back by PostgreSQL after drainIdleInTx, and its rows can be claimed
+	// again (see conn.go).
+	poolCfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = millis(r.drainIdleInTx)
+	maps.Copy(poolCfg.ConnConfig.RuntimeParams, drainPlanSettings)
+	poolCfg.MaxConns = 2 // one batch pushed while the next is claimed
+	// pgxpool pings a connection idle for over a second before handing it
+	// out. The idle relay's fallback poll comes every 0.75-1.25
+	// PollInterval, so that was a ping before every other poll: a round
+	// trip, and a transaction in pg_stat_database (an empty statement is
+	// one), 0.5/s of an idle relay's 2. A connection idle longer than two
+	// polls is still pinged; one that broke since its last use fails its
+	// claim, which is retried, as after any failure.
+	pingAfter := max(2*r.cfg.PollInterval, time.Second)
+	poolCfg.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool {
+		return p.IdleDuration > pingAfter
+	}
+	return poolCfg, nil
 }
 
 // drainPlanSettings are the planner settings of the drain's sessions.
