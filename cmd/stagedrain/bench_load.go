@@ -47,52 +47,57 @@ func (b *bench) benchTPS(ctx context.Context) error {
 	// The three setups take turns, in rounds, each running its share of
 	// the duration per round: this machine's own drift (other load, disk,
 	// autovacuum) then falls on all three alike instead of on one, and
-	// the ratios compare like with like.
+	// the ratios compare like with like. Each round starts with the next
+	// setup, so that none always follows the same one.
 	rounds := 3
 	if b.cfg.tpsDuration < 3*time.Second {
 		rounds = 1
 	}
 	slice := b.cfg.tpsDuration / time.Duration(rounds)
 	var noRelay, polling, withTrigger float64
-	for round := 1; round <= rounds; round++ {
-		b.progress("app TPS: round %d of %d", round, rounds)
-		if err := b.reset(ctx, conn); err != nil {
+	setups := []func() error{
+		func() error {
+			if err := triggers(false); err != nil {
+				return err
+			}
+			tps, err := b.appTPS(ctx, "app TPS, no relay, triggers disabled", slice)
+			noRelay += tps / float64(rounds)
 			return err
-		}
-		if err := triggers(false); err != nil {
+		},
+		func() error {
+			if err := triggers(false); err != nil {
+				return err
+			}
+			tps, err := b.tpsWithRelay(ctx, pollingLabel, true, slice)
+			polling += tps / float64(rounds)
 			return err
-		}
-		tps, err := b.appTPS(ctx, "app TPS, no relay, triggers disabled", slice)
-		if err != nil {
+		},
+		func() error {
+			if err := triggers(true); err != nil {
+				return err
+			}
+			tps, err := b.tpsWithRelay(ctx, "app TPS, relay and trigger", false, slice)
+			withTrigger += tps / float64(rounds)
 			return err
+		},
+	}
+	for round := range rounds {
+		b.progress("app TPS: round %d of %d", round+1, rounds)
+		for i := range setups {
+			if err := b.reset(ctx, conn); err != nil {
+				return err
+			}
+			if err := setups[(round+i)%len(setups)](); err != nil {
+				return err
+			}
 		}
-		noRelay += tps / float64(rounds)
-
-		if err := b.reset(ctx, conn); err != nil {
-			return err
-		}
-		if tps, err = b.tpsWithRelay(ctx, pollingLabel, true, slice); err != nil {
-			return err
-		}
-		polling += tps / float64(rounds)
-
-		if err := triggers(true); err != nil {
-			return err
-		}
-		if err := b.reset(ctx, conn); err != nil {
-			return err
-		}
-		if tps, err = b.tpsWithRelay(ctx, "app TPS, relay and trigger", false, slice); err != nil {
-			return err
-		}
-		withTrigger += tps / float64(rounds)
 	}
 
 	w := strconv.Itoa(b.cfg.writers)
 	ofPolling, ofNone := withTrigger/polling, withTrigger/noRelay
 	b.rows = append(b.rows,
 		benchRow{scenario: "app TPS, no relay, triggers disabled", offered: "closed loop", achieved: fmtRate(noRelay),
-			note: fmt.Sprintf("%s writers, one job per transaction, %s in %d turns alternating with the two below", w, b.cfg.tpsDuration, rounds)},
+			note: fmt.Sprintf("%s writers, one job per transaction, %s in %d turns, rotating with the two below", w, b.cfg.tpsDuration, rounds)},
 		benchRow{scenario: pollingLabel, offered: "closed loop", achieved: fmtRate(polling),
 			note: fmt.Sprintf("%.0f%% of no relay", 100*polling/noRelay)},
 		benchRow{scenario: "app TPS, relay and trigger", offered: "closed loop", achieved: fmtRate(withTrigger),
