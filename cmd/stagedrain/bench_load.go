@@ -49,10 +49,7 @@ func (b *bench) benchTPS(ctx context.Context) error {
 	// autovacuum) then falls on all three alike instead of on one, and
 	// the ratios compare like with like. Each round starts with the next
 	// setup, so that none always follows the same one.
-	rounds := 3
-	if b.cfg.tpsDuration < 3*time.Second {
-		rounds = 1
-	}
+	const rounds = 3
 	slice := b.cfg.tpsDuration / time.Duration(rounds)
 	var noRelay, polling, withTrigger float64
 	setups := []func() error{
@@ -91,6 +88,11 @@ func (b *bench) benchTPS(ctx context.Context) error {
 				return err
 			}
 		}
+	}
+	// The scenarios after this one run the relay as users do: with its
+	// trigger.
+	if err := triggers(true); err != nil {
+		return err
 	}
 
 	w := strconv.Itoa(b.cfg.writers)
