@@ -29,10 +29,12 @@ func ChannelName(schema string) string {
 // word: the server's host gone (TCP keepalives find that within about 11s,
 // see conn.go), a firewall or NAT dropping the idle flow, a stuck backend.
 // So after listenerQuiet without a notification the listener sends an
-// empty statement, a comment naming its LISTEN (l.checkSQL): the server
-// answers it without starting a transaction, so an idle relay's checks do
-// not count in pg_stat_database (a LISTEN, as before, counted one every
-// 2s), and pg_stat_activity still shows what the session is for. One that
+// empty statement, a comment naming its LISTEN (l.checkSQL). The server
+// runs it as an empty transaction (no transaction id, snapshot or lock),
+// which it adds to pg_stat_database only when the session flushes other
+// statistics: for this session, which touches no table, when it ends. A
+// LISTEN, as before, counted in pg_stat_database every 2s as it ran. And
+// pg_stat_activity still shows what the session is for. One that
 // gets no answer within lockQueryTimeout (2s by default) is closed, logged
 // at warn, and replaced: a dead listener is found within about 4s, and the
 // reconnect drains what it may have missed.
