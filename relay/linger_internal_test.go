@@ -49,3 +49,28 @@ func TestLingerStepAfter(t *testing.T) {
 		}
 	}
 }
+
+// Claims are paced at most 5ms apart up to 5,000 jobs/s, then up to 10ms,
+// in proportion to the flow, at twice that.
+func TestPaceCapGrowsWithTheFlow(t *testing.T) {
+	for _, tc := range []struct {
+		perSec float64
+		want   time.Duration
+	}{
+		{0, 5 * time.Millisecond},
+		{1000, 5 * time.Millisecond},
+		{5000, 5 * time.Millisecond},
+		{7500, 7500 * time.Microsecond},
+		{10000, 10 * time.Millisecond},
+		{50000, 10 * time.Millisecond},
+	} {
+		var f flowRate
+		// One full window at the rate.
+		start := time.Unix(0, 0)
+		f.found(0, start)
+		f.found(int(tc.perSec/50), start.Add(rateWindow))
+		if got := f.maxPace(); got != tc.want {
+			t.Errorf("pace cap at %.0f jobs/s = %s, want %s", tc.perSec, got, tc.want)
+		}
+	}
+}
