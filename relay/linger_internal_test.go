@@ -20,6 +20,12 @@ func TestFlowRateLinger(t *testing.T) {
 	if got := f.linger(); got != lingerFor {
 		t.Fatalf("linger at 1,000 jobs/s = %s, want %s", got, lingerFor)
 	}
+	// At 1,000 jobs/s jobs come about 1ms apart: the relay must go idle
+	// between them (README, "The wake-up"), not claim every few hundred
+	// microseconds until the next one.
+	if lingerFor >= time.Millisecond {
+		t.Fatalf("lingerFor = %s: the relay would stay awake between jobs 1ms apart", lingerFor)
+	}
 	// 100 jobs over the next 20ms: 5,000/s.
 	for i := range 100 {
 		f.found(1, start.Add(20*time.Millisecond+time.Duration(i+1)*200*time.Microsecond))

@@ -52,41 +52,34 @@ func (b *bench) benchTPS(ctx context.Context) error {
 	const rounds = 3
 	slice := b.cfg.tpsDuration / time.Duration(rounds)
 	var noRelay, polling, withTrigger float64
-	setups := []func() error{
-		func() error {
-			if err := triggers(false); err != nil {
-				return err
-			}
-			tps, err := b.appTPS(ctx, "app TPS, no relay, triggers disabled", slice)
-			noRelay += tps / float64(rounds)
-			return err
-		},
-		func() error {
-			if err := triggers(false); err != nil {
-				return err
-			}
-			tps, err := b.tpsWithRelay(ctx, pollingLabel, true, slice)
-			polling += tps / float64(rounds)
-			return err
-		},
-		func() error {
-			if err := triggers(true); err != nil {
-				return err
-			}
-			tps, err := b.tpsWithRelay(ctx, "app TPS, relay and trigger", false, slice)
-			withTrigger += tps / float64(rounds)
-			return err
-		},
+	setups := []struct {
+		trigger bool     // the table's triggers enabled
+		sum     *float64 // the mean TPS over the rounds
+		measure func() (float64, error)
+	}{
+		{false, &noRelay, func() (float64, error) {
+			return b.appTPS(ctx, "app TPS, no relay, triggers disabled", slice)
+		}},
+		{false, &polling, func() (float64, error) { return b.tpsWithRelay(ctx, pollingLabel, true, slice) }},
+		{true, &withTrigger, func() (float64, error) {
+			return b.tpsWithRelay(ctx, "app TPS, relay and trigger", false, slice)
+		}},
 	}
 	for round := range rounds {
 		b.progress("app TPS: round %d of %d", round+1, rounds)
 		for i := range setups {
+			s := setups[(round+i)%len(setups)]
 			if err := b.reset(ctx, conn); err != nil {
 				return err
 			}
-			if err := setups[(round+i)%len(setups)](); err != nil {
+			if err := triggers(s.trigger); err != nil {
 				return err
 			}
+			tps, err := s.measure()
+			if err != nil {
+				return err
+			}
+			*s.sum += tps / rounds
 		}
 	}
 	// The scenarios after this one run the relay as users do: with its
