@@ -49,12 +49,12 @@ import (
 // acquireClusterScript starts a leadership on a cluster: a new epoch, above
 // the last and at least ARGV[4] (the time in ms), and the token, in the
 // global fence hash. KEYS[1] the fence hash; ARGV the token, the holder,
-// the time, the time in milliseconds.
-var acquireClusterScript = redis.NewScript(`
+// the time, the PostgreSQL system_identifier, the time in milliseconds.
+var acquireClusterScript = redis.NewScript(foreignCheck + `
 local epoch = tonumber(redis.call('HGET', KEYS[1], 'epoch') or '0') + 1
-local now = tonumber(ARGV[4])
+local now = tonumber(ARGV[5])
 if now > epoch then epoch = now end
-redis.call('HSET', KEYS[1], 'epoch', string.format('%d', epoch), 'token', ARGV[1], 'holder', ARGV[2], 'since', ARGV[3])
+redis.call('HSET', KEYS[1], 'epoch', string.format('%d', epoch), 'token', ARGV[1], 'holder', ARGV[2], 'since', ARGV[3], 'system', ARGV[4])
 return epoch
 `)
 
@@ -82,9 +82,9 @@ func (h *handoff) acquireCluster(ctx context.Context, holder string) error {
 	token := hex.EncodeToString(raw[:])
 	now := time.Now().UTC()
 	epoch, err := acquireClusterScript.Run(ctx, h.rdb, []string{h.keys.fence},
-		token, holder, now.Format(time.RFC3339), now.UnixMilli()).Int64()
+		token, holder, now.Format(time.RFC3339), h.system, now.UnixMilli()).Int64()
 	if err != nil {
-		return fmt.Errorf("take the fence: %w", err)
+		return fenceError(err)
 	}
 	h.token, h.epoch, h.seq = token, epoch, 0
 	h.reload = false
@@ -207,11 +207,10 @@ func (h *handoff) pushCluster(ctx context.Context, u *pushUnit, field string) er
 	for _, s := range order {
 		if err := h.pushPart(ctx, u, field, s, groups[s]); err != nil {
 			// Parts pushed before are in their slots' records: read
-			// them all again before the next push.
-			h.reload = true
+			// them all again, under a new token, before the next push.
+			h.token, h.reload = "", true
 			delete(h.parts, field)
 			if strings.HasPrefix(err.Error(), "FENCED") {
-				h.token = ""
 				return fmt.Errorf("%w: %w", errFenced, err)
 			}
 			return err
@@ -244,24 +243,18 @@ func (h *handoff) pushPart(ctx context.Context, u *pushUnit, field string, s int
 		return err
 	}
 	h.clear = append(h.clear[:0], rest...)
-	if len(reply) != 2*len(ops) {
-		return fmt.Errorf("push: %d replies for %d ops: %w", len(reply)/2, len(ops), errNoReply)
+	// The script wrote the field in this slot's record, whatever it
+	// delivered.
+	h.parts[field] = append(h.parts[field], s)
+	if err := u.settle(ops, reply); err != nil {
+		return err
 	}
-	recorded := false
-	for j, i := range ops {
-		op := &u.ops[i]
-		if err := op.settle(i, reply[2*j], reply[2*j+1]); err != nil {
-			return err
-		}
-		if op.err == nil && len(op.ids) > 0 {
-			recorded = true
+	for _, i := range ops {
+		if op := &u.ops[i]; op.err == nil {
 			for _, id := range op.ids {
 				h.idSlot[id] = s
 			}
 		}
-	}
-	if recorded {
-		h.parts[field] = append(h.parts[field], s)
 	}
 	return nil
 }

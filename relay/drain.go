@@ -80,6 +80,8 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 		}
 		if err := r.handoff.tidy(ctx, func(ids []int64) ([]int64, error) {
 			return r.stillStaged(ctx, pool, ids)
+		}, func() (uint64, uint64, error) {
+			return r.walPositions(ctx, pool)
 		}); err != nil && ctx.Err() == nil {
 			// The records stay until a later drain deletes them.
 			log.Warn("could not tidy the handoff record", zap.Error(err))
@@ -432,11 +434,16 @@ func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (left []
 		batch.Queue(r.sql.bury, buryArgs(dead, reasons)...)
 	}
 	batch.Queue("COMMIT")
+	// In the same round trip, after the COMMIT: how far the WAL is
+	// flushed, and a position past the commit's record. The handoff record
+	// keeps this batch until the flush passes it (handoff.go).
+	var wal, flush uint64
+	batch.Queue(walPositionsSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&wal, &flush) })
 	if err := b.conn.SendBatch(bctx, batch).Close(); err != nil {
 		return nil, fmt.Errorf("commit: %w", err)
 	}
 	b.conn.Release()
-	r.handoff.committed(res.field, res.redelivered)
+	r.handoff.committed(res.field, res.redelivered, wal, flush)
 	buried := len(dead)
 	if kept != nil {
 		buried = 0

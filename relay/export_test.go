@@ -12,6 +12,9 @@ import (
 // error from f fails the batch there, as a crash at that point would.
 func SetAfterPush(r *Relay, f func(ctx context.Context) error) { r.hooks.afterPush = f }
 
+// SetBeforePush makes r run f before each batch's push.
+func SetBeforePush(r *Relay, f func(ctx context.Context)) { r.hooks.beforePush = f }
+
 // SetOnIdle makes r call f each time its drain loop goes idle, with the
 // number of LISTENs completed before its last drain began.
 func SetOnIdle(r *Relay, f func(listens int64)) { r.hooks.idle = f }

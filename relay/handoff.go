@@ -24,7 +24,28 @@ import (
 //     op on its own, so that a WRONGTYPE on one queue's key refuses only that
 //     queue's jobs;
 //  4. records, in the record hash under a field of its own, the ids of the
-//     rows whose op succeeded.
+//     rows whose op succeeded (the field is written even when none did).
+//
+// The step is safe to run twice: a copy that finds its batch's field in the
+// record runs nothing and answers what the first copy delivered. go-redis
+// resends a command after a read timeout (MaxRetries), and a resent copy
+// would otherwise push the batch again. stagedrain run turns those
+// retries off as well (MaxRetries -1; a cluster client's MaxRedirects -1).
+// A push whose reply never came (a timeout, a lost connection) is settled
+// from the record under a new token: the next push takes the fence again
+// first, so a copy still on its way is refused, and the record read after
+// holds whatever an earlier copy delivered.
+//
+// A record field is deleted only once the delete it covers is durable. The
+// drain commits with synchronous_commit = off, so a COMMIT can return
+// before its WAL is flushed; the relay notes the WAL insert position after
+// each commit and deletes the field once pg_current_wal_flush_lsn() has
+// passed it. A PostgreSQL crash that undoes a delete thus finds its rows
+// still recorded, and they are deleted, not pushed again.
+//
+// The fence names PostgreSQL's system_identifier: a relay of another
+// PostgreSQL cluster whose database and schema names match refuses to take
+// it (ErrForeignFence) rather than read the other's record.
 //
 // A relay that pushed a batch and died, or lost PostgreSQL, before the
 // batch's delete committed leaves those rows staged, and their ids recorded.
@@ -56,7 +77,9 @@ import (
 // It answers two elements per op: 1 and the last command's reply when the
 // op ran, 2 and the guard key that existed when a guard skipped it, 0 and
 // the error reply of the command that failed (the op's later commands are
-// not run).
+// not run). When the record holds this batch's field already, it runs no
+// op and answers two elements: -1 and the field's value (the ids the first
+// run delivered).
 var handoffScript = redis.NewScript(`
 local token = redis.call('HGET', KEYS[1], 'token')
 if not token then
@@ -71,6 +94,15 @@ for i = 0, nclear - 1, 500 do
   redis.call('HDEL', KEYS[2], unpack(ARGV, a + i, a + math.min(i + 499, nclear - 1)))
 end
 a = a + nclear
+local prior = redis.call('HGET', KEYS[2], ARGV[2])
+if prior then
+  -- This push ran already (a client resent it after a timeout, or a
+  -- delayed copy arrived): run nothing, and answer what the first run
+  -- delivered. Writing the field again makes a WAIT after this call cover
+  -- the first run's writes too.
+  redis.call('HSET', KEYS[2], ARGV[2], prior)
+  return {-1, prior}
+end
 local k = 3
 local out = {}
 local done = {}
@@ -111,19 +143,37 @@ while a <= #ARGV do
   out[#out + 1] = status
   out[#out + 1] = reply
 end
-if #done > 0 then
-  redis.call('HSET', KEYS[2], ARGV[2], table.concat(done, ','))
-end
+-- Always, even when nothing was delivered: a second run of this push must
+-- find the field.
+redis.call('HSET', KEYS[2], ARGV[2], table.concat(done, ','))
 return out
 `)
 
 // acquireScript starts a leadership: a new epoch and token in the fence
-// hash. KEYS[1] the fence hash; ARGV the token, the holder, the time.
-var acquireScript = redis.NewScript(`
+// hash. KEYS[1] the fence hash; ARGV the token, the holder, the time, the
+// PostgreSQL system_identifier. A fence of another PostgreSQL cluster is
+// refused (FOREIGN).
+var acquireScript = redis.NewScript(foreignCheck + `
 local epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
-redis.call('HSET', KEYS[1], 'token', ARGV[1], 'holder', ARGV[2], 'since', ARGV[3])
+redis.call('HSET', KEYS[1], 'token', ARGV[1], 'holder', ARGV[2], 'since', ARGV[3], 'system', ARGV[4])
 return epoch
 `)
+
+// foreignCheck starts the acquire scripts: it refuses a fence hash
+// (KEYS[1]) whose system_identifier is not ARGV[4].
+const foreignCheck = `
+local system = redis.call('HGET', KEYS[1], 'system')
+if system and system ~= ARGV[4] then
+  return redis.error_reply('FOREIGN the fence ' .. KEYS[1] .. ' belongs to the PostgreSQL cluster with system_identifier ' .. system .. ', not this one (' .. ARGV[4] .. '): two deployments share this Redis with the same database and schema names; give one of them its own --redis-namespace or Redis DB')
+end
+`
+
+// ErrForeignFence is returned by Run when the relay's fence in Redis was
+// taken by a relay of another PostgreSQL cluster (another system_identifier)
+// whose database and schema have the same names: reading that deployment's
+// record would delete rows unpushed. Give each its own RedisNamespace or
+// Redis DB.
+var ErrForeignFence = errors.New("the Redis fence belongs to another PostgreSQL cluster")
 
 // maxCommandArgs is the most arguments one command of the script takes: Lua
 // 5.1's unpack fails past about 8,000. variadic splits longer ones.
@@ -159,8 +209,9 @@ type handoff struct {
 	rdb  redis.UniversalClient
 	keys handoffKeys
 
-	token string // this leadership's fence token; "" until acquired
-	epoch int64
+	token  string // this leadership's fence token; "" until acquired
+	system string // PostgreSQL's system_identifier, written into the fence
+	epoch  int64
 	seq   int64 // batches pushed in this leadership, for record fields
 
 	// delivered maps the id of a row that a push delivered, and whose
@@ -172,6 +223,10 @@ type handoff struct {
 	// clear lists record fields that may be deleted: their batches'
 	// deletes committed. The next push deletes them.
 	clear []string
+	// unflushed holds record fields (or, on a cluster, slotRefs) that
+	// clear will get once the WAL is flushed past lsn: the deletes they
+	// cover committed, perhaps asynchronously.
+	unflushed []walWait
 	// reload says that the record in Redis may hold batches this relay
 	// does not know of (a new leadership, a push whose reply was lost): it
 	// is read before the next push.
@@ -218,9 +273,9 @@ func (h *handoff) acquire(ctx context.Context, holder string) error {
 	_, _ = rand.Read(raw[:])
 	token := hex.EncodeToString(raw[:])
 	epoch, err := acquireScript.Run(ctx, h.rdb, []string{h.keys.fence},
-		token, holder, time.Now().UTC().Format(time.RFC3339)).Int64()
+		token, holder, time.Now().UTC().Format(time.RFC3339), h.system).Int64()
 	if err != nil {
-		return fmt.Errorf("take the fence: %w", err)
+		return fenceError(err)
 	}
 	h.token, h.epoch, h.seq = token, epoch, 0
 	h.reload = true
@@ -295,32 +350,77 @@ func (h *handoff) push(ctx context.Context, u *pushUnit) (field string, err erro
 	args := append(h.header, u.args...)
 	reply, err := handoffScript.Run(ctx, h.rdb, keys, args...).Slice()
 	if err != nil {
-		h.reload = true
+		// Whether Redis ran it is unknown: settle it from the record,
+		// under a new token (see the top of this file).
+		h.token, h.reload = "", true
 		if strings.HasPrefix(err.Error(), "FENCED") {
-			h.token = ""
 			return "", fmt.Errorf("%w: %w", errFenced, err)
 		}
 		return "", err
 	}
 	h.clear = h.clear[:0]
-	if err := u.settle(reply); err != nil {
-		h.reload = true
+	if err := u.settle(nil, reply); err != nil {
+		h.token, h.reload = "", true
 		return "", err
 	}
 	return field, nil
 }
 
+// fenceError is the error of a script that takes the fence.
+func fenceError(err error) error {
+	if strings.HasPrefix(err.Error(), "FOREIGN") {
+		return fmt.Errorf("%w: %s", ErrForeignFence, strings.TrimPrefix(err.Error(), "FOREIGN "))
+	}
+	return fmt.Errorf("take the fence: %w", err)
+}
+
+// walWait is a record field (or slotRef) to delete once the WAL is flushed
+// past lsn.
+type walWait struct {
+	ref string
+	lsn uint64
+}
+
+// abandon deletes, with the next push, the record field of a push whose
+// rows stay staged whatever it delivered (none of them were delivered).
+func (h *handoff) abandon(field string) {
+	if !h.cluster {
+		h.clear = append(h.clear, field)
+		return
+	}
+	for _, s := range h.parts[field] {
+		h.clear = append(h.clear, slotRef(s, field))
+	}
+	delete(h.parts, field)
+}
+
+// flushed moves the fields whose deletes are on disk (the WAL is flushed
+// up to flush) from unflushed to clear.
+func (h *handoff) flushed(flush uint64) {
+	kept := h.unflushed[:0]
+	for _, w := range h.unflushed {
+		if w.lsn <= flush {
+			h.clear = append(h.clear, w.ref)
+		} else {
+			kept = append(kept, w)
+		}
+	}
+	h.unflushed = kept
+}
+
 // committed records that the delete of a batch committed: the batch's own
 // record field (if it pushed anything), and the rows it deleted that an
-// earlier push had delivered, are done with.
-func (h *handoff) committed(field string, redelivered []int64) {
+// earlier push had delivered, are done with once the commit is durable:
+// wal is the WAL position read after the commit, flush how far the WAL was
+// flushed then (see the top of this file).
+func (h *handoff) committed(field string, redelivered []int64, wal, flush uint64) {
 	if h.cluster && field != "" {
 		for _, s := range h.parts[field] {
-			h.clear = append(h.clear, slotRef(s, field))
+			h.unflushed = append(h.unflushed, walWait{slotRef(s, field), wal})
 		}
 		delete(h.parts, field)
 	} else if field != "" {
-		h.clear = append(h.clear, field)
+		h.unflushed = append(h.unflushed, walWait{field, wal})
 	}
 	for _, id := range redelivered {
 		f, ok := h.delivered[id]
@@ -330,17 +430,36 @@ func (h *handoff) committed(field string, redelivered []int64) {
 		delete(h.delivered, id)
 		if h.fields[f]--; h.fields[f] == 0 {
 			delete(h.fields, f)
-			h.clear = append(h.clear, f)
+			h.unflushed = append(h.unflushed, walWait{f, wal})
 		}
 	}
+	h.flushed(flush)
 }
 
 // uncommitted records that a batch whose push delivered ids did not commit
 // its delete (or may not have): those rows, claimed again, are deleted
 // without a push.
 func (h *handoff) uncommitted(field string, ids []int64) {
+	if field == "" {
+		return
+	}
+	if len(ids) == 0 {
+		h.abandon(field)
+		return
+	}
 	if h.cluster {
-		delete(h.parts, field) // its slots' refs are in delivered now
+		// Its slots' refs with ids are in delivered now; the others
+		// recorded nothing.
+		got := make(map[int]bool)
+		for _, id := range ids {
+			got[h.idSlot[id]] = true
+		}
+		for _, s := range h.parts[field] {
+			if !got[s] {
+				h.clear = append(h.clear, slotRef(s, field))
+			}
+		}
+		delete(h.parts, field)
 	}
 	for _, id := range ids {
 		ref := field
@@ -354,8 +473,16 @@ func (h *handoff) uncommitted(field string, ids []int64) {
 
 // tidy deletes the record fields that are done with, outside a push (when a
 // drain ends), and forgets delivered rows that are no longer staged:
-// staged is called with the delivered ids and returns those still staged.
-func (h *handoff) tidy(ctx context.Context, staged func([]int64) ([]int64, error)) error {
+// staged is called with the delivered ids and returns those still staged;
+// wal returns the WAL's insert and flush positions.
+func (h *handoff) tidy(ctx context.Context, staged func([]int64) ([]int64, error), wal func() (insert, flush uint64, err error)) error {
+	if len(h.delivered) == 0 && len(h.unflushed) > 0 {
+		_, flush, err := wal()
+		if err != nil {
+			return err
+		}
+		h.flushed(flush)
+	}
 	if len(h.delivered) > 0 {
 		ids := make([]int64, 0, len(h.delivered))
 		for id := range h.delivered {
@@ -375,7 +502,13 @@ func (h *handoff) tidy(ctx context.Context, staged func([]int64) ([]int64, error
 				gone = append(gone, id)
 			}
 		}
-		h.committed("", gone)
+		// The deletes of the gone rows committed before staged read:
+		// they are durable once the WAL is flushed past where it is now.
+		insert, flush, err := wal()
+		if err != nil {
+			return err
+		}
+		h.committed("", gone, insert, flush)
 	}
 	if len(h.clear) == 0 {
 		return nil
@@ -459,18 +592,69 @@ func (u *pushUnit) variadic(name, key string, step int, args []any) {
 	u.command(name, key, args...)
 }
 
-// settle reads the script's reply into the ops' outcomes.
-func (u *pushUnit) settle(reply []any) error {
-	if len(reply) != 2*len(u.ops) {
-		return fmt.Errorf("push: %d replies for %d ops: %w", len(reply)/2, len(u.ops), errNoReply)
+// settle reads the script's reply into the outcomes of the ops it ran: the
+// ops of u at the indexes ops, or all of them when ops is nil.
+func (u *pushUnit) settle(ops []int, reply []any) error {
+	n := len(ops)
+	if ops == nil {
+		n = len(u.ops)
 	}
-	for i := range u.ops {
-		if err := u.ops[i].settle(i, reply[2*i], reply[2*i+1]); err != nil {
+	at := func(j int) int {
+		if ops == nil {
+			return j
+		}
+		return ops[j]
+	}
+	if len(reply) == 2 {
+		if st, _ := reply[0].(int64); st == replayed {
+			prior, _ := reply[1].(string)
+			u.settleReplay(n, at, prior)
+			return nil
+		}
+	}
+	if len(reply) != 2*n {
+		return fmt.Errorf("push: %d replies for %d ops: %w", len(reply)/2, n, errNoReply)
+	}
+	for j := range n {
+		i := at(j)
+		if err := u.ops[i].settle(i, reply[2*j], reply[2*j+1]); err != nil {
 			return err
 		}
 	}
 	return nil
 }
+
+// replayed is the script's status when it found its batch's field in the
+// record: it ran before, and ran nothing this time.
+const replayed = -1
+
+// settleReplay settles the ops of a push that ran before, from what its
+// first run recorded (prior, comma-separated ids): an op whose rows are all
+// there was delivered; any other was refused by the first run, for a reason
+// now unknown, and its rows stay staged to be pushed again.
+func (u *pushUnit) settleReplay(n int, at func(int) int, prior string) {
+	got := make(map[int64]bool)
+	for s := range strings.SplitSeq(prior, ",") {
+		if id, err := strconv.ParseInt(s, 10, 64); err == nil {
+			got[id] = true
+		}
+	}
+	for j := range n {
+		op := &u.ops[at(j)]
+		op.reply, op.err, op.skipped = "", nil, false
+		for _, id := range op.ids {
+			if !got[id] {
+				op.err = errReplayRefused
+				break
+			}
+		}
+	}
+}
+
+// errReplayRefused is the outcome of an op that the first run of a push
+// refused, seen from a second run: waiting may fix it (TRYAGAIN), as the
+// first run's reason is not known.
+const errReplayRefused = replyError("TRYAGAIN the first run of this push did not deliver these jobs; they stay staged")
 
 // settle reads the script's two reply elements for op i.
 func (op *unitOp) settle(i int, status, reply any) error {

@@ -3,7 +3,13 @@ package relay
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
+	"syscall"
 	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/stagedrain/stagedrain/relay/internal/testenv"
 )
@@ -112,11 +118,113 @@ func TestPushUnitOps(t *testing.T) {
 		t.Fatalf("record %q, want the ids of the two ops that delivered", rec)
 	}
 	// The next push deletes the records of committed batches.
-	h.committed(field, nil)
-	if err := h.tidy(ctx, func([]int64) ([]int64, error) { return nil, nil }); err != nil {
+	h.committed(field, nil, 100, 100)
+	if err := h.tidy(ctx, func([]int64) ([]int64, error) { return nil, nil }, func() (uint64, uint64, error) { return 100, 100, nil }); err != nil {
 		t.Fatal(err)
 	}
 	if n, _ := rdb.Exists(ctx, keys.record).Result(); n != 0 {
 		t.Fatal("record left after its batch committed and tidy ran")
+	}
+}
+
+// The push script is safe to run twice: a second run of the same batch
+// (same token, same record field) runs none of its commands and answers
+// what the first run delivered. An op the first run refused (WRONGTYPE
+// here) is reported as refused-for-now (TRYAGAIN), never as delivered.
+func TestPushScriptRunsOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb, ns := testenv.Redis(t)
+	h := newHandoff(rdb, newHandoffKeys(ns, "test", "twice", ""))
+	if err := h.acquire(ctx, "relay"); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.Set(ctx, ns+":string", "x", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	build := func() {
+		h.unit.reset()
+		h.unit.begin([]int64{1, 2}, "")
+		h.unit.variadic("LPUSH", ns+":list", 1, []any{"a", "b"})
+		h.unit.begin([]int64{3}, "")
+		h.unit.command("LPUSH", ns+":string", "c")
+	}
+	build()
+	first, err := h.push(ctx, &h.unit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.unit.ops[0].err != nil || h.unit.ops[1].err == nil {
+		t.Fatalf("first run: ops %v, %v; want delivered, then WRONGTYPE", h.unit.ops[0].err, h.unit.ops[1].err)
+	}
+	h.seq-- // the same batch again, as a resent command would be
+	build()
+	again, err := h.push(ctx, &h.unit)
+	if err != nil || again != first {
+		t.Fatalf("second run: field %q, %v; want %q", again, err, first)
+	}
+	if n, _ := rdb.LLen(ctx, ns+":list").Result(); n != 2 {
+		t.Fatalf("list holds %d values after two runs of one push, want 2", n)
+	}
+	if h.unit.ops[0].err != nil || h.unit.ops[1].err != errReplayRefused {
+		t.Fatalf("second run: ops %v, %v; want delivered, then %v", h.unit.ops[0].err, h.unit.ops[1].err, errReplayRefused)
+	}
+}
+
+// Redis frozen past the client's read timeout: go-redis (MaxRetries 3, its
+// default) sends the push again on new connections, which the frozen
+// server accepts and buffers, and returns an error. On SIGCONT every copy
+// runs, but only the first pushes. The next push first takes a new token
+// and reads the record, which holds the batch.
+func TestResentPushRunsOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := testenv.StartRedis(t)
+	addr := fmt.Sprintf("127.0.0.1:%d", srv.Port)
+	rdb := redis.NewClient(&redis.Options{Addr: addr, DisableIdentity: true,
+		ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond})
+	defer rdb.Close()
+	keys := newHandoffKeys("", "test", "resent", "")
+	h := newHandoff(rdb, keys)
+	if err := h.acquire(ctx, "relay"); err != nil {
+		t.Fatal(err)
+	}
+	// A first push loads the script: a resent EVALSHA of a script the
+	// server does not know would only be refused (NOSCRIPT).
+	h.unit.reset()
+	h.unit.begin([]int64{9}, "")
+	h.unit.command("LPUSH", "warm", "w")
+	if _, err := h.push(ctx, &h.unit); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WarmPool(t, rdb, 4)
+	h.unit.reset()
+	h.unit.begin([]int64{1, 2}, "")
+	h.unit.variadic("LPUSH", "list", 1, []any{"a", "b"})
+	srv.Signal(syscall.SIGSTOP)
+	_, err := h.push(ctx, &h.unit)
+	srv.Signal(syscall.SIGCONT)
+	if err == nil {
+		t.Fatal("a push to a frozen Redis succeeded")
+	}
+	// Every copy has run once its connection is gone: the client closed
+	// each after its timeout, and Redis reads a closed connection's
+	// buffered commands before its end.
+	_ = rdb.Close()
+	check := redis.NewClient(&redis.Options{Addr: addr, DisableIdentity: true, MaxRetries: -1})
+	defer check.Close()
+	testenv.WaitFor(t, 10*time.Second, "the resent copies to run", func() (bool, string) {
+		info, err := check.Info(ctx, "clients").Result()
+		return err == nil && strings.Contains(info, "connected_clients:1\r"), info
+	})
+	if n, _ := check.LLen(ctx, "list").Result(); n != 2 {
+		t.Fatalf("list holds %d values, want the batch's 2 once", n)
+	}
+	h.rdb = check
+	if err := h.ready(ctx, "relay"); err != nil {
+		t.Fatal(err)
+	}
+	if h.epoch != 2 || !h.wasDelivered(1) || !h.wasDelivered(2) {
+		t.Fatalf("after the failed push: epoch %d, delivered %v; want a new token (epoch 2) and rows 1, 2 delivered", h.epoch, h.delivered)
 	}
 }

@@ -34,6 +34,9 @@ func (r *Relay) push(ctx context.Context, batch []stagedJob, now time.Time) (pus
 	if err := h.ready(ctx, r.holder); err != nil {
 		return res, fmt.Errorf("push batch: %w", err)
 	}
+	if r.hooks.beforePush != nil {
+		r.hooks.beforePush(ctx)
+	}
 	u := &h.unit
 	for all := batch; ; {
 		res, batch = pushResult{}, all
@@ -89,11 +92,10 @@ func (r *Relay) push(ctx context.Context, batch []stagedJob, now time.Time) (pus
 			}
 		}
 	}
-	if len(res.pushed) > 0 {
-		res.field = field
-	}
+	res.field = field
 	if len(res.pushed)+len(res.rejected)+len(res.refused)+len(res.redelivered) == 0 {
 		// Nothing went anywhere: wait, with backoff, rather than spin.
+		h.abandon(field)
 		return pushResult{}, fmt.Errorf("push batch: Redis refused all %d jobs: %s", len(res.deferred), res.deferred[0].reason)
 	}
 	return res, nil
@@ -110,6 +112,18 @@ func (r *Relay) stillStaged(ctx context.Context, pool *pgxpool.Pool, ids []int64
 		return nil, fmt.Errorf("read staged ids: %w", err)
 	}
 	return still, nil
+}
+
+// walPositionsSQL reads the WAL's insert and flush positions, as byte
+// offsets. Any role may call both functions.
+const walPositionsSQL = `SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint, (pg_current_wal_flush_lsn() - '0/0'::pg_lsn)::bigint`
+
+// walPositions returns the WAL's insert and flush positions (handoff.tidy).
+func (r *Relay) walPositions(ctx context.Context, pool *pgxpool.Pool) (insert, flush uint64, err error) {
+	if err := pool.QueryRow(ctx, walPositionsSQL).Scan(&insert, &flush); err != nil {
+		return 0, 0, fmt.Errorf("read the WAL position: %w", err)
+	}
+	return insert, flush, nil
 }
 
 // checkJob reports a row no worker of any target could run (a NULL or empty

@@ -93,6 +93,9 @@ type Relay struct {
 // River's testsignal: a test waits on the exact code point, not on a log
 // line written near it.
 type testHooks struct {
+	// beforePush runs before each batch's push script, after the fence
+	// is taken and the record read.
+	beforePush func(ctx context.Context)
 	// afterPush runs between a batch's push and its delete; an error it
 	// returns fails the batch there.
 	afterPush func(ctx context.Context) error
@@ -393,7 +396,7 @@ var (
 
 // isFatal reports whether err is one that retrying cannot fix.
 func isFatal(err error) bool {
-	if errors.Is(err, ErrNotMigrated) || errors.Is(err, ErrSchemaTooNew) || errors.Is(err, ErrPermission) || errors.Is(err, ErrQueueConflict) {
+	if errors.Is(err, ErrNotMigrated) || errors.Is(err, ErrSchemaTooNew) || errors.Is(err, ErrPermission) || errors.Is(err, ErrQueueConflict) || errors.Is(err, ErrForeignFence) {
 		return true
 	}
 	var pgErr *pgconn.PgError

@@ -405,15 +405,15 @@ func runRedisOptions(url string) (*redis.Options, error) {
 }
 
 // tuneRedisClient sets what run's Redis client has in every --redis-mode:
-// its name, no CLIENT SETINFO (unknown to Redis < 7.2), and few retries.
-// The relay retries failed batches with its own logged backoff; the
-// client's defaults (5 dials x 4 tries) would hide a dead Redis for seconds
-// per batch. One retry still rides over a stale connection.
+// its name, no CLIENT SETINFO (unknown to Redis < 7.2), one dial and no
+// retries (MaxRetries -1, whatever the URL says). The relay retries failed
+// batches with its own logged backoff, after settling an unanswered push
+// from its record under a new fence token (relay/handoff.go). go-redis
+// would resend a push whose reply timed out, on a new connection, while the
+// first copy may still run: the script is safe to run twice, and is not
+// resent at all.
 func tuneRedisClient(name *string, noIdentity *bool, dialerRetries, maxRetries *int) {
-	*name, *noIdentity, *dialerRetries = "stagedrain", true, 1
-	if *maxRetries == 0 {
-		*maxRetries = 1
-	}
+	*name, *noIdentity, *dialerRetries, *maxRetries = "stagedrain", true, 1, -1
 }
 
 // redisDialer dials Redis as go-redis's default dialer does (dial_timeout,
@@ -449,6 +449,10 @@ func (c *runFlags) redisClient(f *flagSet) (func() redis.UniversalClient, error)
 			return nil, usagef("run: %s cannot be parsed as a cluster URL (want redis://[user:password@]host1:port1?addr=host2:port2&addr=host3:port3)", f.source("redis-url"))
 		}
 		tuneRedisClient(&ropts.ClientName, &ropts.DisableIdentity, &ropts.DialerRetries, &ropts.MaxRetries)
+		// A ClusterClient also resends a command that timed out, up to
+		// MaxRedirects times: none (-1). A MOVED reply fails the batch,
+		// which the relay retries once go-redis has reloaded the slots.
+		ropts.MaxRedirects = -1
 		ropts.Dialer = redisDialer(ropts.DialTimeout, ropts.TLSConfig)
 		return func() redis.UniversalClient { return redis.NewClusterClient(ropts) }, nil
 	case "sentinel":

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -60,6 +61,35 @@ func (s *RedisServer) Start() {
 		var answer redis.Error // NOAUTH: it answers, to a client with no password
 		return err == nil || errors.As(err, &answer), fmt.Sprint(err)
 	})
+}
+
+// Signal sends sig to the running server (SIGSTOP freezes it: its socket
+// still accepts connections, and what clients send waits in its buffers
+// until SIGCONT).
+func (s *RedisServer) Signal(sig os.Signal) {
+	s.t.Helper()
+	if s.cmd == nil {
+		s.t.Fatal("redis-server not running")
+	}
+	if err := s.cmd.Process.Signal(sig); err != nil {
+		s.t.Fatalf("signal redis-server: %v", err)
+	}
+}
+
+// WarmPool makes rdb's pool hold n open connections, each past its
+// handshake, as a busy client's does: n blocking commands at once, each on
+// a connection of its own. A command retried after a timeout then goes out
+// at once on another of them, even to a frozen server.
+func WarmPool(t testing.TB, rdb *redis.Client, n int) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() { _ = rdb.Do(context.Background(), "BLPOP", "testenv:warm:nothing", "0.05").Err() })
+	}
+	wg.Wait()
+	if got := rdb.PoolStats().TotalConns; got < uint32(n) {
+		t.Fatalf("pool holds %d connections, want %d", got, n)
+	}
 }
 
 // Stop kills the server and waits for it to exit. Stopping a stopped server
