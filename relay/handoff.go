@@ -212,7 +212,7 @@ type handoff struct {
 	token  string // this leadership's fence token; "" until acquired
 	system string // PostgreSQL's system_identifier, written into the fence
 	epoch  int64
-	seq   int64 // batches pushed in this leadership, for record fields
+	seq    int64 // batches pushed in this leadership, for record fields
 
 	// delivered maps the id of a row that a push delivered, and whose
 	// delete is not known to have committed, to its record field. Such a
