@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 )
 
 // Role is what a Relay is doing.
@@ -37,8 +38,9 @@ type Status struct {
 	// such as a standby. A leader drains at least every PollInterval.
 	LastDrain time.Time
 
-	// LastError is the last failure of a database session or of a
-	// readiness check's Redis PING, "" if none; LastErrorAt is when.
+	// LastError is the last failure of a database session, of the Redis
+	// PING a starting relay waits on, or of a readiness check's Redis PING,
+	// "" if none; LastErrorAt is when.
 	LastError   string
 	LastErrorAt time.Time
 }
@@ -50,6 +52,9 @@ type state struct {
 	status Status
 	pgOK   time.Time        // the lock connection last answered
 	leader prometheus.Gauge // stagedrain_leader: 1 while Role is RoleLeader
+	// waiting is why a starting relay does not go on, nil if nothing holds
+	// it: Redis unreachable at start (Run waits for it before it campaigns).
+	waiting error
 
 	// The Redis PING of CheckReady, at most one every redisCheckTTL.
 	redisMu   sync.Mutex
@@ -101,6 +106,30 @@ func (s *state) failed(err error) {
 	s.mu.Unlock()
 }
 
+// waitFor records why a starting relay waits (a failure, also its last
+// error), or, with nil, that it waits no more.
+func (s *state) waitFor(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.waiting = err
+	if err != nil {
+		s.status.LastError, s.status.LastErrorAt = err.Error(), time.Now()
+	}
+}
+
+// redisNotReady says why Redis, as described, keeps the relay from being
+// ready: "redis unreachable: <redis>: <error>" when it did not answer (no
+// server, a dial or a read that failed or timed out), "redis <redis>:
+// <error>" when it answered with an error (LOADING, a refusal).
+func redisNotReady(desc string, err error) error {
+	err = redactErr(err)
+	var answer redis.Error
+	if errors.As(err, &answer) {
+		return fmt.Errorf("redis %s: %w", desc, err)
+	}
+	return fmt.Errorf("redis unreachable: %s: %w", desc, err)
+}
+
 // Status returns r's state. It does no I/O, and is safe to call at any
 // time, from any goroutine, also before and after Run.
 func (r *Relay) Status() Status {
@@ -119,11 +148,16 @@ var ErrNotReady = errors.New("not ready")
 // PING through the configured client. The PING's result is reused for a
 // second, and concurrent callers share one PING, so probes cost Redis at
 // most one PING a second; it waits at most until ctx ends. Otherwise it
-// returns an error wrapping ErrNotReady that says why.
+// returns an error wrapping ErrNotReady that says why: for a relay starting
+// while Redis does not answer, "redis unreachable: <redis>: <error>", as for
+// one that leads or stands by when Redis stops answering.
 func (r *Relay) CheckReady(ctx context.Context) error {
 	r.state.mu.Lock()
-	st, pgOK := r.state.status, r.state.pgOK
+	st, pgOK, waiting := r.state.status, r.state.pgOK, r.state.waiting
 	r.state.mu.Unlock()
+	if st.Role == RoleStarting && waiting != nil {
+		return fmt.Errorf("%w: %w", ErrNotReady, waiting)
+	}
 	if st.Role != RoleLeader && st.Role != RoleStandby {
 		if st.LastError != "" {
 			return fmt.Errorf("%w: %s (last error: %s)", ErrNotReady, st.Role, st.LastError)
@@ -134,7 +168,7 @@ func (r *Relay) CheckReady(ctx context.Context) error {
 		return fmt.Errorf("%w: postgresql: lock connection silent for %s", ErrNotReady, time.Since(pgOK).Round(time.Millisecond))
 	}
 	if err := r.checkRedisCached(ctx); err != nil {
-		return fmt.Errorf("%w: redis %s: %w", ErrNotReady, DescribeRedis(r.cfg.Redis), err)
+		return fmt.Errorf("%w: %w", ErrNotReady, redisNotReady(DescribeRedis(r.cfg.Redis), err))
 	}
 	return nil
 }

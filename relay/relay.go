@@ -250,6 +250,7 @@ func (r *Relay) Run(ctx context.Context) error {
 // are logged and retried: only a relay that never reached Redis can tell a
 // misconfiguration from an operator's change in progress.
 func (r *Relay) checkRedis(ctx context.Context) error {
+	defer r.state.waitFor(nil)
 	for attempt := 1; ; attempt++ {
 		err := r.cfg.Redis.Ping(ctx).Err()
 		if err == nil {
@@ -262,6 +263,8 @@ func (r *Relay) checkRedis(ctx context.Context) error {
 		if isRedisRefusal(err) {
 			return fmt.Errorf("redis %s: %w", DescribeRedis(r.cfg.Redis), err)
 		}
+		// CheckReady says so, rather than just "starting".
+		r.state.waitFor(redisNotReady(DescribeRedis(r.cfg.Redis), err))
 		wait := backoff(attempt, r.cfg.MaxBackoff)
 		r.log.Warn("redis unreachable, retrying", zap.String("redis", DescribeRedis(r.cfg.Redis)),
 			zap.Error(err), zap.Int("attempt", attempt), zap.Duration("wait", wait))

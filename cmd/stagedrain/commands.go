@@ -335,8 +335,8 @@ func runCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	// "starting") while --migrate waits for PostgreSQL.
 	var l net.Listener
 	if !metricsOff(c.metricsAddr) {
-		if l, err = net.Listen("tcp", c.metricsAddr); err != nil {
-			return fmt.Errorf("run: %s: %w", f.source("metrics-addr"), err)
+		if l, err = listenMetrics(f, c.metricsAddr); err != nil {
+			return err
 		}
 		defer l.Close() // after Serve, a no-op; it closes it too
 	}

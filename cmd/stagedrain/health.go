@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,23 +21,42 @@ import (
 	"github.com/stagedrain/stagedrain/relay"
 )
 
-// defaultMetricsAddr is where run serves /healthz, /readyz and /metrics.
-// All interfaces, as exporters do: a container's probes come from outside
-// its loopback (the kubelet dials the pod's IP). The endpoints say nothing
-// secret and change nothing.
-const defaultMetricsAddr = ":9187"
-
 // registerMetricsAddr declares --metrics-addr, shared by run and health.
+// It is off by default: two relays on one host (a standby beside its
+// leader, --queues groups) would fight over any fixed port, and 9187 is
+// postgres_exporter's. The image turns it on (ENV STAGEDRAIN_METRICS_ADDR
+// :9187 in cmd/stagedrain/Dockerfile), where the port is the container's
+// own. Give it all interfaces (":9187"), as exporters bind, when the
+// probes come from outside the container (the kubelet dials the pod's
+// IP); the endpoints say nothing secret and change nothing.
 func registerMetricsAddr(f *flagSet, addr *string) {
-	f.fs.StringVar(addr, "metrics-addr", defaultMetricsAddr,
-		"`host:port` of the HTTP listener for /healthz, /readyz and /metrics; empty or off turns it off")
+	f.fs.StringVar(addr, "metrics-addr", "",
+		"`host:port` of the HTTP listener for /healthz, /readyz and /metrics, such as :9187; off when empty (the default) or off")
 	f.env("metrics-addr", "STAGEDRAIN_METRICS_ADDR")
 }
 
-// metricsOff reports whether addr turns the HTTP listener off. An empty
-// environment variable means "unset" (the default), so "off" is the way to
-// turn it off from the environment.
+// metricsOff reports whether addr turns the HTTP listener off: empty (the
+// default) or "off". An empty environment variable means "unset", so
+// "off" is the way to turn off from the environment what an image turns on.
 func metricsOff(addr string) bool { return addr == "" || addr == "off" }
+
+// listenMetrics opens run's HTTP listener on addr. An address another
+// process holds fails with one line saying what to do about it.
+func listenMetrics(f *flagSet, addr string) (net.Listener, error) {
+	l, err := net.Listen("tcp", addr)
+	if err == nil {
+		return l, nil
+	}
+	from := ""
+	if f.fromEnv["metrics-addr"] {
+		from = " (from $" + f.envs["metrics-addr"] + ")"
+	}
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return nil, fmt.Errorf("run: --metrics-addr %s%s: address already in use (another relay or exporter on this host has it); "+
+			"give each relay its own --metrics-addr, or leave it unset (off)", addr, from)
+	}
+	return nil, fmt.Errorf("run: --metrics-addr %s%s: %w", addr, from, err)
+}
 
 // healthServer is run's HTTP listener.
 type healthServer struct {
@@ -146,7 +166,7 @@ func healthCmd(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	if metricsOff(*addr) {
-		return usagef("health: %s is off: run serves no /readyz to ask", f.source("metrics-addr"))
+		return usagef("health: %s is off: no /readyz to ask; set --metrics-addr (or $STAGEDRAIN_METRICS_ADDR) to the address of run's listener, which run opens only when given one", f.source("metrics-addr"))
 	}
 	url, err := readyzURL(*addr)
 	if err != nil {

@@ -35,9 +35,6 @@ func TestMain(m *testing.M) {
 			os.Unsetenv(name)
 		}
 	}
-	// run's HTTP listener defaults to :9187, which parallel relays would
-	// fight over; the tests that want it pass --metrics-addr.
-	os.Setenv("STAGEDRAIN_METRICS_ADDR", "off")
 	// As main does: the in-process relays' failed dials would print here.
 	redis.SetLogger(silentRedisLog{})
 	dir, err := os.MkdirTemp("", "stagedrain-cmd-test-")
@@ -87,7 +84,7 @@ func childEnv(extra ...string) []string {
 			env = append(env, kv)
 		}
 	}
-	env = append(env, "DATABASE_URL="+testDatabaseURL(), "REDIS_URL="+testRedisURL(), "STAGEDRAIN_METRICS_ADDR=off")
+	env = append(env, "DATABASE_URL="+testDatabaseURL(), "REDIS_URL="+testRedisURL())
 	return append(env, extra...)
 }
 
