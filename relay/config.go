@@ -139,6 +139,20 @@ type Config struct {
 	// none: every queue.
 	Queues []string
 
+	// RedisWaitReplicas, when above 0, makes every batch's delete wait for
+	// Redis's WAIT: the push is acknowledged by at least this many replicas
+	// within RedisWaitTimeout, or the batch's rows stay staged and the
+	// relay retries (logged, with backoff). A failover to a replica, or an
+	// OS crash of the primary, then cannot lose a job whose row was
+	// deleted. Needs a *redis.Client (one server, or Sentinel); refused
+	// with a ClusterClient. Default 0: the delete commits once the primary
+	// answered.
+	RedisWaitReplicas int
+
+	// RedisWaitTimeout is how long WAIT waits for RedisWaitReplicas
+	// replicas. Default 1s.
+	RedisWaitTimeout time.Duration
+
 	// ShutdownTimeout bounds how long a batch in flight when the context
 	// ends may take to finish; past it the batch is rolled back (its rows
 	// stay staged). Default 10s.
@@ -155,6 +169,7 @@ const (
 	defaultLeaderInterval  = 500 * time.Millisecond
 	defaultMaxBackoff      = 5 * time.Second
 	defaultShutdownTimeout = 10 * time.Second
+	defaultRedisWaitTimeout = time.Second
 	defaultMaxPayloadBytes = 1 << 20
 	maxMaxPayloadBytes     = 512 << 20
 	minBackoff             = 100 * time.Millisecond
@@ -172,6 +187,7 @@ func (c Config) WithDefaults() Config {
 	c.MaxBackoff = cmp.Or(c.MaxBackoff, defaultMaxBackoff)
 	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, defaultShutdownTimeout)
 	c.MaxPayloadBytes = cmp.Or(c.MaxPayloadBytes, defaultMaxPayloadBytes)
+	c.RedisWaitTimeout = cmp.Or(c.RedisWaitTimeout, defaultRedisWaitTimeout)
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
 	}
@@ -222,6 +238,12 @@ func (c Config) Validate() error {
 		return fieldErr("Redis", "is a Redis Cluster client, and the sidekiq target cannot run on Redis Cluster: Sidekiq's keys (queue:<name>, queues, schedule) have no hash tags, and Sidekiq does not support Redis Cluster (use a single Redis or Sentinel, or the asynq or streams target)")
 	case isRing(c.Redis):
 		return fieldErr("Redis", "is a *redis.Ring, which splits keys over shards: the relay's push would not be atomic (use a *redis.Client, a Sentinel FailoverClient or a *redis.ClusterClient)")
+	case c.RedisWaitReplicas < 0:
+		return fieldErr("RedisWaitReplicas", "must not be negative, got %d", c.RedisWaitReplicas)
+	case c.RedisWaitReplicas > 0 && isCluster(c.Redis):
+		return fieldErr("RedisWaitReplicas", "needs a single Redis or Sentinel client: with Redis Cluster each slot's primary has replicas of its own, which this relay does not WAIT for")
+	case c.RedisWaitTimeout <= 0:
+		return fieldErr("RedisWaitTimeout", "must be positive, got %s", c.RedisWaitTimeout)
 	case c.StreamMaxLen < 0:
 		return fieldErr("StreamMaxLen", "must not be negative, got %d", c.StreamMaxLen)
 	case c.StreamMaxLen > 0 && c.Target != TargetStreams:

@@ -2,8 +2,10 @@ package relay_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -70,5 +72,85 @@ func TestStalledRedisRunsThePushOnce(t *testing.T) {
 	fence, _ := h.handoffKeys()
 	if epoch, err := rdb.HGet(context.Background(), fence, "epoch").Int(); err != nil || epoch != 2 {
 		t.Fatalf("fence epoch = %d, %v; want 2: a push with no reply is settled under a new token", epoch, err)
+	}
+}
+
+// With RedisWaitReplicas, a batch's rows are deleted only once a replica
+// has its push. Here the replica is frozen: the push reaches the primary,
+// WAIT times out, and the row stays staged through every retry (each of
+// which finds the row delivered in the record and runs the script only to
+// WAIT again). Once the replica runs again, the row is deleted, and the job
+// was pushed once.
+func TestWaitReplicasKeepsRowsUntilAReplicaHasThePush(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	primary := testenv.StartRedis(t)
+	replica := testenv.StartRedis(t, "--replicaof", "127.0.0.1", fmt.Sprint(primary.Port))
+	h := newHarness(t)
+	rdb := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", primary.Port), DisableIdentity: true})
+	t.Cleanup(func() { _ = rdb.Close() })
+	h.rdb = rdb
+	testenv.WaitFor(t, 15*time.Second, "the replica to be in sync", func() (bool, string) {
+		n, err := rdb.Wait(ctx, 1, 100*time.Millisecond).Result()
+		return err == nil && n == 1, fmt.Sprint(n, err)
+	})
+	cfg := h.config()
+	cfg.Redis = rdb
+	cfg.RedisWaitReplicas = 1
+	cfg.RedisWaitTimeout = 100 * time.Millisecond
+	cfg.MaxBackoff = 200 * time.Millisecond
+	h.start(cfg)
+	jids := h.stageMany(relay.Job{Name: "A"})
+	h.waitStaged(0)
+
+	replica.Signal(syscall.SIGSTOP)
+	failed := h.logs.FilterMessage("batch failed, retrying").Len()
+	jids = append(jids, h.stage(relay.Job{Name: "B"}))
+	// Three failures: the first push, then retries that find B delivered.
+	h.waitLog("batch failed, retrying", failed+3)
+	if n := h.staged(); n != 1 {
+		t.Fatalf("%d rows staged while no replica acknowledges, want B's row", n)
+	}
+	last := h.logs.FilterMessage("batch failed, retrying").All()
+	if err := fmt.Sprint(last[len(last)-1].ContextMap()["error"]); !strings.Contains(err, "0 of 1 replicas acknowledged") {
+		t.Fatalf("batch failed with %s, want the replica count", err)
+	}
+	replica.Signal(syscall.SIGCONT)
+	h.waitStaged(0)
+	got := h.queueJIDs("default")
+	slices.Sort(got)
+	if want := slices.Sorted(slices.Values(jids)); !slices.Equal(got, want) {
+		t.Fatalf("queue holds %v, want each of %v once", got, want)
+	}
+}
+
+// A fence taken by a relay of another PostgreSQL cluster (another
+// system_identifier) whose database and schema names match: the relay
+// refuses to run (ErrForeignFence) rather than read that deployment's
+// record, and pushes nothing.
+func TestForeignFenceIsRefused(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	h := newHarness(t)
+	fence, _ := h.handoffKeys()
+	if err := h.rdb.HSet(ctx, fence, "system", "1234567890", "epoch", 7, "token", "theirs").Err(); err != nil {
+		t.Fatal(err)
+	}
+	h.stage(relay.Job{Name: "A"})
+	r, err := relay.New(h.config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	err = r.Run(rctx)
+	if !errors.Is(err, relay.ErrForeignFence) || !strings.Contains(err.Error(), "1234567890") {
+		t.Fatalf("Run = %v, want ErrForeignFence naming the other cluster", err)
+	}
+	if n := h.staged(); n != 1 {
+		t.Fatalf("%d rows staged, want the job left staged", n)
+	}
+	if got := h.queueJIDs("default"); len(got) != 0 {
+		t.Fatalf("pushed %v past a foreign fence", got)
 	}
 }

@@ -235,6 +235,11 @@ type handoff struct {
 	unit   pushUnit
 	header []any
 
+	// waitReplicas > 0: each push is followed, on its connection, by WAIT
+	// for that many replicas within waitTimeout (Config.RedisWaitReplicas).
+	waitReplicas int
+	waitTimeout  time.Duration
+
 	// On a Redis Cluster (cluster.go): the slots whose fence this
 	// leadership holds and whose record it has read, the slots each pushed
 	// record field is in, and the slot each id of the last push went to.
@@ -252,6 +257,21 @@ func newHandoff(rdb redis.UniversalClient, keys handoffKeys) *handoff {
 		h.claimed, h.parts, h.idSlot = make(map[int]bool), make(map[string][]int), make(map[int64]int)
 	}
 	return h
+}
+
+// waitFor makes each push wait for n replicas (none when n is 0).
+func (h *handoff) waitFor(n int, timeout time.Duration) *handoff {
+	h.waitReplicas, h.waitTimeout = n, timeout
+	return h
+}
+
+// mustRun reports whether a push that runs no op must still run the
+// script: with WAIT, a batch of rows an earlier push delivered deletes
+// them only once the replicas have that push. The script's write of its
+// record field comes after the earlier push's writes in the replication
+// stream, so WAIT covers them too.
+func (h *handoff) mustRun(redelivered int) bool {
+	return h.waitReplicas > 0 && redelivered > 0
 }
 
 // reset forgets the leadership: the next push acquires a new one, after
@@ -348,7 +368,7 @@ func (h *handoff) push(ctx context.Context, u *pushUnit) (field string, err erro
 		h.header = append(h.header, f)
 	}
 	args := append(h.header, u.args...)
-	reply, err := handoffScript.Run(ctx, h.rdb, keys, args...).Slice()
+	reply, err := h.run(ctx, keys, args)
 	if err != nil {
 		// Whether Redis ran it is unknown: settle it from the record,
 		// under a new token (see the top of this file).
@@ -365,6 +385,37 @@ func (h *handoff) push(ctx context.Context, u *pushUnit) (field string, err erro
 	}
 	return field, nil
 }
+
+// run runs the push script, then, with waitReplicas, WAIT on the same
+// connection: the push counts only once enough replicas have it.
+func (h *handoff) run(ctx context.Context, keys []string, args []any) ([]any, error) {
+	if h.waitReplicas == 0 {
+		return handoffScript.Run(ctx, h.rdb, keys, args...).Slice()
+	}
+	c, ok := h.rdb.(*redis.Client)
+	if !ok {
+		return nil, fmt.Errorf("RedisWaitReplicas needs a *redis.Client, got %T", h.rdb)
+	}
+	conn := c.Conn()
+	defer conn.Close()
+	reply, err := handoffScript.Run(ctx, conn, keys, args...).Slice()
+	if err != nil {
+		return nil, err
+	}
+	n, err := conn.Wait(ctx, h.waitReplicas, h.waitTimeout).Result()
+	if err != nil {
+		return nil, fmt.Errorf("WAIT for %d replicas: %w", h.waitReplicas, err)
+	}
+	if int(n) < h.waitReplicas {
+		return nil, fmt.Errorf("%w: %d of %d replicas acknowledged the push within %s", errTooFewReplicas, n, h.waitReplicas, h.waitTimeout)
+	}
+	return reply, nil
+}
+
+// errTooFewReplicas fails a push that fewer replicas than
+// Config.RedisWaitReplicas acknowledged in time: its rows stay staged, and
+// the next push settles it from the record.
+var errTooFewReplicas = errors.New("redis WAIT: too few replicas")
 
 // fenceError is the error of a script that takes the fence.
 func fenceError(err error) error {

@@ -228,3 +228,39 @@ func TestResentPushRunsOnce(t *testing.T) {
 		t.Fatalf("after the failed push: epoch %d, delivered %v; want a new token (epoch 2) and rows 1, 2 delivered", h.epoch, h.delivered)
 	}
 }
+
+// A record field outlives its batch's COMMIT until the WAL is flushed past
+// it: the drain commits with synchronous_commit = off, and a PostgreSQL
+// crash before the flush would bring the rows back. They must then still
+// be recorded, to be deleted rather than pushed again.
+func TestRecordFieldWaitsForTheWALFlush(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb, ns := testenv.Redis(t)
+	h := newHandoff(rdb, newHandoffKeys(ns, "test", "flush", ""))
+	h.committed("1:1", nil, 500, 400) // committed at 500, flushed to 400
+	if len(h.clear) != 0 {
+		t.Fatalf("clear %v right after an unflushed commit, want nothing", h.clear)
+	}
+	h.committed("1:2", nil, 600, 500) // the flush reached the first
+	if len(h.clear) != 1 || h.clear[0] != "1:1" {
+		t.Fatalf("clear %v, want only the first batch's field", h.clear)
+	}
+	h.clear = h.clear[:0]
+	h.flushed(599)
+	if len(h.clear) != 0 {
+		t.Fatalf("clear %v with the WAL flushed short of the second commit", h.clear)
+	}
+	// An idle drain's tidy reads the flush position itself.
+	if err := rdb.HSet(ctx, h.keys.record, "1:2", "7").Err(); err != nil {
+		t.Fatal(err)
+	}
+	err := h.tidy(ctx, func([]int64) ([]int64, error) { return nil, nil },
+		func() (uint64, uint64, error) { return 700, 600, nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := rdb.Exists(ctx, h.keys.record).Result(); n != 0 || len(h.unflushed) != 0 {
+		t.Fatalf("record left (%d) or fields still waiting (%v) after the flush passed them", n, h.unflushed)
+	}
+}

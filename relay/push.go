@@ -53,7 +53,7 @@ func (r *Relay) push(ctx context.Context, batch []stagedJob, now time.Time) (pus
 		}
 		u.reset()
 		r.target.add(u, batch, now, &res)
-		if len(u.ops) == 0 {
+		if len(u.ops) == 0 && !h.mustRun(len(res.redelivered)) {
 			return res, nil
 		}
 		if !h.cluster {

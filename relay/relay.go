@@ -126,7 +126,8 @@ func New(cfg Config) (*Relay, error) {
 		cfg:     cfg,
 		log:     cfg.Logger,
 		pgCfg:   pgCfg,
-		handoff: newHandoff(cfg.Redis, newHandoffKeys(cfg.RedisNamespace, pgCfg.Database, cfg.Schema, group)),
+		handoff: newHandoff(cfg.Redis, newHandoffKeys(cfg.RedisNamespace, pgCfg.Database, cfg.Schema, group)).
+			waitFor(cfg.RedisWaitReplicas, cfg.RedisWaitTimeout),
 		holder:  applicationName("leader"),
 		lockKey: "stagedrain:" + cfg.Schema,
 		group:   group,

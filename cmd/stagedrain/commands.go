@@ -175,6 +175,8 @@ type runFlags struct {
 	maxBackoff      time.Duration
 	shutdownTimeout time.Duration
 	maxPayloadBytes int
+	waitReplicas    int
+	waitTimeout     time.Duration
 	pollOnly        bool
 	queues          string
 	migrate         bool
@@ -184,20 +186,22 @@ type runFlags struct {
 // flagOfField names the run flag behind each relay.Config field, so a
 // Validate error reads as a flag error.
 var flagOfField = map[string]string{
-	"DatabaseURL":     "database-url",
-	"Schema":          "schema",
-	"Source":          "source",
-	"BatchSize":       "batch-size",
-	"PollInterval":    "poll-interval",
-	"TimestampFormat": "timestamp-format",
-	"LeaderInterval":  "leader-interval",
-	"MaxBackoff":      "max-backoff",
-	"ShutdownTimeout": "shutdown-timeout",
-	"MaxPayloadBytes": "max-payload-bytes",
-	"Target":          "target",
-	"RedisNamespace":  "redis-namespace",
-	"StreamMaxLen":    "stream-maxlen",
-	"Queues":          "queues",
+	"DatabaseURL":       "database-url",
+	"Schema":            "schema",
+	"Source":            "source",
+	"BatchSize":         "batch-size",
+	"PollInterval":      "poll-interval",
+	"TimestampFormat":   "timestamp-format",
+	"LeaderInterval":    "leader-interval",
+	"MaxBackoff":        "max-backoff",
+	"ShutdownTimeout":   "shutdown-timeout",
+	"MaxPayloadBytes":   "max-payload-bytes",
+	"Target":            "target",
+	"RedisNamespace":    "redis-namespace",
+	"StreamMaxLen":      "stream-maxlen",
+	"Queues":            "queues",
+	"RedisWaitReplicas": "redis-wait-replicas",
+	"RedisWaitTimeout":  "redis-wait-timeout",
 }
 
 // newRunFlags declares run's flags.
@@ -230,6 +234,10 @@ func newRunFlags() (*flagSet, *runFlags) {
 	f.env("shutdown-timeout", "STAGEDRAIN_SHUTDOWN_TIMEOUT")
 	f.fs.IntVar(&c.maxPayloadBytes, "max-payload-bytes", 1<<20, "largest job payload (JSON `bytes`) pushed; a bigger one moves to staged_jobs_dead")
 	f.env("max-payload-bytes", "STAGEDRAIN_MAX_PAYLOAD_BYTES")
+	f.fs.IntVar(&c.waitReplicas, "redis-wait-replicas", 0, "delete a batch's rows only once this many Redis `replicas` acknowledged its push (WAIT); with fewer, the rows stay staged and the batch is retried. 0: once the primary answered")
+	f.env("redis-wait-replicas", "STAGEDRAIN_REDIS_WAIT_REPLICAS")
+	f.fs.DurationVar(&c.waitTimeout, "redis-wait-timeout", time.Second, "how long WAIT waits for --redis-wait-replicas (keep it below the Redis read timeout, 3s by default)")
+	f.env("redis-wait-timeout", "STAGEDRAIN_REDIS_WAIT_TIMEOUT")
 	f.fs.BoolVar(&c.pollOnly, "poll-only", false, "drain on the fallback poll alone: no LISTEN, no wake-up gate (for PgBouncer in transaction pooling mode; pair with a short --poll-interval)")
 	f.env("poll-only", "STAGEDRAIN_POLL_ONLY")
 	f.fs.StringVar(&c.queues, "queues", "", "drain only these `queues` (comma list), as a group with a leader lock of its own; relays of a schema must have equal or disjoint lists (default: all queues)")
@@ -262,6 +270,7 @@ func (c *runFlags) config(f *flagSet) (relay.Config, func() redis.UniversalClien
 	}{
 		{"poll-interval", c.pollInterval}, {"leader-interval", c.leaderInterval},
 		{"max-backoff", c.maxBackoff}, {"shutdown-timeout", c.shutdownTimeout},
+		{"redis-wait-timeout", c.waitTimeout},
 	} {
 		if d.d <= 0 {
 			return relay.Config{}, nil, usagef("run: %s must be positive, got %s", f.source(d.name), d.d)
@@ -279,21 +288,23 @@ func (c *runFlags) config(f *flagSet) (relay.Config, func() redis.UniversalClien
 		return relay.Config{}, nil, err
 	}
 	cfg := relay.Config{
-		DatabaseURL:     c.databaseURL,
-		Schema:          c.schema,
-		Source:          relay.Source(c.source),
-		Target:          relay.Target(c.target),
-		RedisNamespace:  c.redisNamespace,
-		StreamMaxLen:    c.streamMaxLen,
-		BatchSize:       c.batchSize,
-		PollInterval:    c.pollInterval,
-		TimestampFormat: relay.TimestampFormat(c.timestampFormat),
-		LeaderInterval:  c.leaderInterval,
-		MaxBackoff:      c.maxBackoff,
-		ShutdownTimeout: c.shutdownTimeout,
-		MaxPayloadBytes: c.maxPayloadBytes,
-		PollOnly:        c.pollOnly,
-		Queues:          queues,
+		DatabaseURL:       c.databaseURL,
+		Schema:            c.schema,
+		Source:            relay.Source(c.source),
+		Target:            relay.Target(c.target),
+		RedisNamespace:    c.redisNamespace,
+		StreamMaxLen:      c.streamMaxLen,
+		BatchSize:         c.batchSize,
+		PollInterval:      c.pollInterval,
+		TimestampFormat:   relay.TimestampFormat(c.timestampFormat),
+		LeaderInterval:    c.leaderInterval,
+		MaxBackoff:        c.maxBackoff,
+		ShutdownTimeout:   c.shutdownTimeout,
+		MaxPayloadBytes:   c.maxPayloadBytes,
+		RedisWaitReplicas: c.waitReplicas,
+		RedisWaitTimeout:  c.waitTimeout,
+		PollOnly:          c.pollOnly,
+		Queues:            queues,
 	}
 	// Validate only checks that a client is set; the caller makes it.
 	check := cfg
