@@ -163,16 +163,16 @@ type Config struct {
 }
 
 const (
-	defaultSchema          = "public"
-	defaultBatchSize       = 1000
-	defaultPollInterval    = time.Second
-	defaultLeaderInterval  = 500 * time.Millisecond
-	defaultMaxBackoff      = 5 * time.Second
-	defaultShutdownTimeout = 10 * time.Second
+	defaultSchema           = "public"
+	defaultBatchSize        = 1000
+	defaultPollInterval     = time.Second
+	defaultLeaderInterval   = 500 * time.Millisecond
+	defaultMaxBackoff       = 5 * time.Second
+	defaultShutdownTimeout  = 10 * time.Second
 	defaultRedisWaitTimeout = time.Second
-	defaultMaxPayloadBytes = 1 << 20
-	maxMaxPayloadBytes     = 512 << 20
-	minBackoff             = 100 * time.Millisecond
+	defaultMaxPayloadBytes  = 1 << 20
+	maxMaxPayloadBytes      = 512 << 20
+	minBackoff              = 100 * time.Millisecond
 )
 
 // WithDefaults returns a copy of c with every unset field set to its default.

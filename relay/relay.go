@@ -123,9 +123,9 @@ func New(cfg Config) (*Relay, error) {
 	queues := slices.Sorted(slices.Values(cfg.Queues))
 	group := strings.Join(queues, ",")
 	r := &Relay{
-		cfg:     cfg,
-		log:     cfg.Logger,
-		pgCfg:   pgCfg,
+		cfg:   cfg,
+		log:   cfg.Logger,
+		pgCfg: pgCfg,
 		handoff: newHandoff(cfg.Redis, newHandoffKeys(cfg.RedisNamespace, pgCfg.Database, cfg.Schema, group)).
 			waitFor(cfg.RedisWaitReplicas, cfg.RedisWaitTimeout),
 		holder:  applicationName("leader"),
