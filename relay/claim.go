@@ -111,10 +111,12 @@ func newTableSQL(schema string, byQueue bool) tableSQL {
 		nextDue: `SELECT ceil(extract(epoch FROM min(run_at) - now()) * 1e6)::bigint FROM ` + table +
 			` WHERE run_at > now() AND isfinite(run_at)`,
 		// For the summary line: staged rows, counted up to $1, and the
-		// oldest created_at among the 100 lowest ids; of the queues in $2
-		// only, for a relay with Config.Queues.
+		// oldest created_at among the 100 lowest ids (finite ones: an
+		// infinite one, of a row about to be dead-lettered, would fail the
+		// scan); of the queues in $2 only, for a relay with Config.Queues.
 		backlog: `SELECT (SELECT count(*) FROM (SELECT FROM ` + table + backlogWhere + ` LIMIT $1) c),
-			(SELECT min(created_at) FROM (SELECT created_at FROM ` + table + backlogWhere + ` ORDER BY id LIMIT 100) o)`,
+			(SELECT min(created_at) FROM (SELECT created_at FROM ` + table + backlogWhere + ` ORDER BY id LIMIT 100) o
+				WHERE isfinite(created_at))`,
 		// Puts back, unchanged, the rows of a batch that were not pushed.
 		reinsert: `INSERT INTO ` + table + ` (` + claimColumns + `)
 			SELECT id, job_name, job_args::jsonb, queue, run_at, jid, created_at, options::jsonb
