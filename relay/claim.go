@@ -24,6 +24,13 @@ type stagedJob struct {
 	nulls     nullCols // columns read as NULL (a table made by hand): the row is poison
 	bad       string   // why the source's mapping found the row poison, "" if it did not
 	record    []byte   // the row as the source reads it back, for a source that needs it (stagedPushSource)
+	// runAtInf and createdAtInf are pgtype.Infinity or NegativeInfinity
+	// for a run_at or created_at that PostgreSQL holds as infinite (runAt
+	// nil, createdAt zero then): no time.Time, epoch or job system's
+	// timestamp can hold it, so the row is poison (bad), and is buried as
+	// it was staged.
+	runAtInf     pgtype.InfinityModifier
+	createdAtInf pgtype.InfinityModifier
 }
 
 // nullCols is a set of the columns of a stagedJob that were NULL.
@@ -94,17 +101,22 @@ func newTableSQL(schema string, byQueue bool) tableSQL {
 		// For a target with no scheduler (streams): rows whose run_at is
 		// not in the future only. The scan by id steps over the future
 		// rows below the batch's last id, each a heap fetch (see README).
-		claimDue: claimSQL(table, where+` AND (run_at IS NULL OR run_at <= now())`),
+		// A run_at of infinity (a table without 008's CHECK) is never due:
+		// such rows are claimed too, to be dead-lettered.
+		claimDue: claimSQL(table, where+` AND (run_at IS NULL OR run_at <= now() OR NOT isfinite(run_at))`),
 		// Microseconds until the earliest future run_at, NULL if none: when
 		// to wake for it. A scan of the table, which holds the backlog and
-		// the future rows (see README).
+		// the future rows (see README). Finite ones only: infinity minus
+		// now() is out of an interval's range.
 		nextDue: `SELECT ceil(extract(epoch FROM min(run_at) - now()) * 1e6)::bigint FROM ` + table +
-			` WHERE run_at > now()`,
+			` WHERE run_at > now() AND isfinite(run_at)`,
 		// For the summary line: staged rows, counted up to $1, and the
-		// oldest created_at among the 100 lowest ids; of the queues in $2
-		// only, for a relay with Config.Queues.
+		// oldest created_at among the 100 lowest ids (finite ones: an
+		// infinite one, of a row about to be dead-lettered, would fail the
+		// scan); of the queues in $2 only, for a relay with Config.Queues.
 		backlog: `SELECT (SELECT count(*) FROM (SELECT FROM ` + table + backlogWhere + ` LIMIT $1) c),
-			(SELECT min(created_at) FROM (SELECT created_at FROM ` + table + backlogWhere + ` ORDER BY id LIMIT 100) o)`,
+			(SELECT min(created_at) FROM (SELECT created_at FROM ` + table + backlogWhere + ` ORDER BY id LIMIT 100) o
+				WHERE isfinite(created_at))`,
 		// Puts back, unchanged, the rows of a batch that were not pushed.
 		reinsert: `INSERT INTO ` + table + ` (` + claimColumns + `)
 			SELECT id, job_name, job_args::jsonb, queue, run_at, jid, created_at, options::jsonb
@@ -193,21 +205,35 @@ type rowScan func(rows pgx.Rows, j *stagedJob) error
 // stagedJobScan returns a rowScan of claimColumns, for one batch (it reuses
 // its scratch values from row to row). Columns are scanned into nullable
 // types: a NULL in a table made by hand makes its row poison (see
-// stagedJob.nulls), not the whole batch fail.
+// stagedJob.nulls), not the whole batch fail. So is an infinite run_at or
+// created_at (see stagedJob.runAtInf): scanned into a time.Time, it failed
+// the claim, and so every drain, for good.
 func stagedJobScan() rowScan {
 	var name, queue, jid pgtype.Text
-	var createdAt pgtype.Timestamptz
+	var runAt, createdAt pgtype.Timestamptz
 	return func(rows pgx.Rows, j *stagedJob) error {
-		return scanStagedJob(rows, j, &name, &queue, &jid, &createdAt)
+		return scanStagedJob(rows, j, &name, &queue, &jid, &runAt, &createdAt)
 	}
 }
 
-func scanStagedJob(rows pgx.Rows, j *stagedJob, name, queue, jid *pgtype.Text, createdAt *pgtype.Timestamptz) error {
-	if err := rows.Scan(&j.id, name, &j.args, queue, &j.runAt, jid, createdAt, &j.options); err != nil {
+func scanStagedJob(rows pgx.Rows, j *stagedJob, name, queue, jid *pgtype.Text, runAt, createdAt *pgtype.Timestamptz) error {
+	if err := rows.Scan(&j.id, name, &j.args, queue, runAt, jid, createdAt, &j.options); err != nil {
 		return err
 	}
 	j.name, j.queue, j.jid, j.createdAt = name.String, queue.String, jid.String, createdAt.Time
 	j.nulls, j.bad, j.record = 0, "", nil
+	// A NULL leaves InfinityModifier Finite.
+	j.runAt, j.runAtInf, j.createdAtInf = nil, runAt.InfinityModifier, createdAt.InfinityModifier
+	switch {
+	case j.runAtInf != pgtype.Finite:
+		j.bad = infiniteReason("run_at", j.runAtInf)
+	case runAt.Valid:
+		t := runAt.Time
+		j.runAt = &t
+	}
+	if j.createdAtInf != pgtype.Finite && j.bad == "" {
+		j.bad = infiniteReason("created_at", j.createdAtInf)
+	}
 	for _, c := range [...]struct {
 		null bool
 		col  nullCols
@@ -222,27 +248,47 @@ func scanStagedJob(rows pgx.Rows, j *stagedJob, name, queue, jid *pgtype.Text, c
 	return nil
 }
 
+// infiniteReason is the dead-letter reason of a row whose column col is
+// infinite.
+func infiniteReason(col string, inf pgtype.InfinityModifier) string {
+	return fmt.Sprintf("%s is %s: Go and the job systems cannot hold it", col, inf)
+}
+
+// timestamptz is a timestamp column as read by scanStagedJob, to write it
+// back: inf when infinite, else t, NULL when t is nil.
+func timestamptz(t *time.Time, inf pgtype.InfinityModifier) pgtype.Timestamptz {
+	switch {
+	case inf != pgtype.Finite:
+		return pgtype.Timestamptz{InfinityModifier: inf, Valid: true}
+	case t == nil:
+		return pgtype.Timestamptz{}
+	}
+	return pgtype.Timestamptz{Time: *t, Valid: true}
+}
+
 // reinsertArgs are the columns of jobs as arrays, for tableSQL.reinsert.
 func reinsertArgs(jobs []stagedJob) []any {
 	n := len(jobs)
 	ids, names, args, queues := make([]int64, n), make([]string, n), make([]string, n), make([]string, n)
-	runAts, jids, createdAts, options := make([]*time.Time, n), make([]string, n), make([]time.Time, n), make([]string, n)
-	for i, j := range jobs {
+	runAts, jids, createdAts, options := make([]pgtype.Timestamptz, n), make([]string, n), make([]pgtype.Timestamptz, n), make([]string, n)
+	for i := range jobs {
+		j := &jobs[i]
 		ids[i], names[i], args[i], queues[i] = j.id, j.name, string(j.args), j.queue
-		runAts[i], jids[i], createdAts[i], options[i] = j.runAt, j.jid, j.createdAt, string(j.options)
+		runAts[i], jids[i], createdAts[i], options[i] = timestamptz(j.runAt, j.runAtInf), j.jid, timestamptz(&j.createdAt, j.createdAtInf), string(j.options)
 	}
 	return []any{ids, names, args, queues, runAts, jids, createdAts, options}
 }
 
 // buryArgs are the columns of jobs as arrays, with each job's reason, for
-// tableSQL.bury. A column read as NULL is written as NULL.
+// tableSQL.bury. A column read as NULL is written as NULL, one read as
+// infinity as infinity.
 func buryArgs(jobs []stagedJob, reasons []string) []any {
 	n := len(jobs)
 	ids, names, args, queues := make([]int64, n), make([]*string, n), make([]*string, n), make([]*string, n)
-	runAts, jids, createdAts, options := make([]*time.Time, n), make([]*string, n), make([]*time.Time, n), make([]*string, n)
+	runAts, jids, createdAts, options := make([]pgtype.Timestamptz, n), make([]*string, n), make([]pgtype.Timestamptz, n), make([]*string, n)
 	for i := range jobs {
 		j := &jobs[i]
-		ids[i], runAts[i] = j.id, j.runAt
+		ids[i], runAts[i] = j.id, timestamptz(j.runAt, j.runAtInf)
 		if j.nulls&nullName == 0 {
 			names[i] = &j.name
 		}
@@ -257,7 +303,7 @@ func buryArgs(jobs []stagedJob, reasons []string) []any {
 			jids[i] = &j.jid
 		}
 		if j.nulls&nullCreatedAt == 0 {
-			createdAts[i] = &j.createdAt
+			createdAts[i] = timestamptz(&j.createdAt, j.createdAtInf)
 		}
 		if j.nulls&nullOptions == 0 {
 			s := string(j.options)

@@ -358,7 +358,7 @@ func (c claimed) rollback(ctx context.Context) {
 // A row is poison when it can never be pushed: the payload builder rejects
 // it (a NULL column, options that override a column), its payload is over
 // MaxPayloadBytes, or Redis refused it with an error that waiting cannot fix
-// (WRONGTYPE, see isTransientReply). It moves, unchanged, to the dead-letter
+// (WRONGTYPE, see isPermanentReply). It moves, unchanged, to the dead-letter
 // table in this batch's transaction, and is logged once, at error, after
 // the commit: the rows behind it flow on. A source with no dead-letter
 // table (the gem's, SourceSidekiqStagedPush) puts it back unchanged

@@ -63,33 +63,3 @@ func TestPushToRefusingRedis(t *testing.T) {
 		})
 	}
 }
-
-// A Redis error reply to one job's command is transient (the rows wait and
-// are retried) when waiting may fix it, and poison (dead-lettered) when the
-// same job would be refused again.
-func TestIsTransientReply(t *testing.T) {
-	tests := []struct {
-		reply     string
-		transient bool
-	}{
-		{"WRONGTYPE Operation against a key holding the wrong kind of value", false},
-		{"ERR string exceeds maximum allowed size (proto-max-bulk-len)", false},
-		{"ERR value is not a valid float", false},
-		{"OOM command not allowed when used memory > 'maxmemory'.", true},
-		{"READONLY You can't write against a read only replica.", true},
-		{"LOADING Redis is loading the dataset in memory", true},
-		{"BUSY Redis is busy running a script.", true},
-		{"TRYAGAIN Multiple keys request during rehashing of slot", true},
-		{"CLUSTERDOWN The cluster is down", true},
-		{"MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.", true},
-		{"NOREPLICAS Not enough good replicas to write.", true},
-		{"MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk.", true},
-		{"NOPERM User relay has no permissions to access the 'queue:x' key", true},
-		{"OOMPH not a code we know", false},
-	}
-	for _, tc := range tests {
-		if got := isTransientReply(replyErr(tc.reply)); got != tc.transient {
-			t.Errorf("isTransientReply(%q) = %v, want %v", tc.reply, got, tc.transient)
-		}
-	}
-}

@@ -195,3 +195,61 @@ func TestBackoffGrowsWhenSessionsFailAtOnce(t *testing.T) {
 		}
 	}
 }
+
+// A command the relay's ACL user may not run, refused inside the push
+// script (Redis 7.0: "ERR The user executing the script can't run this
+// command or subcommand"; 7.2: "ERR ACL failure in script: ..."; 6.2:
+// "@user_script: <line>: The user executing the script ..."), is not
+// poison: the operator's fix serves every job alike. The job stays staged,
+// nothing is dead-lettered, the batch is retried with backoff, and once the
+// ACL allows LPUSH the job is delivered.
+func TestACLDeniedCommandWaits(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartRedis(t)
+	h := newHarness(t)
+	addr := fmt.Sprintf("127.0.0.1:%d", srv.Port)
+	h.rdb = redis.NewClient(testenv.RedisOptions(&redis.Options{Addr: addr})) // the default user: all allowed
+	t.Cleanup(func() { _ = h.rdb.Close() })
+	ctx := context.Background()
+	if err := h.rdb.Do(ctx, "ACL", "SETUSER", "relay", "on", ">"+redisPassword, "~*", "&*", "+@all", "-lpush").Err(); err != nil {
+		t.Fatal(err)
+	}
+	relayRedis := redis.NewClient(testenv.RedisOptions(&redis.Options{Addr: addr, Username: "relay", Password: redisPassword}))
+	t.Cleanup(func() { _ = relayRedis.Close() })
+
+	cfg := h.config()
+	cfg.Redis = relayRedis
+	h.start(cfg)
+	jid := h.stage(relay.Job{Name: "Patient"})
+	denied := func() int {
+		n := 0
+		for _, e := range h.logs.FilterMessage("batch failed, retrying").All() {
+			if err := fmt.Sprint(e.ContextMap()["error"]); strings.Contains(err, "can't run this command") || strings.Contains(err, "ACL failure") {
+				n++
+			}
+		}
+		return n
+	}
+	testenv.WaitFor(t, 15*time.Second, "two batches failed naming the ACL's denial", func() (bool, string) {
+		return denied() >= 2, fmt.Sprint(messages(h.logs), h.dead())
+	})
+	if n := h.staged(); n != 1 {
+		t.Fatalf("%d rows staged while the ACL denies LPUSH, want 1", n)
+	}
+	if d := h.dead(); len(d) != 0 {
+		t.Fatalf("staged_jobs_dead holds %v while the ACL denies LPUSH, want nothing: a denial is not poison", d)
+	}
+
+	if err := h.rdb.Do(ctx, "ACL", "SETUSER", "relay", "+lpush").Err(); err != nil {
+		t.Fatal(err)
+	}
+	h.waitQueueLen("default", 1, 15*time.Second)
+	if got := h.queueJIDs("default"); got[0] != jid {
+		t.Fatalf("queue:default holds %v, want %s", got, jid)
+	}
+	h.waitStaged(0)
+	if d := h.dead(); len(d) != 0 {
+		t.Fatalf("staged_jobs_dead holds %v, want nothing", d)
+	}
+	checkNoPassword(t, h, nil)
+}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // Source is the table the relay drains, and the layout of its rows.
@@ -149,8 +150,11 @@ func newStagedPushSource(schema string) *stagedPushSource {
 		// NULL if none.
 		nextDue: `SELECT ceil(least(min(at) - extract(epoch FROM now()), 86400) * 1e6)::bigint FROM (SELECT ` +
 			stagedPushAt + ` AS at FROM ` + table + ` t) s WHERE at > extract(epoch FROM now())`,
+		// A poison row's infinite created_at does not count: it stays in
+		// the table, and would fail every scan of the oldest.
 		backlog: `SELECT (SELECT count(*) FROM (SELECT FROM ` + table + ` LIMIT $1) c),
-			(SELECT to_timestamp(extract(epoch FROM min(created_at))) FROM (SELECT created_at FROM ` + table + ` ORDER BY id LIMIT 100) o)`,
+			(SELECT to_timestamp(extract(epoch FROM min(created_at))) FROM (SELECT created_at FROM ` + table + ` ORDER BY id LIMIT 100) o
+				WHERE isfinite(created_at))`,
 		staged: `SELECT id FROM ` + table + ` WHERE id = ANY($1)`,
 		// Puts rows back from their records (to_json of each row).
 		reinsert: `INSERT INTO ` + table + ` SELECT * FROM json_populate_recordset(NULL::` + table + `, $1::json)`,
@@ -197,10 +201,20 @@ func (s *stagedPushSource) scan(rows pgx.Rows, j *stagedJob) error {
 // true when it is missing. A payload no worker could run sets j.bad.
 func mapStagedPush(j *stagedJob, payload []byte, created *float64, now time.Time) {
 	*j = stagedJob{id: j.id, record: j.record, options: []byte("{}")}
+	j.createdAt = now
 	if created != nil {
-		j.createdAt = fromEpoch(*created)
-	} else {
-		j.createdAt = now
+		var ok bool
+		if j.createdAt, ok = fromEpoch(*created); !ok {
+			// 'infinity' or '-infinity' (the column's epoch is then ±Inf).
+			j.bad = infiniteReason("created_at", pgtype.Infinity)
+			if *created < 0 {
+				j.bad = infiniteReason("created_at", pgtype.NegativeInfinity)
+			}
+			if !math.IsInf(*created, 0) {
+				j.bad = "created_at is out of range"
+			}
+			return
+		}
 	}
 	var hash map[string]json.RawMessage
 	if payload == nil {
@@ -267,13 +281,20 @@ func mapStagedPush(j *stagedJob, payload []byte, created *float64, now time.Time
 		if c > 1e11 { // Sidekiq 8: integer milliseconds
 			c /= 1000
 		}
-		j.createdAt = fromEpoch(c)
+		if j.createdAt, ok = fromEpoch(c); !ok {
+			j.bad = `payload's "created_at" is out of range`
+			return
+		}
 	}
 	if at, ok, err := num("at"); err != nil {
 		j.bad = err.Error()
 		return
 	} else if ok {
-		t := fromEpoch(at)
+		t, ok := fromEpoch(at)
+		if !ok {
+			j.bad = `payload's "at" is out of range`
+			return
+		}
 		j.runAt = &t
 	}
 	var keys []string
@@ -300,9 +321,15 @@ func mapStagedPush(j *stagedJob, payload []byte, created *float64, now time.Time
 	j.options = append(o, '}')
 }
 
-// fromEpoch is float epoch seconds as a time, to the microsecond.
-func fromEpoch(s float64) time.Time {
-	return time.UnixMicro(int64(math.Round(s * 1e6)))
+// fromEpoch is float epoch seconds as a time, to the microsecond; false
+// when s is not finite or its microseconds overflow an int64 (about
+// 292,000 years either side of 1970), which no job system could hold.
+func fromEpoch(s float64) (time.Time, bool) {
+	us := math.Round(s * 1e6)
+	if math.IsNaN(us) || us >= math.MaxInt64 || us <= math.MinInt64 {
+		return time.Time{}, false
+	}
+	return time.UnixMicro(int64(us)), true
 }
 
 // newJID is a random Sidekiq jid: 24 lowercase hex digits.

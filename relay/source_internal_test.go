@@ -2,6 +2,8 @@ package relay
 
 import (
 	"context"
+	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -109,16 +111,26 @@ func TestMapStagedPush(t *testing.T) {
 	if err != nil || !strings.Contains(string(b), `"retry":true`) {
 		t.Errorf("payload %s (%v), want retry true", b, err)
 	}
+	// The column's epoch of 'infinity' and '-infinity'.
+	for _, c := range []float64{math.Inf(1), math.Inf(-1)} {
+		mapStagedPush(&j, []byte(`{"class":"W","args":[1]}`), &c, now)
+		if want := fmt.Sprintf("created_at is %s: Go and the job systems cannot hold it", map[bool]string{true: "infinity", false: "-infinity"}[c > 0]); j.bad != want {
+			t.Errorf("created_at column %v: bad %q, want %q", c, j.bad, want)
+		}
+	}
 	for payload, reason := range map[string]string{
-		`null`:                               "not a JSON object",
-		`{"class":1,"args":[]}`:              `"class" is not a non-empty string`,
-		`{"class":"","args":[]}`:             `"class" is not a non-empty string`,
-		`{"class":"W"}`:                      `"args" is not a JSON array`,
-		`{"class":"W","args":{}}`:            `"args" is not a JSON array`,
-		`{"class":"W","args":[],"queue":""}`: `"queue" is not a non-empty string`,
-		`{"class":"W","args":[],"jid":7}`:    `"jid" is not a non-empty string`,
-		`{"class":"W","args":[],"at":"1"}`:   `"at" is not a number`,
-		`{"class":"W","args":[],"at":null}`:  `"at" is not a number`,
+		`null`:                                       "not a JSON object",
+		`{"class":1,"args":[]}`:                      `"class" is not a non-empty string`,
+		`{"class":"","args":[]}`:                     `"class" is not a non-empty string`,
+		`{"class":"W"}`:                              `"args" is not a JSON array`,
+		`{"class":"W","args":{}}`:                    `"args" is not a JSON array`,
+		`{"class":"W","args":[],"queue":""}`:         `"queue" is not a non-empty string`,
+		`{"class":"W","args":[],"jid":7}`:            `"jid" is not a non-empty string`,
+		`{"class":"W","args":[],"at":"1"}`:           `"at" is not a number`,
+		`{"class":"W","args":[],"at":null}`:          `"at" is not a number`,
+		`{"class":"W","args":[],"at":1e300}`:         `"at" is out of range`,
+		`{"class":"W","args":[],"at":-1e13}`:         `"at" is out of range`,
+		`{"class":"W","args":[],"created_at":1e300}`: `"created_at" is out of range`,
 	} {
 		mapStagedPush(&j, []byte(payload), &created, now)
 		if !strings.Contains(j.bad, reason) {

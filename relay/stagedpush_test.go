@@ -260,7 +260,20 @@ func TestStagedPushPoison(t *testing.T) {
 	}
 	cfg := h.config()
 	cfg.Source = relay.SourceSidekiqStagedPush
-	poison := h.pushStaged(`[1, 2]`, `{"args": [1],  "queue": "q"}`, `"HardWorker"`, `{"class":"W","args":[1],"at":"soon"}`)
+	poison := h.pushStaged(`[1, 2]`, `{"args": [1],  "queue": "q"}`, `"HardWorker"`, `{"class":"W","args":[1],"at":"soon"}`,
+		`{"class":"W","args":[1],"at":1e300}`, `{"class":"W","args":[1],"created_at":-1e300}`)
+	// created_at 'infinity' and '-infinity' (Rails writes them for
+	// Float::INFINITY): no time can hold them; before, they became a
+	// created_at of year -290,000 in the payload, and the summary's oldest
+	// row failed to scan.
+	for _, at := range []string{"infinity", "-infinity"} {
+		var id int64
+		if err := h.conn.QueryRow(ctx, `INSERT INTO `+h.gemTable()+` (payload, created_at, updated_at)
+			VALUES ('{"class":"W","args":[1]}', $1::timestamp, now() AT TIME ZONE 'UTC') RETURNING id`, at).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		poison = append(poison, id)
+	}
 	before := h.gemRows()
 	h.pushStaged(`{"class":"Good","args":[1]}`)
 	r, err := relay.New(cfg)
@@ -289,7 +302,9 @@ func TestStagedPushPoison(t *testing.T) {
 	for _, e := range logged {
 		reasons[e.ContextMap()["id"].(int64)] = fmt.Sprint(e.ContextMap()["reason"])
 	}
-	for i, want := range []string{"not a JSON object", `no "class"`, "not a JSON object", `"at" is not a number`} {
+	for i, want := range []string{"not a JSON object", `no "class"`, "not a JSON object", `"at" is not a number`,
+		`payload's "at" is out of range`, `payload's "created_at" is out of range`,
+		"created_at is infinity: Go and the job systems cannot hold it", "created_at is -infinity: Go and the job systems cannot hold it"} {
 		if !strings.Contains(reasons[poison[i]], want) {
 			t.Errorf("row %d: reason %q, want one naming %q", poison[i], reasons[poison[i]], want)
 		}
@@ -297,12 +312,14 @@ func TestStagedPushPoison(t *testing.T) {
 	h.waitLog("drained", 1)
 	found := false
 	for _, e := range h.logs.FilterMessage("drained").All() {
-		if e.ContextMap()["poison_staged"] == int64(len(poison)) {
+		// The backlog counts the poison rows, their infinite created_at
+		// aside.
+		if f := e.ContextMap(); f["poison_staged"] == int64(len(poison)) && f["backlog"] == int64(len(poison)) {
 			found = true
 		}
 	}
 	if !found {
-		t.Errorf("no summary line with poison_staged %d: %v", len(poison), h.logs.FilterMessage("drained").All())
+		t.Errorf("no summary line with poison_staged and backlog %d: %v", len(poison), h.logs.FilterMessage("drained").All())
 	}
 	if n, err := h.rdb.Exists(ctx, h.key("queue:q")).Result(); err != nil || n != 0 {
 		t.Errorf("queue:q exists (%d, %v): a poison row was pushed", n, err)

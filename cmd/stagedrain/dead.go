@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/stagedrain/stagedrain/relay"
 )
@@ -170,19 +171,21 @@ func deadTables(schema string) deadSQL {
 	}
 }
 
-// deadJob is a row of staged_jobs_dead, as list --json prints it.
+// deadJob is a row of staged_jobs_dead, as list --json prints it. RunAt
+// and CreatedAt may be infinity or -infinity (the row died of it), printed
+// as those strings; a time is printed as time.Time prints it, NULL as null.
 type deadJob struct {
-	ID        int64           `json:"id"`
-	JobName   *string         `json:"job_name"`
-	JobArgs   json.RawMessage `json:"job_args"`
-	Queue     *string         `json:"queue"`
-	RunAt     *time.Time      `json:"run_at"`
-	JID       *string         `json:"jid"`
-	CreatedAt *time.Time      `json:"created_at"`
-	Options   json.RawMessage `json:"options"`
-	Reason    string          `json:"reason"`
-	FailedAt  time.Time       `json:"failed_at"`
-	Attempts  int             `json:"attempts"`
+	ID        int64              `json:"id"`
+	JobName   *string            `json:"job_name"`
+	JobArgs   json.RawMessage    `json:"job_args"`
+	Queue     *string            `json:"queue"`
+	RunAt     pgtype.Timestamptz `json:"run_at"`
+	JID       *string            `json:"jid"`
+	CreatedAt pgtype.Timestamptz `json:"created_at"`
+	Options   json.RawMessage    `json:"options"`
+	Reason    string             `json:"reason"`
+	FailedAt  time.Time          `json:"failed_at"`
+	Attempts  int                `json:"attempts"`
 }
 
 func deadList(ctx context.Context, conn *pgx.Conn, t deadSQL, asJSON bool, w io.Writer) error {

@@ -158,3 +158,38 @@ func TestDeadDatabaseError(t *testing.T) {
 		checkOneLineError(t, res, 1, "dead "+sub[0], "staged_jobs_dead", "does not exist")
 	}
 }
+
+// A row dead of an infinite run_at or created_at (staged before migration
+// 008 refused them) is listed, its values printed as "infinity" and
+// "-infinity" by list --json; dead retry of it fails naming a 008
+// constraint and moves nothing, until its times are fixed.
+func TestDeadInfiniteTimes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema, conn := testSchema(t), testConn(t)
+	if _, err := relay.Migrate(ctx, conn, schema); err != nil {
+		t.Fatal(err)
+	}
+	dead := pgx.Identifier{schema, "staged_jobs_dead"}.Sanitize()
+	if _, err := conn.Exec(ctx, "INSERT INTO "+dead+` (id, job_name, job_args, queue, run_at, jid, created_at, options, reason, attempts) VALUES
+		(1, 'Forever', '[]', 'default', 'infinity', 'aaaaaaaaaaaaaaaaaaaaaaaa', '-infinity', '{}', 'run_at is infinity: Go and the job systems cannot hold it', 1)`); err != nil {
+		t.Fatal(err)
+	}
+	db := []string{"--database-url", testDatabaseURL(), "--schema", schema}
+	res := runCLI(append([]string{"dead", "list"}, db...)...)
+	if res.code != 0 || res.stderr != "" || !strings.Contains(res.stdout, "Forever") {
+		t.Fatalf("dead list: exit %d, stdout %q, stderr %q; want 0 and the row", res.code, res.stdout, res.stderr)
+	}
+	res = runCLI(append([]string{"dead", "list", "--json"}, db...)...)
+	var rows []map[string]any
+	if err := json.Unmarshal([]byte(res.stdout), &rows); err != nil || res.code != 0 {
+		t.Fatalf("dead list --json: exit %d, %v; stdout %q, stderr %q", res.code, err, res.stdout, res.stderr)
+	}
+	if len(rows) != 1 || rows[0]["run_at"] != "infinity" || rows[0]["created_at"] != "-infinity" {
+		t.Fatalf("dead list --json = %v, want run_at \"infinity\", created_at \"-infinity\"", rows)
+	}
+	checkOneLineError(t, runCLI(append([]string{"dead", "retry", "1"}, db...)...), 1, "dead retry", "violates check constraint \"staged_jobs_created_at_finite\"")
+	if n := deadCount(t, conn, schema); n != 1 {
+		t.Fatalf("%d dead rows after a refused retry, want 1 (nothing moved)", n)
+	}
+}

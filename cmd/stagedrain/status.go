@@ -154,7 +154,10 @@ func readStatus(ctx context.Context, conn *pgx.Conn, schema string) (schemaStatu
 	if !hasTable {
 		return st, fmt.Errorf("%s does not exist: run 'stagedrain migrate' first", table)
 	}
-	rows, err := conn.Query(ctx, `SELECT queue, count(*), extract(epoch FROM now() - min(created_at))::float8
+	// An infinite created_at (a row staged before migration 008, which
+	// the relay dead-letters) has no age: the subtraction would fail.
+	rows, err := conn.Query(ctx, `SELECT queue, count(*),
+		coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE isfinite(created_at))), 0)::float8
 		FROM `+table+` GROUP BY queue ORDER BY queue`)
 	if err != nil {
 		return st, fmt.Errorf("count staged jobs: %w", err)
@@ -210,9 +213,11 @@ func readStagedPushStatus(ctx context.Context, conn *pgx.Conn, schema string) (s
 	}
 	// created_at is a timestamp without time zone, in UTC (Rails): its
 	// epoch is read as UTC, whatever the session's time zone.
-	rows, err := conn.Query(ctx, `SELECT CASE WHEN `+stagedPushPoison+` THEN NULL
+	// A row with an infinite created_at is poison (the relay sets it
+	// aside), and has no age: JSON has no Infinity.
+	rows, err := conn.Query(ctx, `SELECT CASE WHEN `+stagedPushPoison+` OR NOT isfinite(created_at) THEN NULL
 			WHEN json_typeof(j -> 'queue') = 'string' THEN j ->> 'queue' ELSE 'default' END AS queue,
-		count(*), (extract(epoch FROM now()) - extract(epoch FROM min(created_at)))::float8
+		count(*), coalesce(extract(epoch FROM now()) - extract(epoch FROM min(created_at) FILTER (WHERE isfinite(created_at))), 0)::float8
 		FROM (SELECT payload::json AS j, created_at FROM `+table+`) t GROUP BY 1 ORDER BY 1`)
 	if err != nil {
 		return st, fmt.Errorf("count staged jobs: %w", err)

@@ -99,6 +99,43 @@ func TestStatus(t *testing.T) {
 	}
 }
 
+// A row with an infinite created_at (staged before migration 008) does not
+// fail status: it is counted, and the oldest age is that of the finite
+// rows (0 in a queue with none). The gem's table counts such a row poison.
+func TestStatusInfiniteCreatedAt(t *testing.T) {
+	t.Parallel()
+	e := newRelayEnv(t)
+	ctx := context.Background()
+	table := pgx.Identifier{e.schema, "staged_jobs"}.Sanitize()
+	if _, err := e.conn.Exec(ctx, `ALTER TABLE `+table+` DROP CONSTRAINT staged_jobs_created_at_finite;
+		INSERT INTO `+table+` (job_name, job_args, queue, created_at) VALUES
+			('A', '[]', 'default', now() - interval '90 seconds'),
+			('Forever', '[]', 'default', 'infinity'),
+			('Never', '[]', 'critical', '-infinity')`); err != nil {
+		t.Fatal(err)
+	}
+	st := statusJSON(t, []string{"status", "--database-url", testDatabaseURL(), "--schema", e.schema})
+	if st.Staged != 3 || st.OldestAge == nil || *st.OldestAge < 90 || *st.OldestAge > 120 || len(st.Queues) != 2 ||
+		st.Queues[0] != (queueStatus{Queue: "critical", Staged: 1}) || st.Queues[1].Staged != 2 {
+		t.Errorf("--json = %+v (oldest %v), want 3 staged, critical 1 of age 0, default 2, oldest 90-120s", st, st.OldestAge)
+	}
+
+	gem := pgx.Identifier{e.schema, "sidekiq_staged_push_jobs"}.Sanitize()
+	if _, err := e.conn.Exec(ctx, `CREATE TABLE `+gem+` (id bigserial PRIMARY KEY, payload json NOT NULL,
+			created_at timestamp(6) NOT NULL, updated_at timestamp(6) NOT NULL);
+		INSERT INTO `+gem+` (payload, created_at, updated_at) VALUES
+			('{"class":"A","args":[1]}', now() AT TIME ZONE 'UTC' - interval '1 minute', now() AT TIME ZONE 'UTC'),
+			('{"class":"A","args":[2]}', 'infinity', now() AT TIME ZONE 'UTC'),
+			('{"class":"A","args":[3]}', '-infinity', now() AT TIME ZONE 'UTC')`); err != nil {
+		t.Fatal(err)
+	}
+	st = statusJSON(t, []string{"status", "--database-url", testDatabaseURL(), "--schema", e.schema, "--source", "sidekiq_staged_push"})
+	if st.Staged != 3 || st.Poison == nil || *st.Poison != 2 || len(st.Queues) != 1 || st.Queues[0].Staged != 1 ||
+		st.Queues[0].OldestAge < 55 || st.Queues[0].OldestAge > 120 {
+		t.Errorf("--json --source sidekiq_staged_push = %+v (poison %v), want 3 staged: default 1 about a minute old, poison 2", st, st.Poison)
+	}
+}
+
 // statusJSON runs status --json with args and decodes its output.
 func statusJSON(t *testing.T, args []string) schemaStatus {
 	t.Helper()
