@@ -97,7 +97,7 @@ func TestPushUnitOps(t *testing.T) {
 	if u.ops[0].err == nil || u.ops[1].err != nil || u.ops[2].err != nil {
 		t.Fatalf("outcomes %v %v %v, want WRONGTYPE, nil, nil", u.ops[0].err, u.ops[1].err, u.ops[2].err)
 	}
-	if isTransientReply(u.ops[0].err) {
+	if !isPermanentReply(u.ops[0].err) {
 		t.Fatalf("%v counted transient", u.ops[0].err)
 	}
 	if n, _ := rdb.LLen(ctx, ns+":many").Result(); n != 2500 {

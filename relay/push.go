@@ -84,7 +84,7 @@ func (r *Relay) push(ctx context.Context, batch []stagedJob, now time.Time) (pus
 			}
 		default:
 			to := &res.refused
-			if isTransientReply(op.err) {
+			if !isPermanentReply(op.err) {
 				to = &res.deferred
 			}
 			for _, id := range op.ids {

@@ -119,8 +119,6 @@ func isPermanentReply(err error) bool {
 	return false
 }
 
-// isTransientReply is !isPermanentReply: the rows wait, staged.
-func isTransientReply(err error) bool { return !isPermanentReply(err) }
 
 // replyCode splits an error reply that redis.pcall returned into its code
 // (OOM, WRONGTYPE, ERR, ...; "" if it has none) and message. A command's
