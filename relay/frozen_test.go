@@ -77,9 +77,14 @@ func TestFrozenBatchIsRolledBack(t *testing.T) {
 	}
 }
 
-// A listener whose connection stops answering (its backend frozen, as a
-// vanished host or a dropped flow would look) is noticed, logged at warn
-// and replaced, and the new one is woken by the next commit's NOTIFY.
+// A listener whose backend stops delivering (frozen while its server
+// still answers TCP, so keepalives see nothing) is noticed, logged at warn
+// and replaced, and a job staged meanwhile is delivered by the drain after
+// the reconnect, with the poll a minute away. The bound: the heartbeat
+// period (1s here, 30s by default) without a notification, the heartbeat's
+// send and its arrival bound (the lock connection's query timeout, 2s), and
+// slack for a loaded machine: 10s here, about 32s by default; the new
+// LISTEN follows after the reconnect backoff (100ms).
 func TestSilentListenerIsReplaced(t *testing.T) {
 	t.Parallel()
 	pg := testenv.StartPostgres(t)
@@ -93,11 +98,24 @@ func TestSilentListenerIsReplaced(t *testing.T) {
 	cfg := h.config()
 	cfg.DatabaseURL = pg.URL()
 	cfg.PollInterval = time.Minute
-	_, idle := h.startSignaled(cfg)
+	const heartbeat = time.Second
+	r, err := relay.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay.SetListenerHeartbeat(r, heartbeat)
+	idle := make(chan int64, 1000)
+	relay.SetOnIdle(r, func(listens int64) {
+		select {
+		case idle <- listens:
+		default:
+		}
+	})
+	h.run(r)
 	h.waitIdleAfterListen(idle)
 
 	var pid int
-	err := h.conn.QueryRow(context.Background(), `SELECT pid FROM pg_stat_activity WHERE query IN ($1, '-- ' || $1)`,
+	err = h.conn.QueryRow(context.Background(), `SELECT pid FROM pg_stat_activity WHERE query = $1`,
 		"listen "+pgx.Identifier{relay.ChannelName(h.schema)}.Sanitize()).Scan(&pid)
 	if err != nil {
 		t.Fatalf("find the listener's backend: %v", err)
@@ -109,17 +127,27 @@ func TestSilentListenerIsReplaced(t *testing.T) {
 	// Registered after StartPostgres, so it runs before the server stops:
 	// a stopped backend would hold up its shutdown.
 	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGCONT) })
+	// Staged while the listener is frozen: its notification goes to the
+	// stopped backend, and only the drain after the reconnect finds it.
+	frozenJid := h.stage(relay.Job{Name: "WhileFrozen"})
 
 	h.waitLog("listener error, reconnecting", 1)
 	noticed := h.logs.FilterMessage("listener error, reconnecting").All()[0]
 	t.Logf("the listener noticed its backend stopped after %s: %v", noticed.Time.Sub(stopped), noticed.ContextMap()["error"])
 	if d := noticed.Time.Sub(stopped); d > 10*time.Second {
-		t.Errorf("the listener noticed its backend stopped after %s, want within 10s (2s quiet, 2s for an answer)", d)
+		t.Errorf("the listener noticed its backend stopped after %s, want within 10s (%s heartbeat, 2s for it to arrive)", d, heartbeat)
 	}
 	if noticed.Level.String() != "warn" {
 		t.Errorf("%q logged at %s, want warn", noticed.Message, noticed.Level)
 	}
+	if msg := fmt.Sprint(noticed.ContextMap()["error"]); !strings.Contains(msg, "no heartbeat") {
+		t.Errorf("the listener's error %q does not say its heartbeat did not come through", msg)
+	}
 	h.waitLog("listener reconnected", 1)
+	h.waitQueueLen("default", 1, 10*time.Second)
+	if got := h.queueJIDs("default"); got[0] != frozenJid {
+		t.Fatalf("delivered %v, want %s (staged while the listener was frozen)", got, frozenJid)
+	}
 	// Once the drain after the new LISTEN has gone idle, only a
 	// notification to the new listener (or the poll, a minute away) can
 	// deliver a job.
@@ -135,8 +163,8 @@ func TestSilentListenerIsReplaced(t *testing.T) {
 		break
 	}
 	jid := h.stage(relay.Job{Name: "AfterReconnect"})
-	h.waitQueueLen("default", 1, 10*time.Second)
-	if got := h.queueJIDs("default"); got[0] != jid {
+	h.waitQueueLen("default", 2, 10*time.Second)
+	if got := h.queueJIDs("default"); got[1] != jid {
 		t.Fatalf("delivered %v, want %s", got, jid)
 	}
 }

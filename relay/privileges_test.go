@@ -150,6 +150,10 @@ func (e *privilegeEnv) statements(ctx context.Context) error {
 			_, err := tx.Exec(ctx, "LISTEN "+pgx.Identifier{ChannelName(e.schema)}.Sanitize())
 			return err
 		}},
+		{"listener heartbeat", func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, heartbeatSQL, ChannelName(e.schema), heartbeatPayload)
+			return err
+		}},
 		{"session settings", func(tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, "SET LOCAL synchronous_commit = off; SET LOCAL lock_timeout = 200; SET LOCAL application_name = 'x'; SET LOCAL enable_seqscan = off; SET LOCAL plan_cache_mode = force_generic_plan")
 			return err
