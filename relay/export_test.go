@@ -48,6 +48,10 @@ func SetDrainIdleInTx(r *Relay, d time.Duration) { r.drainIdleInTx = d }
 // the relay sends it a heartbeat (default 30s).
 func SetListenerHeartbeat(r *Relay, d time.Duration) { r.listenerHeartbeat = d }
 
+// SetOnListenerConnected makes r call f with its listener's backend pid
+// each time the listener has connected, before its LISTEN.
+func SetOnListenerConnected(r *Relay, f func(pid uint32)) { r.hooks.listenerConnected = f }
+
 // ListenerConnConfig is the connection config of r's listener.
 func ListenerConnConfig(r *Relay) *pgx.ConnConfig { return r.listenerConnConfig() }
 

@@ -168,3 +168,86 @@ func TestSilentListenerIsReplaced(t *testing.T) {
 		t.Fatalf("delivered %v, want %s", got, jid)
 	}
 }
+
+// A listener whose backend freezes before its LISTEN is answered (the
+// LISTEN itself has no deadline in pgxlisten, and no heartbeat is sent
+// before a session listens) gives up on it after the lock connection's
+// query timeout (2s; the socket's deadline, set in Connect and lifted once
+// the LISTEN completed), logs at warn, and listens on a new connection.
+func TestFrozenListenIsReplaced(t *testing.T) {
+	t.Parallel()
+	pg := testenv.StartPostgres(t)
+	h := &harness{t: t, schema: "jobs"}
+	h.rdb, h.ns = testenv.Redis(t)
+	h.conn = testenv.Conn(t, pg.URL())
+	if _, err := relay.Migrate(context.Background(), h.conn, h.schema); err != nil {
+		t.Fatal(err)
+	}
+	h.stager = relay.NewStager(h.schema)
+	cfg := h.config()
+	cfg.DatabaseURL = pg.URL()
+	cfg.PollInterval = time.Minute
+	r, err := relay.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu      sync.Mutex
+		stopped time.Time
+		pid     int
+	)
+	// Registered after StartPostgres, so it runs before the server stops:
+	// a stopped backend would hold up its shutdown.
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if pid != 0 {
+			_ = syscall.Kill(pid, syscall.SIGCONT)
+		}
+	})
+	relay.SetOnListenerConnected(r, func(p uint32) {
+		mu.Lock()
+		defer mu.Unlock()
+		if pid != 0 {
+			return // the first listener only
+		}
+		if err := syscall.Kill(int(p), syscall.SIGSTOP); err != nil {
+			t.Errorf("SIGSTOP backend %d: %v", p, err)
+			return
+		}
+		pid, stopped = int(p), time.Now()
+	})
+	idle := make(chan int64, 1000)
+	relay.SetOnIdle(r, func(listens int64) {
+		select {
+		case idle <- listens:
+		default:
+		}
+	})
+	h.run(r)
+
+	h.waitLog("listener error, reconnecting", 1)
+	noticed := h.logs.FilterMessage("listener error, reconnecting").All()[0]
+	mu.Lock()
+	d := noticed.Time.Sub(stopped)
+	mu.Unlock()
+	t.Logf("the listener gave up on its frozen LISTEN after %s: %v", d, noticed.ContextMap()["error"])
+	if d > 8*time.Second {
+		t.Errorf("the listener gave up on its frozen LISTEN after %s, want within 8s (2s, and slack)", d)
+	}
+	if noticed.Level.String() != "warn" {
+		t.Errorf("%q logged at %s, want warn", noticed.Message, noticed.Level)
+	}
+	if msg := fmt.Sprint(noticed.ContextMap()["error"]); !strings.Contains(msg, "listen") {
+		t.Errorf("the listener's error %q does not name its LISTEN", msg)
+	}
+	// The second connection LISTENs; a commit after the drain that
+	// followed it is delivered by its notification (the poll is a minute
+	// away).
+	h.waitIdleAfterListen(idle)
+	jid := h.stage(relay.Job{Name: "AfterFrozenListen"})
+	h.waitQueueLen("default", 1, 10*time.Second)
+	if got := h.queueJIDs("default"); got[0] != jid {
+		t.Fatalf("delivered %v, want %s", got, jid)
+	}
+}

@@ -127,6 +127,9 @@ func (l *listener) connect(ctx context.Context) (*pgx.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	if l.r.hooks.listenerConnected != nil {
+		l.r.hooks.listenerConnected(conn.PgConn().PID())
+	}
 	sock := conn.PgConn().Conn()
 	if err := sock.SetDeadline(time.Now().Add(l.timeout)); err != nil {
 		_ = withTimeout(ctx, time.Second, conn.Close)

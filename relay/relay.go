@@ -108,6 +108,9 @@ type testHooks struct {
 	// released, the last drain empty). listens is how many LISTENs had
 	// completed before that last drain began.
 	idle func(listens int64)
+	// listenerConnected runs when the listener has connected, before its
+	// LISTEN, with its backend's pid.
+	listenerConnected func(pid uint32)
 }
 
 // New checks cfg and returns a Relay. It starts nothing and connects to
