@@ -77,9 +77,11 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}, pool *pgxpool.
 		ReconnectDelay: -1,
 	}
 	pl.Handle(l.channel, l)
+	wctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	wg.Go(func() { l.watch(ctx, pool) })
+	wg.Go(func() { l.watch(wctx, pool) })
 	err := pl.Listen(ctx)
+	stop()
 	wg.Wait()
 	if ctx.Err() != nil {
 		return nil
@@ -244,8 +246,11 @@ func (l *listener) watch(ctx context.Context, pool *pgxpool.Pool) {
 		}
 		if err := l.heartbeat(ctx, pool); err != nil {
 			if ctx.Err() == nil {
-				// The drain pool's connection failed, not the listener's.
-				l.log.Warn("could not send the listener's heartbeat", zap.Error(err))
+				// Not the listener's failure: the drain pool's sessions
+				// were busy (a batch's push to a slow Redis) or failed,
+				// which the drain reports. The next quiet period tries
+				// again.
+				l.log.Debug("could not send the listener's heartbeat", zap.Error(err))
 			}
 			continue
 		}
