@@ -327,7 +327,9 @@ func TestListenerHeartbeatIsRare(t *testing.T) {
 	if heartbeats < 2 || heartbeats > int(window/heartbeat)+1 {
 		t.Errorf("%d heartbeats in %s, want 2 to %d (one per %s without a notification)", heartbeats, window, int(window/heartbeat)+1, heartbeat)
 	}
-	if used > int64(heartbeats) {
+	// One more: a heartbeat committed as the window closed, and heard
+	// after it.
+	if used > int64(heartbeats)+1 {
 		t.Errorf("%d transaction ids used in %s idle with %d heartbeats, want at most one per heartbeat", used, window, heartbeats)
 	}
 	if n := h.logs.FilterMessage("listener error, reconnecting").Len(); n != 0 {
