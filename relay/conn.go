@@ -27,9 +27,11 @@ import (
 //     idle_in_transaction_session_timeout drainIdleInTx: a batch claimed by
 //     a relay that then froze is rolled back, and its rows can be claimed
 //     again.
-//   - The listener (listen.go) sends an empty statement after
-//     listenerQuiet without a notification, and is replaced when that gets
-//     no answer.
+//   - The listener (listen.go, a pgxlisten.Listener) has tcp_user_timeout
+//     too, and its LISTEN a deadline; after listenerHeartbeat (30s)
+//     without a notification the relay sends it a heartbeat NOTIFY from
+//     the drain pool, and closes its socket when that does not arrive
+//     within lockQueryTimeout (a frozen backend that still answers TCP).
 
 const (
 	// connectTimeout bounds a connect (TCP, TLS, authentication) unless the

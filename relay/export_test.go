@@ -44,6 +44,17 @@ func SetBacklogTTL(r *Relay, d time.Duration) { r.backlog.ttl = d }
 // (default 30s).
 func SetDrainIdleInTx(r *Relay, d time.Duration) { r.drainIdleInTx = d }
 
+// SetListenerHeartbeat sets how long r's listener may hear nothing before
+// the relay sends it a heartbeat (default 30s).
+func SetListenerHeartbeat(r *Relay, d time.Duration) { r.listenerHeartbeat = d }
+
+// SetOnListenerConnected makes r call f with its listener's backend pid
+// each time the listener has connected, before its LISTEN.
+func SetOnListenerConnected(r *Relay, f func(pid uint32)) { r.hooks.listenerConnected = f }
+
+// ListenerConnConfig is the connection config of r's listener.
+func ListenerConnConfig(r *Relay) *pgx.ConnConfig { return r.listenerConnConfig() }
+
 // ConnConfig is the connection config r uses for role ("leader",
 // "listener", "drain"), before what each adds of its own.
 func ConnConfig(r *Relay, role string) *pgx.ConnConfig { return r.connConfig(role) }

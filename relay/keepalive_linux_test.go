@@ -51,6 +51,18 @@ func TestConnectionsKeepAlive(t *testing.T) {
 		conn.Close(context.Background())
 	}
 
+	// The listener's server end gives up on unacknowledged data (the
+	// notifications it sends) as soon as keepalives would: tcp_user_timeout.
+	conn, err := pgx.ConnectConfig(context.Background(), relay.ListenerConnConfig(r))
+	if err != nil {
+		t.Fatalf("listener: connect: %v", err)
+	}
+	var userTimeout string
+	if err := conn.QueryRow(context.Background(), "SHOW tcp_user_timeout").Scan(&userTimeout); err != nil || userTimeout != "11000" {
+		t.Errorf("listener: SHOW tcp_user_timeout = %q (%v), want 11000 (ms)", userTimeout, err)
+	}
+	conn.Close(context.Background())
+
 	// connect_timeout in the URL wins.
 	url := testenv.DatabaseURL()
 	if strings.Contains(url, "?") {

@@ -266,6 +266,7 @@ type backlogSample struct {
 	at     time.Time // when taken; zero: none yet in this term of leadership
 	count  int       // staged rows, up to backlogCap
 	oldest time.Time // created_at of the oldest of the 100 lowest ids; zero: none staged
+	notify float64   // pg_notification_queue_usage(): the NOTIFY queue's fill, 0 to 1
 }
 
 // backlogTTL is how long a scrape reuses the leader's last backlog sample.
@@ -311,6 +312,7 @@ func (b *backlog) sample(ctx context.Context, maxAge time.Duration) (backlogSamp
 	// One implicit transaction: the setting ends with it.
 	batch.Queue(`SELECT set_config('statement_timeout', $1, true)`, fmt.Sprint(backlogTimeout.Milliseconds()))
 	batch.Queue(b.sql, append([]any{backlogCap}, b.args...)...).QueryRow(func(row pgx.Row) error { return row.Scan(&s.count, &oldest) })
+	batch.Queue(notifyQueueUsageSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&s.notify) })
 	b.connMu.Lock()
 	err := withTimeout(ctx, backlogTimeout+2*time.Second, func(ctx context.Context) error {
 		return b.conn.SendBatch(ctx, batch).Close()
@@ -329,8 +331,16 @@ func (b *backlog) sample(ctx context.Context, maxAge time.Duration) (backlogSamp
 	return s, err
 }
 
-// backlogCollector reports the leader's backlog sample as two gauges; a
-// relay that does not lead, or whose last sample failed, reports neither.
+// notifyQueueUsageSQL reads how full the server's NOTIFY queue is (all
+// databases, 0 to 1). A listening session that never reads (frozen, or
+// an app's LISTEN left in an open transaction) keeps every notification
+// after its position queued; once the queue is full, every commit that
+// notifies fails, the app's staging commits among them.
+const notifyQueueUsageSQL = `SELECT pg_notification_queue_usage()`
+
+// backlogCollector reports the leader's backlog sample as gauges (the
+// backlog, its oldest job's age, and the NOTIFY queue's usage); a relay
+// that does not lead, or whose last sample failed, reports none.
 type backlogCollector struct{ b *backlog }
 
 var (
@@ -340,11 +350,15 @@ var (
 	oldestAgeDesc = prometheus.NewDesc("stagedrain_oldest_job_age_seconds",
 		"Age of the oldest staged job (by created_at, among the 100 lowest ids) when sampled, 0 when none is staged; reported by the leader only, sampled at most every 5s.",
 		nil, nil)
+	notifyQueueDesc = prometheus.NewDesc("stagedrain_notify_queue_usage",
+		"Fraction (0 to 1) of PostgreSQL's NOTIFY queue in use, pg_notification_queue_usage(), for the whole server: a listener that stops reading holds every later notification, and a full queue fails every commit that notifies; reported by the leader only, sampled at most every 5s.",
+		nil, nil)
 )
 
 func (c backlogCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- backlogDesc
 	ch <- oldestAgeDesc
+	ch <- notifyQueueDesc
 }
 
 func (c backlogCollector) Collect(ch chan<- prometheus.Metric) {
@@ -358,4 +372,5 @@ func (c backlogCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(backlogDesc, prometheus.GaugeValue, float64(s.count))
 	ch <- prometheus.MustNewConstMetric(oldestAgeDesc, prometheus.GaugeValue, age)
+	ch <- prometheus.MustNewConstMetric(notifyQueueDesc, prometheus.GaugeValue, s.notify)
 }

@@ -254,3 +254,58 @@ func TestMetrics(t *testing.T) {
 		return a+b == 1, fmt.Sprintf("leader gauges %v and %v", a, b)
 	})
 }
+
+// stagedrain_notify_queue_usage is the leader's sample of
+// pg_notification_queue_usage(): 0 on a server whose listeners keep up, and
+// what PostgreSQL reports once a listener stops reading (here a session
+// that LISTENs and then holds a transaction open, which keeps it from
+// reading) while notifications are sent. A private server: the queue is
+// the whole server's.
+func TestNotifyQueueUsageGauge(t *testing.T) {
+	t.Parallel()
+	pg := testenv.StartPostgres(t)
+	h := &harness{t: t, schema: "jobs"}
+	h.rdb, h.ns = testenv.Redis(t)
+	h.conn = testenv.Conn(t, pg.URL())
+	ctx := context.Background()
+	if _, err := relay.Migrate(ctx, h.conn, h.schema); err != nil {
+		t.Fatal(err)
+	}
+	h.stager = relay.NewStager(h.schema)
+	cfg := h.config()
+	cfg.DatabaseURL = pg.URL()
+	r, idle := h.startSignaled(cfg)
+	relay.SetBacklogTTL(r, 0)
+	ts := httptest.NewServer(r.MetricsHandler())
+	t.Cleanup(ts.Close)
+	url := ts.URL + "/metrics"
+	h.waitIdleAfterListen(idle)
+
+	if v := scrapeMetrics(t, url).value("stagedrain_notify_queue_usage"); v != 0 {
+		t.Fatalf("stagedrain_notify_queue_usage = %v with every listener reading, want 0", v)
+	}
+
+	lagging := testenv.Conn(t, pg.URL())
+	if _, err := lagging.Exec(ctx, "LISTEN h6_lagging"); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := lagging.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	// About 40 of the queue's 8kB pages.
+	if _, err := h.conn.Exec(ctx, `SELECT pg_notify('h6_lagging', i || repeat('x', 7000)) FROM generate_series(1, 50) i`); err != nil {
+		t.Fatal(err)
+	}
+	var want float64
+	if err := h.conn.QueryRow(ctx, "SELECT pg_notification_queue_usage()").Scan(&want); err != nil {
+		t.Fatal(err)
+	}
+	if want <= 0 {
+		t.Fatalf("pg_notification_queue_usage() = %v behind a listener that does not read, want > 0", want)
+	}
+	if v := scrapeMetrics(t, url).value("stagedrain_notify_queue_usage"); v != want {
+		t.Fatalf("stagedrain_notify_queue_usage = %v behind a listener that does not read, want %v (pg_notification_queue_usage())", v, want)
+	}
+}

@@ -136,6 +136,10 @@ func (e *privilegeEnv) statements(ctx context.Context) error {
 			var oldest *time.Time
 			return tx.QueryRow(ctx, r.sql.backlog, backlogCap).Scan(&n, &oldest)
 		}},
+		{"NOTIFY queue usage", func(tx pgx.Tx) error {
+			var usage float64
+			return tx.QueryRow(ctx, notifyQueueUsageSQL).Scan(&usage)
+		}},
 		{"leader lock and wake gate", func(tx pgx.Tx) error {
 			b := &pgx.Batch{}
 			b.Queue(tryLockSQL, r.lockKey)
@@ -148,6 +152,10 @@ func (e *privilegeEnv) statements(ctx context.Context) error {
 		}},
 		{"listen", func(tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, "LISTEN "+pgx.Identifier{ChannelName(e.schema)}.Sanitize())
+			return err
+		}},
+		{"listener heartbeat", func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, heartbeatSQL, ChannelName(e.schema), heartbeatPayload)
 			return err
 		}},
 		{"session settings", func(tx pgx.Tx) error {

@@ -87,6 +87,11 @@ type Relay struct {
 	// idle_in_transaction_session_timeout (a field so that tests can
 	// shorten it; see conn.go).
 	drainIdleInTx time.Duration
+
+	// listenerHeartbeat is how long the listener may hear nothing before
+	// the relay sends it a heartbeat (a field so that tests can shorten
+	// it; see listen.go).
+	listenerHeartbeat time.Duration
 }
 
 // testHooks are called at points tests synchronize on, in the manner of
@@ -103,6 +108,9 @@ type testHooks struct {
 	// released, the last drain empty). listens is how many LISTENs had
 	// completed before that last drain began.
 	idle func(listens int64)
+	// listenerConnected runs when the listener has connected, before its
+	// LISTEN, with its backend's pid.
+	listenerConnected func(pid uint32)
 }
 
 // New checks cfg and returns a Relay. It starts nothing and connects to
@@ -136,6 +144,8 @@ func New(cfg Config) (*Relay, error) {
 		gateTimeout:   defaultGateTimeout,
 		summaryEvery:  summaryEvery,
 		drainIdleInTx: drainIdleInTx,
+
+		listenerHeartbeat: listenerHeartbeat,
 	}
 	if r.src, err = newSource(cfg, version); err != nil {
 		return nil, fmt.Errorf("read migrations: %w", err)
@@ -318,7 +328,7 @@ func (r *Relay) lead(ctx context.Context, lockConn *pgx.Conn, lockMu *sync.Mutex
 		}
 		gt.pinned = true
 	} else {
-		g.Go(func() error { return r.listen(ctx, wake) })
+		g.Go(func() error { return r.listen(ctx, wake, pool) })
 	}
 	g.Go(func() error { poll(ctx, r.cfg.PollInterval, wake, r.metrics.wakePoll); return nil })
 	g.Go(func() error { return r.drainLoop(ctx, pool, wake, gt) })
