@@ -71,11 +71,17 @@
 --
 -- Cost. With the relay idle, a row costs the WHEN's current_setting and a
 -- comparison (the first row of a queue also the look and a set_config);
--- with a relay of all queues awake, the look as in 007, and no event. The
--- function runs once per transaction and queue (once per change of queue
--- when rows of several queues alternate), measured in README ("Bulk
--- inserts"). Other sources' tables keep the trigger without WHEN (the
--- function per row, with 1 and 2).
+-- with a relay of all queues awake, that and the look as in 007, and no
+-- event. The function runs once per transaction and queue (once per change
+-- of queue when rows of several queues alternate). Measured on a loaded
+-- 2-core machine, one INSERT of 10,000 rows, relay idle: COMMIT 0.3-0.6ms
+-- (007: 147-155ms; no trigger: 0.2ms), the whole transaction 119-132ms
+-- (007: 263-284ms; no trigger: 106-109ms). Backend CPU for 100,000 rows:
+-- idle 1.17-1.19s (007: 1.19-1.22s plus 1.47s at COMMIT; no trigger
+-- 1.11s); awake 1.25s (007: 1.19s): the setting's look costs about 0.5us
+-- a row while the relay is awake, and spares the lock's look, about 1us,
+-- for every row after the first while it is idle. Other sources' tables
+-- keep the trigger without WHEN (the function per row, with 1 and 2).
 CREATE OR REPLACE FUNCTION stagedrain_wake() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
