@@ -410,80 +410,106 @@ func tableExists(t *testing.T, conn *pgx.Conn, schema, table string) bool {
 	return exists
 }
 
-// A schema at version 6 (005/006's trigger: no WHEN, the function with the
-// barrier) gets 007 from Migrate: the function without the barrier and the
-// trigger with its WHEN on the schema's awake lock; Migrate again applies
-// nothing.
-func TestMigrateUpgradesTheWakeTriggerFrom006(t *testing.T) {
+// A schema whose wake trigger is 006's (no WHEN, the function with the
+// barrier) or 007's (the WHEN on the schema's awake lock, a look in two
+// statements) gets the later wake migrations from Migrate: 009's function
+// (one-expression looks, the opt-out) and its trigger, whose WHEN flags
+// the queue already queued; Migrate again applies nothing. The migrations
+// of other things, recorded, stay as they are.
+func TestMigrateUpgradesTheWakeTrigger(t *testing.T) {
 	t.Parallel()
-	schema := testenv.Schema(t)
-	conn := testenv.Conn(t, testenv.DatabaseURL())
-	ctx := context.Background()
-	if _, err := relay.Migrate(ctx, conn, schema); err != nil {
-		t.Fatal(err)
-	}
-	// Back to version 6, as a schema migrated by the previous release.
-	body, err := fs.ReadFile(sqlfiles.Files, "006_queue_gate.sql")
-	if err != nil {
-		t.Fatal(err)
-	}
-	migrations := pgx.Identifier{schema, "stagedrain_migrations"}.Sanitize()
-	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		for _, q := range []string{
-			"SET LOCAL search_path TO " + pgx.Identifier{schema}.Sanitize(),
-			string(body),
-			`DROP TRIGGER stagedrain_wake ON staged_jobs`,
-			`CREATE CONSTRAINT TRIGGER stagedrain_wake AFTER INSERT ON staged_jobs
-				DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION stagedrain_wake()`,
-			`DELETE FROM ` + migrations + ` WHERE version = 7`,
-		} {
-			if _, err := tx.Exec(ctx, q, pgx.QueryExecModeSimpleProtocol); err != nil {
-				return err
+	for _, tt := range []struct {
+		from      string // the migration whose trigger the schema has
+		plain     bool   // from's trigger has no WHEN
+		forget    []int  // the versions to unrecord
+		wantApply []string
+	}{
+		{from: "006_queue_gate.sql", plain: true, forget: []int{7, 9}, wantApply: []string{"007_wake_no_barrier.sql", "009_wake_once.sql"}},
+		{from: "007_wake_no_barrier.sql", forget: []int{9}, wantApply: []string{"009_wake_once.sql"}},
+	} {
+		t.Run(tt.from, func(t *testing.T) {
+			t.Parallel()
+			schema := testenv.Schema(t)
+			conn := testenv.Conn(t, testenv.DatabaseURL())
+			ctx := context.Background()
+			if _, err := relay.Migrate(ctx, conn, schema); err != nil {
+				t.Fatal(err)
 			}
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	definitions := func() (trigger, function string) {
-		t.Helper()
-		err := conn.QueryRow(ctx, `SELECT pg_get_triggerdef(t.oid), pg_get_functiondef(t.tgfoid)
-			FROM pg_trigger t WHERE t.tgrelid = $1::regclass AND t.tgname = 'stagedrain_wake'`,
-			pgx.Identifier{schema, "staged_jobs"}.Sanitize()).Scan(&trigger, &function)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return trigger, function
-	}
-	if trig, fn := definitions(); strings.Contains(trig, "WHEN") || !strings.Contains(fn, "barrier") {
-		t.Fatalf("setup: not 006's trigger:\n%s\n%s", trig, fn)
-	}
+			// Back to from's trigger, as a schema migrated by an earlier
+			// release.
+			body, err := fs.ReadFile(sqlfiles.Files, tt.from)
+			if err != nil {
+				t.Fatal(err)
+			}
+			stmts := []string{"SET LOCAL search_path TO " + pgx.Identifier{schema}.Sanitize(), string(body)}
+			if tt.plain {
+				stmts = append(stmts, `DROP TRIGGER stagedrain_wake ON staged_jobs`,
+					`CREATE CONSTRAINT TRIGGER stagedrain_wake AFTER INSERT ON staged_jobs
+						DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION stagedrain_wake()`)
+			}
+			for _, v := range tt.forget {
+				stmts = append(stmts, fmt.Sprintf(`DELETE FROM %s WHERE version = %d`, pgx.Identifier{schema, "stagedrain_migrations"}.Sanitize(), v))
+			}
+			err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+				for _, q := range stmts {
+					if _, err := tx.Exec(ctx, q, pgx.QueryExecModeSimpleProtocol); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			definitions := func() (trigger, function string) {
+				t.Helper()
+				err := conn.QueryRow(ctx, `SELECT pg_get_triggerdef(t.oid), pg_get_functiondef(t.tgfoid)
+					FROM pg_trigger t WHERE t.tgrelid = $1::regclass AND t.tgname = 'stagedrain_wake'`,
+					pgx.Identifier{schema, "staged_jobs"}.Sanitize()).Scan(&trigger, &function)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return trigger, function
+			}
+			if trig, fn := definitions(); strings.Contains(trig, "WHEN") != !tt.plain || strings.Contains(fn, "stagedrain.notify") {
+				t.Fatalf("setup: not %s's trigger:\n%s\n%s", tt.from, trig, fn)
+			}
 
-	res, err := relay.Migrate(ctx, conn, schema)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, latest := embeddedMigrations(t); !slices.Equal(res.Applied, []string{"007_wake_no_barrier.sql"}) || res.Current != latest {
-		t.Fatalf("Migrate = %+v, want 007 applied, version %d", res, latest)
-	}
-	trig, fn := definitions()
-	var key int32
-	if err := conn.QueryRow(ctx, `SELECT hashtext($1)`, relay.AwakeLockName(schema)).Scan(&key); err != nil {
-		t.Fatal(err)
-	}
-	keyText := strconv.Itoa(int(key)) // how pg_get_triggerdef prints it
-	if key < 0 {
-		keyText = "'" + keyText + "'::integer"
-	}
-	if want := fmt.Sprintf("WHEN ((pg_try_advisory_lock_shared(%s, (pg_backend_pid() %% 16)) AND pg_advisory_unlock_shared(%s, (pg_backend_pid() %% 16))))", keyText, keyText); !strings.Contains(trig, want) {
-		t.Fatalf("trigger after Migrate:\n%s\nwant it to contain\n%s", trig, want)
-	}
-	if strings.Contains(fn, "barrier") {
-		t.Fatalf("stagedrain_wake() still takes the barrier:\n%s", fn)
-	}
-	again, err := relay.Migrate(ctx, conn, schema)
-	if err != nil || len(again.Applied) != 0 {
-		t.Fatalf("Migrate again = %+v, %v; want nothing applied", again, err)
+			res, err := relay.Migrate(ctx, conn, schema)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, latest := embeddedMigrations(t)
+			if !slices.Equal(res.Applied, tt.wantApply) || res.Current != latest {
+				t.Fatalf("Migrate = %+v, want %v applied, version %d", res, tt.wantApply, latest)
+			}
+			trig, fn := definitions()
+			var key int32
+			var flag string
+			if err := conn.QueryRow(ctx, `SELECT hashtext($1), 'stagedrain.wake_' || $2::regclass::oid`,
+				relay.AwakeLockName(schema), pgx.Identifier{schema, "staged_jobs"}.Sanitize()).Scan(&key, &flag); err != nil {
+				t.Fatal(err)
+			}
+			keyText := strconv.Itoa(int(key)) // how pg_get_triggerdef prints it
+			if key < 0 {
+				keyText = "'" + keyText + "'::integer"
+			}
+			for _, want := range []string{
+				fmt.Sprintf("(current_setting('%s'::text, true) IS DISTINCT FROM new.queue)", flag),
+				fmt.Sprintf("pg_try_advisory_lock_shared(%s, (pg_backend_pid() %% 16)) AND pg_advisory_unlock_shared(%s, (pg_backend_pid() %% 16))", keyText, keyText),
+				fmt.Sprintf("(set_config('%s'::text, new.queue, true) IS NOT NULL)", flag),
+			} {
+				if !strings.Contains(trig, want) {
+					t.Fatalf("trigger after Migrate:\n%s\nwant it to contain\n%s", trig, want)
+				}
+			}
+			if strings.Contains(fn, "barrier") || !strings.Contains(fn, "stagedrain.notify") {
+				t.Fatalf("stagedrain_wake() after Migrate is not 009's:\n%s", fn)
+			}
+			again, err := relay.Migrate(ctx, conn, schema)
+			if err != nil || len(again.Applied) != 0 {
+				t.Fatalf("Migrate again = %+v, %v; want nothing applied", again, err)
+			}
+		})
 	}
 }

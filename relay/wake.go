@@ -58,7 +58,7 @@ func (r *Relay) armDue(ctx context.Context, pool *pgxpool.Pool, due *time.Timer,
 }
 
 // gate tells committing transactions whether to NOTIFY (see
-// sql/007_wake_no_barrier.sql): while the relay holds the schema's "awake"
+// sql/007_wake_no_barrier.sql and sql/009_wake_once.sql): while the relay holds the schema's "awake"
 // advisory lock, commits do not notify, since the relay is draining and will
 // find their rows by itself. Notifying commits are serialized by
 // PostgreSQL's notify lock; a relay that stays awake while jobs flow keeps

@@ -108,22 +108,25 @@ func (s *RedisServer) Stop() {
 // root (PostgreSQL refuses root), with trust auth on a free loopback port,
 // and is stopped and removed when the test ends.
 type PostgresServer struct {
-	t    testing.TB
-	Port int
-	dir  string
+	t        testing.TB
+	Port     int
+	dir      string
+	settings []string
 }
 
 // PostgresBin is where Debian installs PostgreSQL 15's server programs.
 const PostgresBin = "/usr/lib/postgresql/15/bin"
 
-// StartPostgres creates and starts a private cluster.
-func StartPostgres(t testing.TB) *PostgresServer {
+// StartPostgres creates and starts a private cluster. settings are server
+// settings, name=value, given to the server as -c name=value (for one that
+// needs a restart, such as max_prepared_transactions=2).
+func StartPostgres(t testing.TB, settings ...string) *PostgresServer {
 	t.Helper()
 	parent, err := os.MkdirTemp("", "stagedrain-pg-")
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &PostgresServer{t: t, Port: FreePort(t), dir: filepath.Join(parent, "data")}
+	s := &PostgresServer{t: t, Port: FreePort(t), dir: filepath.Join(parent, "data"), settings: settings}
 	t.Cleanup(func() {
 		s.Stop()
 		_ = os.RemoveAll(parent)
@@ -155,6 +158,9 @@ func (s *PostgresServer) URL() string {
 func (s *PostgresServer) Start() {
 	s.t.Helper()
 	opts := fmt.Sprintf("-p %d -c listen_addresses=127.0.0.1 -c unix_socket_directories='' -c fsync=off", s.Port)
+	for _, kv := range s.settings {
+		opts += " -c " + kv
+	}
 	if out, err := s.pgCmd(filepath.Join(PostgresBin, "pg_ctl"), "-D", s.dir, "-o", opts, "-w", "-t", "30", "-l", filepath.Join(filepath.Dir(s.dir), "log"), "start").CombinedOutput(); err != nil {
 		s.t.Fatalf("pg_ctl start: %v\n%s", err, out)
 	}

@@ -1,0 +1,399 @@
+package relay_test
+
+import (
+	"context"
+	"errors"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/stagedrain/stagedrain/relay"
+	"github.com/stagedrain/stagedrain/relay/internal/testenv"
+)
+
+// The tests of sql/009_wake_once.sql.
+
+// holdAwakeLock takes every shard of the gate lock name exclusively on a
+// session of its own, as a relay does while awake, until the test ends.
+func holdAwakeLock(t *testing.T, url, name string) {
+	t.Helper()
+	c := testenv.ConnTo(t, url)
+	if _, err := c.Exec(context.Background(), `SELECT pg_advisory_lock(hashtext($1), s) FROM generate_series(0, 15) s`, name); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// listen LISTENs on schema's channel on a session of its own.
+func listen(t *testing.T, url, schema string) *pgx.Conn {
+	t.Helper()
+	c := testenv.ConnTo(t, url)
+	if _, err := c.Exec(context.Background(), "LISTEN "+pgx.Identifier{relay.ChannelName(schema)}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// nextNotifier waits for listener's next notification and returns the
+// backend that sent it.
+func nextNotifier(t *testing.T, listener *pgx.Conn) uint32 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	n, err := listener.WaitForNotification(ctx)
+	if err != nil {
+		t.Fatalf("no notification: %v", err)
+	}
+	return n.PID
+}
+
+// A COMMIT cancelled while it runs the wake trigger's function (as a
+// driver cancels when the app's context ends) leaves the app's session
+// holding no advisory lock: the look at 'awake' takes and releases its
+// shard in one expression, and PostgreSQL acts on a cancel only between
+// statements (or while waiting). With the take and the release in two
+// statements, as in 007, some of these cancels land between them, and the
+// session keeps the shard after the failed COMMIT.
+//
+// Each COMMIT's rows alternate between two queues, so that each row
+// queues the trigger (one event per change of queue) and the COMMIT runs
+// the function 2,000 times, for tens of milliseconds; another session
+// cancels it with pg_cancel_backend as soon as pg_stat_activity shows it
+// running. The test counts only the cancels whose error comes from inside
+// the function (its context names it), and wants 40 of them.
+// (statement_timeout cannot do this: PostgreSQL stops its timer before it
+// runs the COMMIT's deferred triggers.)
+func TestCancelledCommitLeavesNoGateLock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := testenv.Schema(t)
+	app := testenv.Conn(t, testenv.DatabaseURL())
+	if _, err := relay.Migrate(ctx, app, schema); err != nil {
+		t.Fatal(err)
+	}
+	killer := testenv.Conn(t, testenv.DatabaseURL())
+	table := pgx.Identifier{schema, "staged_jobs"}.Sanitize()
+	insert := `INSERT INTO ` + table + ` (job_name, job_args, queue)
+		SELECT 'Cancelled', '[]', 'q' || (i % 2) FROM generate_series(1, 2000) i`
+	// commit stages the rows and commits while killer cancels the
+	// COMMIT as soon as it runs; it returns the COMMIT's error.
+	commit := func() error {
+		t.Helper()
+		for _, q := range []string{"BEGIN", insert} {
+			if _, err := app.Exec(ctx, q); err != nil {
+				t.Fatalf("%s: %v", q, err)
+			}
+		}
+		done := make(chan error, 1)
+		go func() {
+			_, err := app.Exec(ctx, "COMMIT")
+			done <- err
+		}()
+		for {
+			select {
+			case err := <-done:
+				return err
+			default:
+			}
+			var cancelled bool
+			if err := killer.QueryRow(ctx, `SELECT coalesce(bool_or(pg_cancel_backend(pid)), false) FROM pg_stat_activity
+				WHERE pid = $1 AND state = 'active' AND query = 'COMMIT'`, app.PgConn().PID()).Scan(&cancelled); err != nil {
+				t.Fatal(err)
+			}
+			if cancelled {
+				return <-done
+			}
+		}
+	}
+	held := func() []string {
+		t.Helper()
+		for {
+			rows, err := app.Query(ctx, `SELECT classid || '/' || objid || ' ' || mode FROM pg_locks
+				WHERE locktype = 'advisory' AND pid = pg_backend_pid()`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			locks, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == "57014" {
+				continue // a cancel that came after its COMMIT had ended
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			return locks
+		}
+	}
+
+	const want = 40
+	inTrigger, attempts := 0, 0
+	for inTrigger < want {
+		attempts++
+		if attempts > 10*want {
+			t.Fatalf("only %d of %d COMMITs were cancelled inside stagedrain_wake(); the test proves nothing", inTrigger, attempts)
+		}
+		err := commit()
+		var pgErr *pgconn.PgError
+		switch {
+		case err == nil:
+			if _, err := app.Exec(ctx, "TRUNCATE "+table); err != nil {
+				t.Fatal(err)
+			}
+		case errors.As(err, &pgErr) && pgErr.Code == "57014":
+			if strings.Contains(pgErr.Where, "stagedrain_wake()") {
+				inTrigger++
+			}
+		default:
+			t.Fatalf("COMMIT: %v", err)
+		}
+		if locks := held(); len(locks) != 0 {
+			t.Fatalf("after a cancelled COMMIT (%v; %d cancelled inside the trigger so far), the app's session holds advisory locks %v, want none",
+				err, inTrigger, locks)
+		}
+	}
+	t.Logf("%d COMMITs, %d cancelled inside stagedrain_wake(), no lock left", attempts, inTrigger)
+}
+
+// With the relay idle, a transaction that stages many rows of one queue
+// runs the wake function once (fired here by SET CONSTRAINTS ALL
+// IMMEDIATE, as at COMMIT, and counted by track_functions), and a queue
+// change queues it once more; the commit notifies. 007 ran it once per
+// row.
+func TestTriggerRunsOncePerTransactionAndQueue(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := testenv.Schema(t)
+	app := testenv.Conn(t, testenv.DatabaseURL())
+	if _, err := relay.Migrate(ctx, app, schema); err != nil {
+		t.Fatal(err)
+	}
+	listener := listen(t, testenv.DatabaseURL(), schema)
+	table := pgx.Identifier{schema, "staged_jobs"}.Sanitize()
+	fn := pgx.Identifier{schema, "stagedrain_wake"}.Sanitize() + "()"
+	stage := func(tx pgx.Tx, queue string, n int) {
+		t.Helper()
+		if _, err := tx.Exec(ctx, `INSERT INTO `+table+` (job_name, job_args, queue)
+			SELECT 'Bulk', '[]', $1 FROM generate_series(1, $2)`, queue, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The calls a backend counts are kept until it reports them, when
+	// idle outside a transaction: a transaction's own are those it adds.
+	count := func(tx pgx.Tx) int {
+		t.Helper()
+		var n *int
+		if err := tx.QueryRow(ctx, `SELECT pg_stat_get_xact_function_calls($1::regprocedure)`, fn).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == nil {
+			return 0
+		}
+		return *n
+	}
+	var before int
+	calls := func(tx pgx.Tx) int {
+		t.Helper()
+		if _, err := tx.Exec(ctx, "SET CONSTRAINTS ALL IMMEDIATE"); err != nil {
+			t.Fatal(err)
+		}
+		return count(tx) - before
+	}
+	run := func(f func(tx pgx.Tx)) {
+		t.Helper()
+		if err := pgx.BeginFunc(ctx, app, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "SET LOCAL track_functions = 'pl'"); err != nil {
+				return err
+			}
+			before = count(tx)
+			f(tx)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// 10,000 rows in one statement, then 100 statements of 100.
+	run(func(tx pgx.Tx) {
+		stage(tx, "default", 10000)
+		for range 100 {
+			stage(tx, "default", 100)
+		}
+		if n := calls(tx); n != 1 {
+			t.Errorf("20,000 rows of one queue ran stagedrain_wake() %d times, want once", n)
+		}
+	})
+	if pid := nextNotifier(t, listener); pid != app.PgConn().PID() {
+		t.Fatalf("notification from backend %d, want the app's %d", pid, app.PgConn().PID())
+	}
+
+	// Three runs of two queues: once per run. A savepoint rolled back
+	// takes its event and the setting with it: the row after it queues
+	// the trigger again.
+	run(func(tx pgx.Tx) {
+		stage(tx, "a", 100)
+		stage(tx, "b", 100)
+		stage(tx, "b", 100)
+		stage(tx, "a", 100)
+		if n := calls(tx); n != 3 {
+			t.Errorf("rows of a, b, b, a ran stagedrain_wake() %d times, want 3", n)
+		}
+	})
+	nextNotifier(t, listener)
+	run(func(tx pgx.Tx) {
+		if _, err := tx.Exec(ctx, "SET CONSTRAINTS ALL DEFERRED"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, "SAVEPOINT s"); err != nil {
+			t.Fatal(err)
+		}
+		stage(tx, "a", 10)
+		if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT s"); err != nil {
+			t.Fatal(err)
+		}
+		stage(tx, "a", 10)
+		if n := calls(tx); n != 1 {
+			t.Errorf("rows of a after a savepoint rolled back ran stagedrain_wake() %d times, want once", n)
+		}
+	})
+	if pid := nextNotifier(t, listener); pid != app.PgConn().PID() {
+		t.Fatalf("notification from backend %d, want the app's %d", pid, app.PgConn().PID())
+	}
+}
+
+// The flag that spares a transaction's later rows the trigger is per queue
+// and per table: a transaction's first rows going to an awake relay's
+// queue do not keep its rows of another queue, or of another schema's
+// table, from notifying their idle relays; rows only of the awake queue do
+// not notify. Told apart, as in TestGateNotifiesOnlyWhileIdle, by which
+// commit's notification arrives first.
+func TestTriggerFlagIsPerQueueAndTable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testenv.DatabaseURL()
+	schemaA, schemaB := testenv.Schema(t), testenv.Schema(t)
+	app := testenv.Conn(t, url)
+	other := testenv.Conn(t, url)
+	for _, s := range []string{schemaA, schemaB} {
+		if _, err := relay.Migrate(ctx, app, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	listenA, listenB := listen(t, url, schemaA), listen(t, url, schemaB)
+	// The relay of schema A's queue a is awake; nothing else is.
+	holdAwakeLock(t, url, relay.AwakeLockName(schemaA)+":a")
+	insert := func(schema, queue string) string {
+		return `INSERT INTO ` + pgx.Identifier{schema, "staged_jobs"}.Sanitize() +
+			` (job_name, job_args, queue) SELECT 'Flag', '[]', '` + queue + `' FROM generate_series(1, 100)`
+	}
+	commit := func(c *pgx.Conn, stmts ...string) {
+		t.Helper()
+		if err := pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
+			for _, q := range stmts {
+				if _, err := tx.Exec(ctx, q); err != nil {
+					return err
+				}
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Only a's rows: a's relay will find them, no notification; the next
+	// commit's (the other session's) is the first to arrive.
+	commit(app, insert(schemaA, "a"))
+	commit(other, insert(schemaA, "b"))
+	if pid := nextNotifier(t, listenA); pid != other.PgConn().PID() {
+		t.Fatalf("first notification on A from backend %d, want %d: the commit of only a's rows notified", pid, other.PgConn().PID())
+	}
+	// a's rows, then b's: b's relay is idle, so the commit notifies.
+	commit(app, insert(schemaA, "a"), insert(schemaA, "b"))
+	if pid := nextNotifier(t, listenA); pid != app.PgConn().PID() {
+		t.Fatalf("notification on A from backend %d, want the commit of a's and b's rows (%d)", pid, app.PgConn().PID())
+	}
+	// A's rows of b, then B's of b: both relays are idle, both notified.
+	commit(app, insert(schemaA, "b"), insert(schemaB, "b"))
+	if pid := nextNotifier(t, listenA); pid != app.PgConn().PID() {
+		t.Fatalf("notification on A from backend %d, want %d", pid, app.PgConn().PID())
+	}
+	if pid := nextNotifier(t, listenB); pid != app.PgConn().PID() {
+		t.Fatalf("notification on B from backend %d, want the commit that staged rows in A and then B (%d)", pid, app.PgConn().PID())
+	}
+}
+
+// A transaction that will be prepared (two-phase commit) opts out of the
+// notification with SET LOCAL stagedrain.notify = 'off': PREPARE
+// TRANSACTION then succeeds while the relay is idle, and the relay's poll
+// delivers the job after COMMIT PREPARED. Without it, PREPARE fails, as
+// the trigger notifies: the test does exercise the trigger. On a private
+// server, with max_prepared_transactions > 0.
+func TestPreparedTransactionOptsOutOfNotify(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pg := testenv.StartPostgres(t, "max_prepared_transactions=2")
+	h := &harness{t: t, schema: "sdtest_2pc", conn: testenv.ConnTo(t, pg.URL())}
+	h.rdb, h.ns = testenv.Redis(t)
+	if _, err := relay.Migrate(ctx, h.conn, h.schema); err != nil {
+		t.Fatal(err)
+	}
+	h.stager = relay.NewStager(h.schema)
+	cfg := h.config()
+	cfg.DatabaseURL = pg.URL()
+	cfg.PollInterval = 50 * time.Millisecond
+	r, idle := h.startSignaled(cfg)
+	ts := httptest.NewServer(r.MetricsHandler())
+	t.Cleanup(ts.Close)
+	h.waitIdleAfterListen(idle)
+
+	app := testenv.ConnTo(t, pg.URL())
+	// prepare stages a job in a transaction that runs setup first, and
+	// prepares it as gid; it returns the job's jid and PREPARE's error.
+	prepare := func(gid string, setup ...string) (string, error) {
+		t.Helper()
+		if _, err := app.Exec(ctx, "BEGIN"); err != nil {
+			t.Fatal(err)
+		}
+		for _, q := range setup {
+			if _, err := app.Exec(ctx, q); err != nil {
+				t.Fatal(err)
+			}
+		}
+		jid, err := h.stager.Stage(ctx, app, relay.Job{Name: "TwoPhase"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := h.advisoryLocks(relay.AwakeLockName(h.schema), "ExclusiveLock", true); n != 0 {
+			t.Fatalf("%d sessions hold awake: the relay is not idle", n)
+		}
+		_, err = app.Exec(ctx, "PREPARE TRANSACTION '"+gid+"'")
+		return jid, err
+	}
+
+	// Without the opt-out: the trigger notifies, PREPARE fails.
+	_, err := prepare("sd_notify")
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "0A000" || !strings.Contains(pgErr.Message, "NOTIFY") {
+		t.Fatalf("PREPARE TRANSACTION after staging a job with the relay idle: %v, want the NOTIFY error (0A000)", err)
+	}
+	_, _ = app.Exec(ctx, "ROLLBACK") // the failed PREPARE rolled it back already
+
+	// With it: prepared, committed, and delivered by the poll.
+	jid, err := prepare("sd_optout", "SET LOCAL stagedrain.notify = 'off'")
+	if err != nil {
+		t.Fatalf("PREPARE TRANSACTION with stagedrain.notify off: %v", err)
+	}
+	if _, err := app.Exec(ctx, "COMMIT PREPARED 'sd_optout'"); err != nil {
+		t.Fatal(err)
+	}
+	h.waitQueueLen("default", 1, 10*time.Second)
+	if got := h.queueJIDs("default"); got[0] != jid {
+		t.Fatalf("delivered %v, want %s", got, jid)
+	}
+	s := scrapeMetrics(t, ts.URL+"/metrics")
+	if v := s.value("stagedrain_wakeups_total", "cause", "notify"); v != 0 {
+		t.Errorf("wakeups_total{cause=notify} = %v, want 0: the prepared transaction opted out", v)
+	}
+}
