@@ -847,7 +847,9 @@ func (d delivery) String() string {
 // or zset KEYS[1] and decodes each entry in Redis (cjson: a million
 // payloads decode in seconds there, in minutes in a -race test binary):
 // "marker TAB jid TAB queue TAB enqueued_at" for a chaos job (enqueued_at
-// "" when the payload has none), "!" and the raw entry for anything else.
+// "" when the payload has none), "!" and the raw entry (its newlines as
+// \n) for anything else. It answers how many entries it read, and their
+// lines joined by newlines: one reply to parse, not one per entry.
 var chaosReadScript = redis.NewScript(`
 local items
 if ARGV[3] == 'list' then
@@ -859,16 +861,16 @@ local out = {}
 for i, raw in ipairs(items) do
   local ok, job = pcall(cjson.decode, raw)
   local marker = ok and type(job) == 'table' and job.class == 'ChaosJob' and type(job.args) == 'table' and job.args[1]
-  if type(marker) == 'string' and marker ~= '' and not marker:find('\t') and
-     type(job.queue) == 'string' and type(job.jid) == 'string' then
+  if type(marker) == 'string' and marker ~= '' and type(job.queue) == 'string' and type(job.jid) == 'string' and
+     not (marker .. job.queue .. job.jid):find('[\t\n]') then
     local at = ''
     if type(job.enqueued_at) == 'number' then at = string.format('%.6f', job.enqueued_at) end
     out[i] = marker .. '\t' .. job.jid .. '\t' .. job.queue .. '\t' .. at
   else
-    out[i] = '!' .. raw
+    out[i] = '!' .. raw:gsub('\n', '\\n')
   end
 end
-return out
+return {#items, table.concat(out, '\n')}
 `)
 
 // readDeliveries reads every job of Sidekiq's keys (the queue:* lists and
@@ -911,14 +913,18 @@ func (c *chaos) readDeliveries() (map[string][]delivery, []string) {
 	const chunk = 10_000
 	read := func(key, kind string) {
 		for i := int64(0); ; i += chunk {
-			got, err := chaosReadScript.Run(ctx, c.rdb, []string{key}, i, i+chunk-1, kind).StringSlice()
+			reply, err := chaosReadScript.Run(ctx, c.rdb, []string{key}, i, i+chunk-1, kind).Slice()
 			if err != nil {
 				t.Fatalf("read %s %s: %v", kind, key, err)
 			}
-			for _, entry := range got {
+			n, _ := reply[0].(int64)
+			lines, _ := reply[1].(string)
+			for got := int64(0); got < n; got++ {
+				var entry string
+				entry, lines, _ = strings.Cut(lines, "\n")
 				add(key, entry)
 			}
-			if len(got) < chunk {
+			if n < chunk {
 				break
 			}
 		}
