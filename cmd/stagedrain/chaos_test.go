@@ -233,7 +233,11 @@ func chaosFaultCounts(counts map[string]int) string {
 	var parts []string
 	for _, name := range chaosFaultNames() {
 		if n, ok := counts[name]; ok {
-			parts = append(parts, fmt.Sprintf("%s=%d", name, n))
+			part := fmt.Sprintf("%s=%d", name, n)
+			if aimed := counts[name+":aimed"]; aimed > 0 {
+				part += fmt.Sprintf("(%d aimed)", aimed)
+			}
+			parts = append(parts, part)
 		}
 	}
 	return strings.Join(parts, " ")
@@ -540,12 +544,17 @@ func (c *chaos) stopLeader() {
 
 // pauseAll freezes every live relay at once with SIGSTOP, as a paused VM
 // would (nobody is left to take over), and thaws them pauseFor later.
+//
+// Every other one (the first, the third...) is aimed (aimAtPush): it
+// strikes while the leader's push script waits in Redis.
 func (c *chaos) pauseAll() {
 	c.t.Helper()
+	release := c.aim("pause-all")
 	for _, p := range c.live {
 		p.signal(syscall.SIGSTOP)
 	}
 	c.note("SIGSTOP %s and %s, every relay", c.live[0].name, c.live[1].name)
+	release()
 	c.pause(c.plan.pauseFor)
 	for _, p := range c.live {
 		p.signal(syscall.SIGCONT)
@@ -555,7 +564,7 @@ func (c *chaos) pauseAll() {
 
 // pauseSolo stops the standby (SIGTERM: it must exit 0), freezes the
 // leader, alone now, with SIGSTOP, thaws it pauseFor later and starts a
-// new standby.
+// new standby. Every other one is aimed, as pauseAll's.
 func (c *chaos) pauseSolo() {
 	c.t.Helper()
 	i := c.leader()
@@ -565,13 +574,93 @@ func (c *chaos) pauseSolo() {
 		c.t.Errorf("%s, the standby, exited with code %d after SIGTERM, want 0", standby.name, code)
 	}
 	c.note("SIGTERM %s, the standby: exited", standby.name)
+	release := c.aim("pause-solo")
 	lead.signal(syscall.SIGSTOP)
 	c.note("SIGSTOP %s, the leader, alone", lead.name)
+	release()
 	c.pause(c.plan.pauseFor)
 	lead.signal(syscall.SIGCONT)
 	c.note("SIGCONT %s", lead.name)
 	c.live[1-i] = c.startRelay()
 }
+
+// aim aims the odd-numbered faults of this kind (the first, the third...)
+// at a push in flight (aimAtPush), counting those it aimed as
+// "<fault>:aimed", and returns what ends the aiming once the fault has
+// struck.
+func (c *chaos) aim(fault string) (release func()) {
+	if c.faults[fault]%2 == 0 {
+		return func() {}
+	}
+	release, ok := c.aimAtPush()
+	if ok {
+		c.faults[fault+":aimed"]++
+	}
+	return release
+}
+
+// aimAtPush holds the next push in Redis, so that a SIGSTOP of the relays
+// lands while the push is in flight: the leader has sent its script and
+// waits for the reply, with its read deadline running. It pauses Redis's
+// writes (CLIENT PAUSE WRITE: a script that may write waits, reads do not),
+// waits (up to chaosAimWait) until CLIENT LIST shows a relay's EVALSHA
+// of a batch (over 1,000 bytes of arguments) held there, and returns what
+// unpauses Redis (the pause also ends by itself after 2s): the push then
+// runs, and its reply waits in the frozen relay's socket. ok is false, and
+// Redis unpaused, if no push came.
+func (c *chaos) aimAtPush() (release func(), ok bool) {
+	c.t.Helper()
+	unpause := func() {
+		if err := c.rdb.Do(c.ctx, "CLIENT", "UNPAUSE").Err(); err != nil {
+			c.t.Errorf("CLIENT UNPAUSE: %v", err)
+		}
+	}
+	if err := c.rdb.Do(c.ctx, "CLIENT", "PAUSE", 2000, "WRITE").Err(); err != nil {
+		c.t.Errorf("CLIENT PAUSE: %v", err)
+		return func() {}, false
+	}
+	held := func() bool {
+		list, err := c.rdb.ClientList(c.ctx).Result()
+		if err != nil {
+			return false
+		}
+		for line := range strings.SplitSeq(list, "\n") {
+			f := strings.Fields(line)
+			if slices.Contains(f, "name=stagedrain") && slices.ContainsFunc(f, func(s string) bool {
+				return strings.HasPrefix(s, "flags=") && strings.Contains(s, "b")
+			}) && (slices.Contains(f, "cmd=evalsha") || slices.Contains(f, "cmd=eval")) && slices.ContainsFunc(f, func(s string) bool {
+				n, err := strconv.Atoi(strings.TrimPrefix(s, "argv-mem="))
+				return strings.HasPrefix(s, "argv-mem=") && err == nil && n > 1000
+			}) {
+				return true
+			}
+		}
+		return false
+	}
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.Now().Add(chaosAimWait)
+	for !held() {
+		if time.Now().After(deadline) {
+			unpause()
+			c.note("aim: no push came within %s of CLIENT PAUSE WRITE; not aimed", chaosAimWait)
+			return func() {}, false
+		}
+		select {
+		case <-tick.C:
+		case <-c.ctx.Done():
+			return func() {}, false
+		}
+	}
+	c.note("aim: a push script held in Redis (CLIENT PAUSE WRITE)")
+	return func() {
+		unpause()
+		c.note("aim: CLIENT UNPAUSE")
+	}, true
+}
+
+// chaosAimWait is how long aimAtPush waits for a push to come.
+const chaosAimWait = time.Second
 
 func (c *chaos) restartPostgres() {
 	c.t.Helper()
