@@ -546,7 +546,13 @@ func (c *chaos) stopLeader() {
 // would (nobody is left to take over), and thaws them pauseFor later.
 //
 // Every other one (the first, the third...) is aimed (aimAtPush): it
-// strikes while the leader's push script waits in Redis.
+// strikes while the leader's push script waits in Redis, which runs it
+// once the relays are frozen. The leader wakes with the reply in its
+// socket and its read deadline long past: Go's runtime hands it the
+// reply or a timeout, whichever it sees first (a timeout about half the
+// time here). Redis is let go before the relays thaw, not after: a relay
+// that times out closes its connection, and Redis drops a paused
+// client's command when the client goes.
 func (c *chaos) pauseAll() {
 	c.t.Helper()
 	release := c.aim("pause-all")
@@ -602,12 +608,13 @@ func (c *chaos) aim(fault string) (release func()) {
 // aimAtPush holds the next push in Redis, so that a SIGSTOP of the relays
 // lands while the push is in flight: the leader has sent its script and
 // waits for the reply, with its read deadline running. It pauses Redis's
-// writes (CLIENT PAUSE WRITE: a script that may write waits, reads do not),
-// waits (up to chaosAimWait) until CLIENT LIST shows a relay's EVALSHA
-// of a batch (over 1,000 bytes of arguments) held there, and returns what
-// unpauses Redis (the pause also ends by itself after 2s): the push then
-// runs, and its reply waits in the frozen relay's socket. ok is false, and
-// Redis unpaused, if no push came.
+// writes (CLIENT PAUSE WRITE: a script that may write waits, reads do not)
+// and waits (up to chaosAimWait) until CLIENT LIST shows a relay's EVALSHA
+// of a batch (over 1,000 bytes of arguments) held there; a smaller script
+// held (a new leader taking the fence) is let through, and Redis paused
+// again. It returns what unpauses Redis, which the caller calls once the
+// relays are frozen (the pause ends by itself 2s after it began). ok is
+// false, and Redis unpaused, if no push came.
 func (c *chaos) aimAtPush() (release func(), ok bool) {
 	c.t.Helper()
 	unpause := func() {
@@ -615,32 +622,53 @@ func (c *chaos) aimAtPush() (release func(), ok bool) {
 			c.t.Errorf("CLIENT UNPAUSE: %v", err)
 		}
 	}
-	if err := c.rdb.Do(c.ctx, "CLIENT", "PAUSE", 2000, "WRITE").Err(); err != nil {
-		c.t.Errorf("CLIENT PAUSE: %v", err)
-		return func() {}, false
+	pause := func() bool {
+		if err := c.rdb.Do(c.ctx, "CLIENT", "PAUSE", 2000, "WRITE").Err(); err != nil {
+			c.t.Errorf("CLIENT PAUSE: %v", err)
+			return false
+		}
+		return true
 	}
-	held := func() bool {
+	// held reports whether a relay's push script waits in Redis, and
+	// whether another of its scripts does.
+	held := func() (push, other bool) {
 		list, err := c.rdb.ClientList(c.ctx).Result()
 		if err != nil {
-			return false
+			return false, false
 		}
 		for line := range strings.SplitSeq(list, "\n") {
 			f := strings.Fields(line)
-			if slices.Contains(f, "name=stagedrain") && slices.ContainsFunc(f, func(s string) bool {
-				return strings.HasPrefix(s, "flags=") && strings.Contains(s, "b")
-			}) && (slices.Contains(f, "cmd=evalsha") || slices.Contains(f, "cmd=eval")) && slices.ContainsFunc(f, func(s string) bool {
+			if !slices.Contains(f, "name=stagedrain") || !(slices.Contains(f, "cmd=evalsha") || slices.Contains(f, "cmd=eval")) ||
+				!slices.ContainsFunc(f, func(s string) bool { return strings.HasPrefix(s, "flags=") && strings.Contains(s, "b") }) {
+				continue
+			}
+			if slices.ContainsFunc(f, func(s string) bool {
 				n, err := strconv.Atoi(strings.TrimPrefix(s, "argv-mem="))
 				return strings.HasPrefix(s, "argv-mem=") && err == nil && n > 1000
 			}) {
-				return true
+				return true, false
 			}
+			other = true
 		}
-		return false
+		return false, other
+	}
+	if !pause() {
+		return func() {}, false
 	}
 	tick := time.NewTicker(2 * time.Millisecond)
 	defer tick.Stop()
 	deadline := time.Now().Add(chaosAimWait)
-	for !held() {
+	for {
+		push, other := held()
+		if push {
+			break
+		}
+		if other {
+			unpause()
+			if !pause() {
+				return func() {}, false
+			}
+		}
 		if time.Now().After(deadline) {
 			unpause()
 			c.note("aim: no push came within %s of CLIENT PAUSE WRITE; not aimed", chaosAimWait)
