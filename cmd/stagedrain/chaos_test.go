@@ -1,14 +1,15 @@
 package main
 
 import (
+	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"maps"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -22,46 +23,166 @@ import (
 	"github.com/stagedrain/stagedrain/relay/relaytest"
 )
 
-var chaosFull = flag.Bool("chaos.full", false,
-	"run TestChaos at full size: 100,000+ jobs, 12 leader kills (see the README's Tests)")
+var (
+	chaosFull = flag.Bool("chaos.full", false,
+		"run TestChaos at full size: 20,000 jobs/s for 90s under every kind of fault (see the README's Tests)")
+	chaosRate = flag.Int("chaos.rate", 0,
+		"jobs/s TestChaos's producers commit (0: the plan's, chaosFullRate or chaosShortRate)")
+	chaosWindow = flag.Duration("chaos.window", 0,
+		"how long TestChaos's producers commit, and its faults run (0: the plan's, chaosFullWindow or chaosShortWindow)")
+	chaosOnly = flag.String("chaos.only", "",
+		"run TestChaos with only these `faults` (comma-separated: kill, sigstop, pause-all, pause-solo, pg-restart, redis-kill, redis-stall, poison)")
+	chaosEach = flag.Int("chaos.each", 0,
+		"with -chaos.only: how many of each fault named (0: the plan's count)")
+)
+
+// The load and the length of a TestChaos run, and of its longest faults.
+const (
+	chaosFullRate    = 20_000 // jobs/s committed: the rate at which black-box runs found duplicates (issue 15)
+	chaosFullWindow  = 90 * time.Second
+	chaosShortRate   = 2_000
+	chaosShortWindow = 20 * time.Second
+
+	// chaosPauseFor is how long pause-all and pause-solo hold the relays
+	// stopped: longer than the relay's Redis read timeout, so a push in
+	// flight when they stop has timed out when they resume.
+	chaosPauseFor = 8 * time.Second
+	// chaosStallMargin is how much longer than the relays' Redis read
+	// timeout redis-stall holds Redis stopped: a push sent in the stall
+	// times out, and a client that retries sends it again, before Redis
+	// runs either.
+	chaosStallMargin = 2 * time.Second
+)
 
 // chaosPlan is the size of a TestChaos run.
 type chaosPlan struct {
-	name      string
-	producers int
-	committed int           // jobs the producers commit, at least (planted poison aside)
-	window    time.Duration // producers spread their commits, the controller its faults, over it
-	deadline  time.Duration // the producers give up, and the test fails, if not done by then
+	name         string
+	producers    int
+	rate         int           // jobs/s the producers commit (planted poison aside)
+	window       time.Duration // producers spread their commits, the controller its faults, over it
+	deadline     time.Duration // the producers give up, and the test fails, if not done by then
+	txMin, txMax int           // jobs per producer transaction
 
-	kills      int // SIGKILLs of the leader, each followed by a new relay
-	stops      int // SIGSTOPs of the leader, each SIGCONTed stopFor later
-	pgRestarts int // PostgreSQL stopped, started pgDownFor later
-	redisStops int // Redis killed, started on its port redisDownFor later
-	poison     int // transactions planting an oversized row and a row for the WRONGTYPE queue
+	faults map[string]int // how many of each kind (chaosFaultKinds)
 
-	stopFor, pgDownFor, redisDownFor time.Duration
+	stopFor, pauseFor, pgDownFor, redisDownFor time.Duration
+	redisStallFor                              time.Duration // set by newChaos: the relays' Redis read timeout + chaosStallMargin
 
 	holdChance       float64 // of a transaction held open for holdMin to holdMax
 	holdMin, holdMax time.Duration
 }
 
+// committed is how many jobs the producers commit, at least.
+func (p chaosPlan) committed() int { return int(int64(p.rate) * int64(p.window) / int64(time.Second)) }
+
 func chaosPlanFor(full bool) chaosPlan {
 	if full {
-		return chaosPlan{name: "full", producers: 6, committed: 100_000, window: 90 * time.Second, deadline: 6 * time.Minute,
-			kills: 12, stops: 2, pgRestarts: 2, redisStops: 2, poison: 4,
-			stopFor: 3 * time.Second, pgDownFor: time.Second, redisDownFor: 3 * time.Second,
-			holdChance: 0.004, holdMin: time.Second, holdMax: 4 * time.Second}
+		return chaosPlan{name: "full", producers: 6, rate: chaosFullRate, window: chaosFullWindow, deadline: 4 * time.Minute,
+			txMin: 500, txMax: 1500,
+			faults: map[string]int{"kill": 8, "sigstop": 2, "pause-all": 2, "pause-solo": 2, "pg-restart": 2,
+				"redis-kill": 2, "redis-stall": 3, "poison": 4},
+			stopFor: 3 * time.Second, pauseFor: chaosPauseFor, pgDownFor: time.Second, redisDownFor: 3 * time.Second,
+			holdChance: 0.005, holdMin: time.Second, holdMax: 4 * time.Second}
 	}
-	return chaosPlan{name: "short", producers: 4, committed: 5_000, window: 10 * time.Second, deadline: 60 * time.Second,
-		kills: 3, stops: 1, pgRestarts: 1, redisStops: 1, poison: 2,
-		stopFor: 2 * time.Second, pgDownFor: 500 * time.Millisecond, redisDownFor: 2 * time.Second,
+	return chaosPlan{name: "short", producers: 4, rate: chaosShortRate, window: chaosShortWindow, deadline: 60 * time.Second,
+		txMin: 1, txMax: 100,
+		faults:  map[string]int{"kill": 2, "sigstop": 1, "pg-restart": 1, "redis-kill": 1, "redis-stall": 1, "poison": 2},
+		stopFor: 2 * time.Second, pauseFor: chaosPauseFor, pgDownFor: 500 * time.Millisecond, redisDownFor: 2 * time.Second,
 		holdChance: 0.015, holdMin: time.Second, holdMax: 2 * time.Second}
 }
 
+// chaosPlanFromFlags is the plan of -chaos.full, with -chaos.rate,
+// -chaos.window, -chaos.only and -chaos.each applied.
+func chaosPlanFromFlags(t *testing.T) chaosPlan {
+	t.Helper()
+	plan := chaosPlanFor(*chaosFull)
+	if *chaosRate > 0 {
+		plan.rate = *chaosRate
+	}
+	if *chaosWindow > 0 {
+		plan.window = *chaosWindow
+		plan.deadline = max(plan.deadline, 2*plan.window+time.Minute)
+	}
+	if *chaosOnly != "" {
+		only := make(map[string]int)
+		for name := range strings.SplitSeq(*chaosOnly, ",") {
+			name = strings.TrimSpace(name)
+			if chaosFaultKind(name) == nil {
+				t.Fatalf("-chaos.only: no fault %q (want some of %s)", name, strings.Join(chaosFaultNames(), ", "))
+			}
+			only[name] = cmp.Or(*chaosEach, plan.faults[name], 1)
+		}
+		plan.faults = only
+		plan.name += " only " + *chaosOnly
+	}
+	return plan
+}
+
+// chaosFault is a kind of fault: its name (in -chaos.only and the
+// figures), what it holds for (to schedule the faults over the window),
+// and the controller's method that runs one.
+type chaosFault struct {
+	name string
+	hold func(chaosPlan) time.Duration
+	do   func(*chaos)
+}
+
+var chaosFaultKinds = []chaosFault{
+	// SIGKILL the leader, start a new relay.
+	{"kill", func(chaosPlan) time.Duration { return time.Second }, (*chaos).killLeader},
+	// SIGSTOP the leader for stopFor while the standby takes over.
+	{"sigstop", func(p chaosPlan) time.Duration { return p.stopFor }, (*chaos).stopLeader},
+	// SIGSTOP every relay at once for pauseFor (a paused VM: nobody can
+	// take over), then SIGCONT them all.
+	{"pause-all", func(p chaosPlan) time.Duration { return p.pauseFor }, (*chaos).pauseAll},
+	// Stop the standby (SIGTERM), SIGSTOP the leader for pauseFor with
+	// nobody to take over, SIGCONT it, start a new standby.
+	{"pause-solo", func(p chaosPlan) time.Duration { return p.pauseFor + time.Second }, (*chaos).pauseSolo},
+	// Stop PostgreSQL (fast), start it pgDownFor later.
+	{"pg-restart", func(p chaosPlan) time.Duration { return p.pgDownFor + time.Second }, (*chaos).restartPostgres},
+	// SIGKILL Redis, start it on its port redisDownFor later.
+	{"redis-kill", func(p chaosPlan) time.Duration { return p.redisDownFor + time.Second }, (*chaos).killRedis},
+	// SIGSTOP Redis for redisStallFor (its clients' read timeout and
+	// more), then SIGCONT it.
+	{"redis-stall", func(p chaosPlan) time.Duration { return p.redisStallFor }, (*chaos).stallRedis},
+	// A transaction with two rows the relay must dead-letter.
+	{"poison", func(chaosPlan) time.Duration { return 0 }, (*chaos).plantPoison},
+}
+
+func chaosFaultKind(name string) *chaosFault {
+	for i := range chaosFaultKinds {
+		if chaosFaultKinds[i].name == name {
+			return &chaosFaultKinds[i]
+		}
+	}
+	return nil
+}
+
+func chaosFaultNames() []string {
+	var names []string
+	for _, k := range chaosFaultKinds {
+		names = append(names, k.name)
+	}
+	return names
+}
+
+// relayReadTimeout is the read timeout of `stagedrain run`'s Redis client
+// for url, after go-redis's defaults (5s in go-redis 9.23).
+func relayReadTimeout(t *testing.T, url string) time.Duration {
+	t.Helper()
+	opts, err := runRedisOptions(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(opts) // dials nothing until used
+	defer rdb.Close()
+	return rdb.Options().ReadTimeout
+}
+
 // What the producers stage: jobs of these queues, some scheduled, in
-// transactions of 1 to chaosMaxTxJobs jobs, some rolled back on purpose.
+// transactions of the plan's txMin to txMax jobs, some rolled back on
+// purpose.
 const (
-	chaosMaxTxJobs        = 20
 	chaosRollbackChance   = 0.2
 	chaosScheduledChance  = 0.1
 	chaosWrongTypeQueue   = "chaos_wrongtype" // its key holds a string: LPUSH answers WRONGTYPE
@@ -73,32 +194,53 @@ func chaosQueues() []string { return []string{"default", "critical", "mailers", 
 
 // TestChaos runs two stagedrain relays (a leader and a standby) against a
 // private PostgreSQL and Redis while producers stage jobs, commit and roll
-// back, and faults hit: the leader SIGKILLed (and a new relay started) and
-// SIGSTOPped, PostgreSQL restarted, Redis killed and restarted on its port
-// (with an fsynced append-only file, so it keeps what it acknowledged),
-// poison rows planted. Once the producers stop and the relays drain, every
-// committed job must be in Redis exactly once, where it belongs, no
-// rolled-back job at all, staged_jobs empty, and staged_jobs_dead exactly
-// the planted rows.
+// back, and faults hit (chaosFaultKinds): the leader SIGKILLed (and a new
+// relay started) and SIGSTOPped, every relay SIGSTOPped at once, the leader
+// SIGSTOPped with no standby, PostgreSQL restarted, Redis killed and
+// restarted on its port (with an fsynced append-only file, so it keeps what
+// it acknowledged), Redis SIGSTOPped for longer than the relays' read
+// timeout, poison rows planted. Once the producers stop and the relays
+// drain, every committed job must be in Redis exactly once (its jid in one
+// entry), where it belongs, no rolled-back job at all, staged_jobs empty,
+// and staged_jobs_dead exactly the planted rows.
 //
 // Each job carries a unique marker in its args, and each transaction
 // INSERTs its id into a ledger table beside its jobs (the app's own data),
 // so a transaction whose COMMIT failed in flight (PostgreSQL stopping) is
 // known, afterwards, to have committed or not.
 //
-// By default a short run (thousands of jobs, a few faults, under a minute);
-// -chaos.full runs the issue's size (see chaosPlanFor).
+// By default a short run (tens of thousands of jobs, a few faults, under a
+// minute); -chaos.full runs the issue's size (see chaosPlanFor), and
+// -chaos.rate, -chaos.window, -chaos.only and -chaos.each change it.
 func TestChaos(t *testing.T) {
-	plan := chaosPlanFor(*chaosFull)
+	plan := chaosPlanFromFlags(t)
 	seed := time.Now().UnixNano()
-	t.Logf("chaos %s: seed %d, %d producers, %d committed jobs over %s, %d kills, %d SIGSTOPs, %d PostgreSQL restarts, %d Redis stops, %d poison transactions",
-		plan.name, seed, plan.producers, plan.committed, plan.window, plan.kills, plan.stops, plan.pgRestarts, plan.redisStops, plan.poison)
 	c := newChaos(t, plan, seed)
+	plan = c.plan // with redisStallFor
+	t.Logf("chaos %s: seed %d, %d producers, %d committed jobs (%d jobs/s, %d-%d per transaction) over %s; faults %s; SIGSTOPs of relays %s, Redis stall %s",
+		plan.name, seed, plan.producers, plan.committed(), plan.rate, plan.txMin, plan.txMax, plan.window, chaosFaultCounts(plan.faults),
+		plan.pauseFor, plan.redisStallFor)
 	defer func() { t.Logf("timeline:\n%s", c.timelineText()) }() // also when a wait fails the test
 	c.run()
 	f := c.verdict()
 	f.log(t)
 	f.check(t)
+}
+
+// chaosFaultCounts is counts by fault name, in chaosFaultKinds' order:
+// kill=12 sigstop=2 ...
+func chaosFaultCounts(counts map[string]int) string {
+	var parts []string
+	for _, name := range chaosFaultNames() {
+		if n, ok := counts[name]; ok {
+			part := fmt.Sprintf("%s=%d", name, n)
+			if aimed := counts[name+":aimed"]; aimed > 0 {
+				part += fmt.Sprintf("(%d aimed)", aimed)
+			}
+			parts = append(parts, part)
+		}
+	}
+	return strings.Join(parts, " ")
 }
 
 // chaos is one TestChaos run: the servers, the relays, the producers'
@@ -123,6 +265,7 @@ type chaos struct {
 	txs    []*chaosTx // every transaction staged, once the producers are done
 
 	timeline []chaosNote
+	ran      []chaosRun // the faults, in the order they ran
 	faults   map[string]int
 	gap      deliveryGap
 }
@@ -141,6 +284,7 @@ func newChaos(t *testing.T, plan chaosPlan, seed int64) *chaos {
 	}
 	c.pg = startPrivatePostgres(t)
 	c.redis = newStoppableRedis(t, "--appendonly", "yes", "--appendfsync", "always")
+	c.plan.redisStallFor = relayReadTimeout(t, c.redis.url()) + chaosStallMargin
 	c.rdb = redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", c.redis.port), DisableIdentity: true})
 	t.Cleanup(func() { _ = c.rdb.Close() })
 	t.Cleanup(func() {
@@ -190,6 +334,12 @@ func (c *chaos) db() *pgx.Conn {
 		return true, ""
 	})
 	return c.conn
+}
+
+// chaosRun is one fault that ran, from when it started to when it ended.
+type chaosRun struct {
+	fault    string
+	from, to time.Time
 }
 
 // chaosNote is a line of the run's timeline.
@@ -263,7 +413,7 @@ func (c *chaos) run() {
 	defer cancel()
 	var produced sync.WaitGroup
 	for i := range producers {
-		p := &chaosProducer{c: c, id: i + 1, quota: (c.plan.committed + c.plan.producers - 1) / c.plan.producers,
+		p := &chaosProducer{c: c, id: i + 1, quota: (c.plan.committed() + c.plan.producers - 1) / c.plan.producers,
 			rng: rand.New(rand.NewPCG(uint64(c.seed), uint64(i+1)))}
 		producers[i] = p
 		produced.Go(func() { p.run(pctx) })
@@ -273,11 +423,16 @@ func (c *chaos) run() {
 		if !c.pause(time.Until(c.start.Add(ev.at))) {
 			t.Fatal("the test's context ended")
 		}
-		ev.do()
+		c.faults[ev.fault.name]++
+		from := time.Now()
+		ev.fault.do(c)
+		c.ran = append(c.ran, chaosRun{fault: ev.fault.name, from: from, to: time.Now()})
 	}
 	c.note("faults done")
 	produced.Wait()
-	c.note("producers done")
+	var backlog int
+	err := c.db().QueryRow(c.ctx, "SELECT count(*) FROM "+pgx.Identifier{c.schema, "staged_jobs"}.Sanitize()).Scan(&backlog)
+	c.note("producers done: %d rows staged (%v)", backlog, err)
 	for _, p := range producers {
 		c.txs = append(c.txs, p.txs...)
 		if p.committed < p.quota {
@@ -297,34 +452,35 @@ func (c *chaos) run() {
 
 // chaosEvent is one fault, at its offset from the producers' start.
 type chaosEvent struct {
-	at time.Duration
-	do func()
+	at    time.Duration
+	fault *chaosFault
 }
 
 // schedule spreads the plan's faults over the window in a random order,
-// one to a slot, each at a random point of the first half of its slot.
+// one to a slot: each fault's slot is its hold plus an even share of the
+// window's free time, and it starts at a random point of the first half
+// of that share.
 func (c *chaos) schedule() []chaosEvent {
-	var do []func()
-	for range c.plan.kills {
-		do = append(do, c.killLeader)
+	var kinds []*chaosFault
+	var held time.Duration
+	for i := range chaosFaultKinds {
+		k := &chaosFaultKinds[i]
+		for range c.plan.faults[k.name] {
+			kinds = append(kinds, k)
+			held += k.hold(c.plan)
+		}
 	}
-	for range c.plan.stops {
-		do = append(do, c.stopLeader)
+	if len(kinds) == 0 {
+		return nil
 	}
-	for range c.plan.pgRestarts {
-		do = append(do, c.restartPostgres)
-	}
-	for range c.plan.redisStops {
-		do = append(do, c.stopRedis)
-	}
-	for range c.plan.poison {
-		do = append(do, c.plantPoison)
-	}
-	c.rng.Shuffle(len(do), func(i, j int) { do[i], do[j] = do[j], do[i] })
-	slot := c.plan.window / time.Duration(len(do))
-	events := make([]chaosEvent, len(do))
-	for i, f := range do {
-		events[i] = chaosEvent{at: slot*time.Duration(i) + slot/8 + time.Duration(c.rng.Int64N(int64(slot/2))), do: f}
+	c.rng.Shuffle(len(kinds), func(i, j int) { kinds[i], kinds[j] = kinds[j], kinds[i] })
+	free := max(c.plan.window-held, c.plan.window/10)
+	share := free / time.Duration(len(kinds))
+	events := make([]chaosEvent, len(kinds))
+	var at time.Duration
+	for i, k := range kinds {
+		events[i] = chaosEvent{at: at + share/8 + time.Duration(c.rng.Int64N(int64(share/2))), fault: k}
+		at += share + k.hold(c.plan)
 	}
 	return events
 }
@@ -369,7 +525,6 @@ func (c *chaos) killLeader() {
 		c.t.Fatalf("SIGKILL %s: %v", p.name, err)
 	}
 	c.note("SIGKILL %s, the leader", p.name)
-	c.faults["kills"]++
 	if code := p.wait(10 * time.Second); code != -1 {
 		c.t.Errorf("%s exited with code %d, want death by SIGKILL", p.name, code)
 	}
@@ -382,30 +537,192 @@ func (c *chaos) stopLeader() {
 	p := c.live[c.leader()]
 	p.signal(syscall.SIGSTOP)
 	c.note("SIGSTOP %s, the leader", p.name)
-	c.faults["sigstops"]++
 	c.pause(c.plan.stopFor)
 	p.signal(syscall.SIGCONT)
 	c.note("SIGCONT %s", p.name)
 }
 
+// pauseAll freezes every live relay at once with SIGSTOP, as a paused VM
+// would (nobody is left to take over), and thaws them pauseFor later.
+//
+// Every other one (the first, the third...) is aimed (aimAtPush): it
+// strikes while the leader's push script waits in Redis, which runs it
+// once the relays are frozen. The leader wakes with the reply in its
+// socket and its read deadline long past: Go's runtime hands it the
+// reply or a timeout, whichever it sees first (a timeout about half the
+// time here). Redis is let go before the relays thaw, not after: a relay
+// that times out closes its connection, and Redis drops a paused
+// client's command when the client goes.
+func (c *chaos) pauseAll() {
+	c.t.Helper()
+	release := c.aim("pause-all")
+	for _, p := range c.live {
+		p.signal(syscall.SIGSTOP)
+	}
+	c.note("SIGSTOP %s and %s, every relay", c.live[0].name, c.live[1].name)
+	release()
+	c.pause(c.plan.pauseFor)
+	for _, p := range c.live {
+		p.signal(syscall.SIGCONT)
+	}
+	c.note("SIGCONT %s and %s", c.live[0].name, c.live[1].name)
+}
+
+// pauseSolo stops the standby (SIGTERM: it must exit 0), freezes the
+// leader, alone now, with SIGSTOP, thaws it pauseFor later and starts a
+// new standby. Every other one is aimed, as pauseAll's.
+func (c *chaos) pauseSolo() {
+	c.t.Helper()
+	i := c.leader()
+	lead, standby := c.live[i], c.live[1-i]
+	standby.signal(syscall.SIGTERM)
+	if code := standby.wait(20 * time.Second); code != 0 {
+		c.t.Errorf("%s, the standby, exited with code %d after SIGTERM, want 0", standby.name, code)
+	}
+	c.note("SIGTERM %s, the standby: exited", standby.name)
+	release := c.aim("pause-solo")
+	lead.signal(syscall.SIGSTOP)
+	c.note("SIGSTOP %s, the leader, alone", lead.name)
+	release()
+	c.pause(c.plan.pauseFor)
+	lead.signal(syscall.SIGCONT)
+	c.note("SIGCONT %s", lead.name)
+	c.live[1-i] = c.startRelay()
+}
+
+// aim aims the odd-numbered faults of this kind (the first, the third...)
+// at a push in flight (aimAtPush), counting those it aimed as
+// "<fault>:aimed", and returns what ends the aiming once the fault has
+// struck.
+func (c *chaos) aim(fault string) (release func()) {
+	if c.faults[fault]%2 == 0 {
+		return func() {}
+	}
+	release, ok := c.aimAtPush()
+	if ok {
+		c.faults[fault+":aimed"]++
+	}
+	return release
+}
+
+// aimAtPush holds the next push in Redis, so that a SIGSTOP of the relays
+// lands while the push is in flight: the leader has sent its script and
+// waits for the reply, with its read deadline running. It pauses Redis's
+// writes (CLIENT PAUSE WRITE: a script that may write waits, reads do not)
+// and waits (up to chaosAimWait) until CLIENT LIST shows a relay's EVALSHA
+// of a batch (over 1,000 bytes of arguments) held there; a smaller script
+// held (a new leader taking the fence) is let through, and Redis paused
+// again. It returns what unpauses Redis, which the caller calls once the
+// relays are frozen (the pause ends by itself 2s after it began). ok is
+// false, and Redis unpaused, if no push came.
+func (c *chaos) aimAtPush() (release func(), ok bool) {
+	c.t.Helper()
+	unpause := func() {
+		if err := c.rdb.Do(c.ctx, "CLIENT", "UNPAUSE").Err(); err != nil {
+			c.t.Errorf("CLIENT UNPAUSE: %v", err)
+		}
+	}
+	pause := func() bool {
+		if err := c.rdb.Do(c.ctx, "CLIENT", "PAUSE", 2000, "WRITE").Err(); err != nil {
+			c.t.Errorf("CLIENT PAUSE: %v", err)
+			return false
+		}
+		return true
+	}
+	// held reports whether a relay's push script waits in Redis, and
+	// whether another of its scripts does.
+	held := func() (push, other bool) {
+		list, err := c.rdb.ClientList(c.ctx).Result()
+		if err != nil {
+			return false, false
+		}
+		for line := range strings.SplitSeq(list, "\n") {
+			f := strings.Fields(line)
+			if !slices.Contains(f, "name=stagedrain") || !(slices.Contains(f, "cmd=evalsha") || slices.Contains(f, "cmd=eval")) ||
+				!slices.ContainsFunc(f, func(s string) bool { return strings.HasPrefix(s, "flags=") && strings.Contains(s, "b") }) {
+				continue
+			}
+			if slices.ContainsFunc(f, func(s string) bool {
+				n, err := strconv.Atoi(strings.TrimPrefix(s, "argv-mem="))
+				return strings.HasPrefix(s, "argv-mem=") && err == nil && n > 1000
+			}) {
+				return true, false
+			}
+			other = true
+		}
+		return false, other
+	}
+	if !pause() {
+		return func() {}, false
+	}
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.Now().Add(chaosAimWait)
+	for {
+		push, other := held()
+		if push {
+			break
+		}
+		if other {
+			unpause()
+			if !pause() {
+				return func() {}, false
+			}
+		}
+		if time.Now().After(deadline) {
+			unpause()
+			c.note("aim: no push came within %s of CLIENT PAUSE WRITE; not aimed", chaosAimWait)
+			return func() {}, false
+		}
+		select {
+		case <-tick.C:
+		case <-c.ctx.Done():
+			return func() {}, false
+		}
+	}
+	c.note("aim: a push script held in Redis (CLIENT PAUSE WRITE)")
+	return func() {
+		unpause()
+		c.note("aim: CLIENT UNPAUSE")
+	}, true
+}
+
+// chaosAimWait is how long aimAtPush waits for a push to come.
+const chaosAimWait = time.Second
+
 func (c *chaos) restartPostgres() {
 	c.t.Helper()
 	c.pg.stop()
 	c.note("PostgreSQL stopped")
-	c.faults["pg_restarts"]++
 	c.pause(c.plan.pgDownFor)
 	c.pg.start()
 	c.note("PostgreSQL started")
 }
 
-func (c *chaos) stopRedis() {
+func (c *chaos) killRedis() {
 	c.t.Helper()
 	c.redis.stop()
 	c.note("Redis killed")
-	c.faults["redis_stops"]++
 	c.pause(c.plan.redisDownFor)
 	c.redis.start()
 	c.note("Redis started")
+}
+
+// stallRedis freezes Redis with SIGSTOP for redisStallFor, longer than
+// the relays' read timeout, and thaws it: what a client sent meanwhile
+// (and what it sent again after a timeout) runs once it thaws.
+func (c *chaos) stallRedis() {
+	c.t.Helper()
+	p := c.redis.cmd.Process
+	if err := p.Signal(syscall.SIGSTOP); err != nil {
+		c.t.Fatalf("SIGSTOP redis-server: %v", err)
+	}
+	c.note("SIGSTOP Redis")
+	c.pause(c.plan.redisStallFor)
+	if err := p.Signal(syscall.SIGCONT); err != nil {
+		c.t.Fatalf("SIGCONT redis-server: %v", err)
+	}
+	c.note("SIGCONT Redis")
 }
 
 // plantPoison commits a transaction with two rows the relay must
@@ -413,8 +730,7 @@ func (c *chaos) stopRedis() {
 // key holds a string) between ordinary jobs.
 func (c *chaos) plantPoison() {
 	c.t.Helper()
-	n := c.faults["poison"]
-	c.faults["poison"]++
+	n := c.faults["poison"] // this one counted already
 	tx := &chaosTx{id: fmt.Sprintf("poison.%d", n), commit: true}
 	tx.add("default", false, "")
 	tx.add("default", false, "oversize")
@@ -445,7 +761,7 @@ type chaosTx struct {
 }
 
 func (tx *chaosTx) add(queue string, scheduled bool, poison string) {
-	tx.jobs = append(tx.jobs, chaosJob{marker: fmt.Sprintf("%s.%d", tx.id, len(tx.jobs)), queue: queue, scheduled: scheduled, poison: poison})
+	tx.jobs = append(tx.jobs, chaosJob{marker: tx.id + "." + strconv.Itoa(len(tx.jobs)), queue: queue, scheduled: scheduled, poison: poison})
 }
 
 type txOutcome int
@@ -468,12 +784,14 @@ func (s chaosSQL) run(ctx context.Context, conn *pgx.Conn, tx *chaosTx) error {
 	queues := make([]string, len(tx.jobs))
 	scheduled := make([]bool, len(tx.jobs))
 	for i, j := range tx.jobs {
-		a := []string{j.marker}
+		// The args as JSON, by hand: json.Marshal costs the -race test
+		// binary a core's share at 20,000 jobs/s. A marker is letters,
+		// digits and dots (tx.add), nothing JSON would escape.
+		a := `["` + j.marker + `"]`
 		if j.poison == "oversize" {
-			a = append(a, strings.Repeat("x", chaosOversizedPadding))
+			a = `["` + j.marker + `","` + strings.Repeat("x", chaosOversizedPadding) + `"]`
 		}
-		b, _ := json.Marshal(a)
-		args[i], queues[i], scheduled[i] = string(b), j.queue, j.scheduled
+		args[i], queues[i], scheduled[i] = a, j.queue, j.scheduled
 	}
 	tx.outcome = txFailed
 	pgTx, err := conn.Begin(ctx)
@@ -547,7 +865,7 @@ func (p *chaosProducer) run(ctx context.Context) {
 			}
 		}
 		tx := &chaosTx{id: fmt.Sprintf("p%d.%d", p.id, seq), commit: p.rng.Float64() >= chaosRollbackChance}
-		for range 1 + p.rng.IntN(chaosMaxTxJobs) {
+		for range plan.txMin + p.rng.IntN(plan.txMax-plan.txMin+1) {
 			tx.add(queues[p.rng.IntN(len(queues))], p.rng.Float64() < chaosScheduledChance, "")
 		}
 		if p.rng.Float64() < plan.holdChance {
@@ -642,6 +960,36 @@ func (d delivery) String() string {
 	return d.key + " jid " + d.jid + " enqueued " + d.enqueued.Format("15:04:05.000")
 }
 
+// chaosReadScript reads ARGV[1] to ARGV[2] of the list (ARGV[3] "list")
+// or zset KEYS[1] and decodes each entry in Redis (cjson: a million
+// payloads decode in seconds there, in minutes in a -race test binary):
+// "marker TAB jid TAB queue TAB enqueued_at" for a chaos job (enqueued_at
+// "" when the payload has none), "!" and the raw entry (its newlines as
+// \n) for anything else. It answers how many entries it read, and their
+// lines joined by newlines: one reply to parse, not one per entry.
+var chaosReadScript = redis.NewScript(`
+local items
+if ARGV[3] == 'list' then
+  items = redis.call('LRANGE', KEYS[1], ARGV[1], ARGV[2])
+else
+  items = redis.call('ZRANGE', KEYS[1], ARGV[1], ARGV[2])
+end
+local out = {}
+for i, raw in ipairs(items) do
+  local ok, job = pcall(cjson.decode, raw)
+  local marker = ok and type(job) == 'table' and job.class == 'ChaosJob' and type(job.args) == 'table' and job.args[1]
+  if type(marker) == 'string' and marker ~= '' and type(job.queue) == 'string' and type(job.jid) == 'string' and
+     not (marker .. job.queue .. job.jid):find('[\t\n]') then
+    local at = ''
+    if type(job.enqueued_at) == 'number' then at = string.format('%.6f', job.enqueued_at) end
+    out[i] = marker .. '\t' .. job.jid .. '\t' .. job.queue .. '\t' .. at
+  else
+    out[i] = '!' .. raw:gsub('\n', '\\n')
+  end
+end
+return {#items, table.concat(out, '\n')}
+`)
+
 // readDeliveries reads every job of Sidekiq's keys (the queue:* lists and
 // the schedule zset; any other key, such as the relay's own bookkeeping,
 // is not a delivery) by marker. Entries that are not a chaos job, and
@@ -649,39 +997,55 @@ func (d delivery) String() string {
 // foreign.
 func (c *chaos) readDeliveries() (map[string][]delivery, []string) {
 	t, ctx := c.t, c.ctx
-	byMarker := make(map[string][]delivery)
+	byMarker := make(map[string][]delivery, c.plan.committed()+c.plan.committed()/8)
 	var foreign []string
-	add := func(key, raw string) {
-		var job struct {
-			Class      string  `json:"class"`
-			Args       []any   `json:"args"`
-			Queue      string  `json:"queue"`
-			JID        string  `json:"jid"`
-			EnqueuedAt float64 `json:"enqueued_at"`
-		}
-		err := json.Unmarshal([]byte(raw), &job)
-		marker, _ := func() (string, bool) {
-			if len(job.Args) == 0 {
-				return "", false
-			}
-			s, ok := job.Args[0].(string)
-			return s, ok
-		}()
-		if err != nil || job.Class != "ChaosJob" || marker == "" {
+	add := func(key, entry string) {
+		if raw, ok := strings.CutPrefix(entry, "!"); ok {
 			foreign = append(foreign, key+": "+raw)
 			return
 		}
-		if q, ok := strings.CutPrefix(key, "queue:"); ok && job.Queue != q {
-			foreign = append(foreign, key+": queue "+job.Queue+": "+raw)
+		marker, rest, ok1 := strings.Cut(entry, "\t")
+		jid, rest, ok2 := strings.Cut(rest, "\t")
+		queue, at, ok3 := strings.Cut(rest, "\t")
+		if !ok1 || !ok2 || !ok3 {
+			foreign = append(foreign, key+": "+entry)
 			return
 		}
-		d := delivery{key: key, jid: job.JID}
-		if job.EnqueuedAt > 0 {
-			d.enqueued = time.Unix(0, int64(job.EnqueuedAt*1e9))
+		if q, ok := strings.CutPrefix(key, "queue:"); ok && queue != q {
+			foreign = append(foreign, key+": queue "+queue+": "+marker+" jid "+jid)
+			return
+		}
+		d := delivery{key: key, jid: jid}
+		if at != "" {
+			secs, err := strconv.ParseFloat(at, 64)
+			if err != nil {
+				t.Fatalf("%s: enqueued_at %q: %v", key, at, err)
+			}
+			if secs > 0 {
+				d.enqueued = time.Unix(0, int64(secs*1e9))
+			}
 		}
 		byMarker[marker] = append(byMarker[marker], d)
 	}
 	const chunk = 10_000
+	read := func(key, kind string) {
+		for i := int64(0); ; i += chunk {
+			reply, err := chaosReadScript.Run(ctx, c.rdb, []string{key}, i, i+chunk-1, kind).Slice()
+			if err != nil {
+				t.Fatalf("read %s %s: %v", kind, key, err)
+			}
+			n, _ := reply[0].(int64)
+			lines, _ := reply[1].(string)
+			for got := int64(0); got < n; got++ {
+				var entry string
+				entry, lines, _ = strings.Cut(lines, "\n")
+				add(key, entry)
+			}
+			if n < chunk {
+				break
+			}
+		}
+	}
 	keys, err := c.rdb.Keys(ctx, "queue:*").Result()
 	if err != nil {
 		t.Fatalf("KEYS queue:*: %v", err)
@@ -693,35 +1057,13 @@ func (c *chaos) readDeliveries() (map[string][]delivery, []string) {
 		}
 		switch {
 		case typ == "list":
-			for i := int64(0); ; i += chunk {
-				got, err := c.rdb.LRange(ctx, key, i, i+chunk-1).Result()
-				if err != nil {
-					t.Fatalf("LRANGE %s: %v", key, err)
-				}
-				for _, raw := range got {
-					add(key, raw)
-				}
-				if len(got) < chunk {
-					break
-				}
-			}
+			read(key, "list")
 		case key == "queue:"+chaosWrongTypeQueue && typ == "string":
 		default:
 			foreign = append(foreign, fmt.Sprintf("%s: a %s", key, typ))
 		}
 	}
-	for i := int64(0); ; i += chunk {
-		got, err := c.rdb.ZRange(ctx, "schedule", i, i+chunk-1).Result()
-		if err != nil {
-			t.Fatalf("ZRANGE schedule: %v", err)
-		}
-		for _, raw := range got {
-			add("schedule", raw)
-		}
-		if len(got) < chunk {
-			break
-		}
-	}
+	read("schedule", "zset")
 	return byMarker, foreign
 }
 
@@ -766,6 +1108,8 @@ func (c *chaos) readLedger() map[string]bool {
 type chaosFigures struct {
 	plan    string
 	seed    int64
+	rate    int
+	window  time.Duration
 	elapsed time.Duration
 
 	txs, txsCommitted, txsRolledBack, txsFailed int
@@ -774,8 +1118,11 @@ type chaosFigures struct {
 
 	delivered           int // entries of chaos jobs in Redis
 	lost                int // committed jobs not in Redis
-	duplicates          int // entries beyond the first of a committed job
+	duplicates          int // entries beyond the first of a committed job's jid (or of the job, under another jid)
+	duplicatedJobs      int // committed jobs in Redis more than once
+	rejids              int // entries of a committed job under a jid other than its first: pushed again as a new job
 	rolledBackDelivered int // entries of jobs that never committed
+	unstaged            int // entries of chaos jobs that no producer staged
 	misplaced           int // entries of a job in the wrong queue, or scheduled when not (or not when)
 
 	planted   int // poison rows committed
@@ -788,7 +1135,8 @@ type chaosFigures struct {
 	gap           deliveryGap
 	gapAt         time.Duration // when the longest gap ended, from the producers' start
 
-	duplicateCauses []string // duplicates grouped by when they were pushed
+	duplicateCauses []string       // duplicates grouped by when they were pushed
+	duplicatesBy    map[string]int // duplicates by the fault under way when the job was first pushed ("none": no fault)
 
 	ledgerWrong []string // a transaction whose outcome the ledger contradicts
 	foreign     []string // entries in Redis that are no chaos job, or keys of the wrong type
@@ -805,7 +1153,8 @@ func (f *chaosFigures) sample(kind, s string) {
 // figures from the producers' records, the ledger, Redis and PostgreSQL.
 func (c *chaos) verdict() *chaosFigures {
 	t := c.t
-	f := &chaosFigures{plan: c.plan.name, seed: c.seed, faults: c.faults, gap: c.gap, samples: make(map[string][]string)}
+	f := &chaosFigures{plan: c.plan.name, seed: c.seed, rate: c.plan.rate, window: c.plan.window,
+		faults: c.faults, gap: c.gap, samples: make(map[string][]string)}
 	if !c.gap.endedAt.IsZero() {
 		f.gapAt = c.gap.endedAt.Sub(c.start)
 	}
@@ -823,8 +1172,10 @@ func (c *chaos) verdict() *chaosFigures {
 	}
 	f.leaderChanges-- // the first leader
 
+	c.note("relays stopped")
 	ledger := c.readLedger()
 	deliveries, foreign := c.readDeliveries()
+	c.note("read %d jobs' entries from Redis", len(deliveries))
 	f.foreign = foreign
 	dead := c.readDead()
 	f.dead = len(dead)
@@ -892,7 +1243,16 @@ func (c *chaos) verdict() *chaosFigures {
 					f.lost++
 					f.sample("lost", fmt.Sprintf("%s (transaction %s)", j.marker, tx.outcome))
 				case len(got) > 1:
+					// Exactly: every entry beyond the first of the job's
+					// jid is a duplicate, and so is an entry of the job
+					// under any other jid.
 					f.duplicates += len(got) - 1
+					f.duplicatedJobs++
+					for _, d := range got[1:] {
+						if d.jid != got[0].jid {
+							f.rejids++
+						}
+					}
 					f.sample("duplicate", fmt.Sprintf("%s x%d %v", j.marker, len(got), got))
 					dups = append(dups, got)
 				}
@@ -906,21 +1266,27 @@ func (c *chaos) verdict() *chaosFigures {
 		}
 	}
 	for marker, got := range deliveries {
+		f.unstaged += len(got)
 		f.foreign = append(f.foreign, fmt.Sprintf("%s: no such job staged, delivered %v", marker, got))
 	}
 	for marker, reason := range dead {
 		f.deadWrong = append(f.deadWrong, fmt.Sprintf("%s in staged_jobs_dead (%s), never planted", marker, reason))
 	}
 	slices.Sort(f.deadWrong)
-	f.duplicateCauses = c.duplicateCauses(dups)
+	f.duplicateCauses, f.duplicatesBy = c.duplicateCauses(dups)
+	c.note("figures done")
 	return f
 }
 
 // duplicateCauses groups duplicated jobs by when they were pushed first and
-// last (to 10ms), naming what the timeline holds in between.
-func (c *chaos) duplicateCauses(dups [][]delivery) []string {
+// last (to 10ms), naming what the timeline holds in between, and counts
+// the duplicate entries by the fault under way when the job was first
+// pushed: one that started at most chaosBlameBefore later (a push in flight
+// when it struck) or ended at most chaosBlameAfter earlier.
+func (c *chaos) duplicateCauses(dups [][]delivery) ([]string, map[string]int) {
 	type span struct{ first, last time.Time }
 	count := make(map[span]int)
+	entries := make(map[span]int)
 	for _, got := range dups {
 		var sp span
 		for _, d := range got {
@@ -935,24 +1301,63 @@ func (c *chaos) duplicateCauses(dups [][]delivery) []string {
 			}
 		}
 		count[sp]++
+		entries[sp] += len(got) - 1
 	}
 	spans := slices.SortedFunc(maps.Keys(count), func(a, b span) int { return a.first.Compare(b.first) })
 	var out []string
+	by := make(map[string]int)
 	for _, sp := range spans {
-		out = append(out, fmt.Sprintf("%d jobs pushed at %s and again at %s, in between: %s",
-			count[sp], c.offset(sp.first), c.offset(sp.last), strings.Join(c.between(sp.first, sp.last.Add(10*time.Millisecond)), "; ")))
+		blamed := "none"
+		for _, r := range c.ran {
+			if !sp.first.Before(r.from.Add(-chaosBlameBefore)) && !sp.first.After(r.to.Add(chaosBlameAfter)) {
+				blamed = r.fault
+				break
+			}
+		}
+		by[blamed] += entries[sp]
+		out = append(out, fmt.Sprintf("%d jobs pushed at %s and again at %s (during %s), in between: %s",
+			count[sp], c.offset(sp.first), c.offset(sp.last), blamed, strings.Join(c.between(sp.first, sp.last.Add(10*time.Millisecond)), "; ")))
 	}
-	return out
+	return out, by
 }
 
-// summary is the run's figures on one line.
+// A duplicate is blamed on a fault that started up to chaosBlameBefore
+// after the job's first push (its enqueued_at, set as the batch was built:
+// the fault struck the push in flight) or ended up to chaosBlameAfter
+// before it.
+const (
+	chaosBlameBefore = time.Second
+	chaosBlameAfter  = 100 * time.Millisecond
+)
+
+// chaosBlameCounts is duplicatesBy as redis-stall=27 pause-all=300, in
+// chaosFaultKinds' order, "none" last; "-" when there are none.
+func chaosBlameCounts(by map[string]int) string {
+	var parts []string
+	for _, name := range append(chaosFaultNames(), "none") {
+		if n := by[name]; n > 0 {
+			parts = append(parts, fmt.Sprintf("%s=%d", name, n))
+		}
+	}
+	if len(parts) == 0 {
+		return "-"
+	}
+	return strings.Join(parts, " ")
+}
+
+// phantom is the entries in Redis of chaos jobs that never committed:
+// rolled back, failed, or never staged at all.
+func (f *chaosFigures) phantom() int { return f.rolledBackDelivered + f.unstaged }
+
+// summary is the run's figures on one line, the faults last (as many of
+// each kind as ran).
 func (f *chaosFigures) summary() string {
-	return fmt.Sprintf("chaos %s seed=%d: committed=%d rolled_back=%d in_doubt_txs=%d(%d committed) delivered=%d lost=%d duplicates=%d "+
-		"rolled_back_delivered=%d misplaced=%d dead=%d planted=%d staged_left=%d leader_changes=%d kills=%d sigstops=%d "+
-		"pg_restarts=%d redis_stops=%d longest_gap=%.2fs(ended +%.1fs) elapsed=%.1fs",
-		f.plan, f.seed, f.committed, f.rolledBack, f.inDoubt, f.inDoubtCommitted, f.delivered, f.lost, f.duplicates,
-		f.rolledBackDelivered, f.misplaced, f.dead, f.planted, f.stagedLeft, f.leaderChanges, f.faults["kills"], f.faults["sigstops"],
-		f.faults["pg_restarts"], f.faults["redis_stops"], f.gap.longest.Seconds(), f.gapAt.Seconds(), f.elapsed.Seconds())
+	return fmt.Sprintf("chaos %s seed=%d rate=%d/s window=%s: committed=%d delivered=%d lost=%d duplicates=%d duplicated_jobs=%d phantom=%d "+
+		"rolled_back=%d in_doubt_txs=%d(%d committed) misplaced=%d dead=%d planted=%d staged_left=%d leader_changes=%d "+
+		"longest_gap=%.2fs(ended +%.1fs) elapsed=%.1fs duplicates_by_fault: %s faults: %s",
+		f.plan, f.seed, f.rate, f.window, f.committed, f.delivered, f.lost, f.duplicates, f.duplicatedJobs, f.phantom(),
+		f.rolledBack, f.inDoubt, f.inDoubtCommitted, f.misplaced, f.dead, f.planted, f.stagedLeft, f.leaderChanges,
+		f.gap.longest.Seconds(), f.gapAt.Seconds(), f.elapsed.Seconds(), chaosBlameCounts(f.duplicatesBy), chaosFaultCounts(f.faults))
 }
 
 func (f *chaosFigures) log(t *testing.T) {
@@ -960,13 +1365,13 @@ func (f *chaosFigures) log(t *testing.T) {
 	t.Logf("transactions: %d (%d committed, %d rolled back on purpose, %d failed before COMMIT, %d in doubt of which %d committed)",
 		f.txs, f.txsCommitted, f.txsRolledBack, f.txsFailed, f.inDoubt, f.inDoubtCommitted)
 	t.Logf("jobs committed: %d; rolled back or never committed: %d; delivered (entries in Redis): %d", f.committed, f.rolledBack, f.delivered)
-	t.Logf("lost: %d; duplicates: %d; rolled back but delivered: %d; misplaced: %d", f.lost, f.duplicates, f.rolledBackDelivered, f.misplaced)
+	t.Logf("lost: %d; duplicates: %d (of %d jobs; %d under a jid of their own); phantom: %d (%d rolled back or failed, %d never staged); misplaced: %d",
+		f.lost, f.duplicates, f.duplicatedJobs, f.rejids, f.phantom(), f.rolledBackDelivered, f.unstaged, f.misplaced)
 	if len(f.duplicateCauses) > 0 {
 		t.Logf("duplicates by when they were pushed (scheduled jobs pushed twice do not show: the schedule zset holds one copy):\n  %s", strings.Join(f.duplicateCauses, "\n  "))
 	}
 	t.Logf("dead letters: %d (planted %d); left staged: %d", f.dead, f.planted, f.stagedLeft)
-	t.Logf("faults: %d leader kills, %d SIGSTOPs, %d PostgreSQL restarts, %d Redis stops; leader changes: %d",
-		f.faults["kills"], f.faults["sigstops"], f.faults["pg_restarts"], f.faults["redis_stops"], f.leaderChanges)
+	t.Logf("faults: %s; leader changes: %d", chaosFaultCounts(f.faults), f.leaderChanges)
 	t.Logf("longest gap in delivery: %s (ended %.1fs after the producers started); elapsed: %s", f.gap.longest.Round(time.Millisecond), f.gapAt.Seconds(), f.elapsed.Round(time.Millisecond))
 	t.Log(f.summary())
 }
@@ -990,7 +1395,7 @@ func (f *chaosFigures) check(t *testing.T) {
 	if f.stagedLeft != 0 {
 		t.Errorf("%d rows left in staged_jobs, want none", f.stagedLeft)
 	}
-	if f.planted == 0 || f.dead != f.planted || len(f.deadWrong) != 0 {
+	if (f.faults["poison"] > 0 && f.planted == 0) || f.dead != f.planted || len(f.deadWrong) != 0 {
 		t.Errorf("staged_jobs_dead holds %d rows, want exactly the %d planted (and some planted); wrong: %v", f.dead, f.planted, f.deadWrong)
 	}
 	if len(f.ledgerWrong) != 0 {
