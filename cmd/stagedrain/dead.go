@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"slices"
@@ -45,29 +46,63 @@ func newDeadFlags(cmd, desc string) (*flagSet, *deadFlags) {
 	return f, c
 }
 
-const deadUsage = "want list, retry or purge (see 'stagedrain --help')"
+const deadUsage = "want list, retry or purge (see 'stagedrain dead --help')"
+
+// deadSub is a subcommand of dead.
+type deadSub struct {
+	name, short, desc string
+}
+
+var deadSubs = []deadSub{
+	{"list", "show the dead rows, oldest id first",
+		"Show the rows of staged_jobs_dead: jobs the relay could never push, oldest id first."},
+	{"retry", "move dead rows back into staged_jobs, keeping id and jid",
+		"Move dead rows back into staged_jobs, keeping their id and jid, in one transaction.\n" +
+			"An ID that is not dead fails the command, and nothing moves."},
+	{"purge", "delete dead rows (DURATION: 36h, 7d, ...)",
+		"Delete dead rows, in one transaction. An ID that is not dead fails the command,\n" +
+			"and nothing is deleted."},
+}
+
+// printDeadHelp writes dead's help: its subcommands, the flags they share,
+// and each one's own.
+func printDeadHelp(w io.Writer) {
+	fmt.Fprint(w, "Usage: stagedrain dead list|retry|purge [flags]\n\n"+
+		"Act on staged_jobs_dead: the jobs the relay could never push (Redis refused them,\n"+
+		"or their payload was too big or malformed).\n\nSubcommands:\n")
+	common, _ := newDeadFlags("dead", "")
+	shared := make(map[string]bool)
+	common.fs.VisitAll(func(fl *flag.Flag) { shared[fl.Name] = true })
+	for _, sub := range deadSubs {
+		f, _ := newDeadFlags("dead "+sub.name, sub.desc)
+		line := "  stagedrain dead " + sub.name + " [flags]"
+		if f.operands != "" {
+			line += " " + f.operands
+		}
+		fmt.Fprintf(w, "%s\n        %s\n", line, sub.short)
+	}
+	common.printFlags(w, "\nFlags of every subcommand:\n", nil)
+	for _, sub := range deadSubs {
+		f, _ := newDeadFlags("dead "+sub.name, sub.desc)
+		f.printFlags(w, "\nFlags of dead "+sub.name+":\n", shared)
+	}
+	fmt.Fprint(w, "\nRun 'stagedrain dead <subcommand> --help' for one subcommand alone.\n")
+}
 
 func deadCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	if len(args) == 0 {
 		return usagef("dead: a subcommand is required: %s", deadUsage)
 	}
-	var desc string
 	switch args[0] {
-	case "list":
-		desc = "Show the rows of staged_jobs_dead: jobs the relay could never push, oldest id first."
-	case "retry":
-		desc = "Move dead rows back into staged_jobs, keeping their id and jid, in one transaction.\n" +
-			"An ID that is not dead fails the command, and nothing moves."
-	case "purge":
-		desc = "Delete dead rows, in one transaction. An ID that is not dead fails the command,\n" +
-			"and nothing is deleted."
 	case "-h", "-help", "--help", "help":
-		fmt.Fprint(stdout, usage)
+		printDeadHelp(stdout)
 		return errHelp
-	default:
+	}
+	i := slices.IndexFunc(deadSubs, func(s deadSub) bool { return s.name == args[0] })
+	if i < 0 {
 		return usagef("dead: unknown subcommand %q: %s", args[0], deadUsage)
 	}
-	f, c := newDeadFlags("dead "+args[0], desc)
+	f, c := newDeadFlags("dead "+args[0], deadSubs[i].desc)
 	if err := f.parse(args[1:], stdout); err != nil {
 		return err
 	}
@@ -85,6 +120,13 @@ func deadCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	t := deadTables(c.schema)
+	var exists bool
+	if err := conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, t.dead).Scan(&exists); err != nil {
+		return fmt.Errorf("%s: look up %s: %w", f.cmd, t.dead, err)
+	}
+	if !exists {
+		return fmt.Errorf("%s: %s does not exist: run 'stagedrain migrate' first", f.cmd, t.dead)
+	}
 	switch args[0] {
 	case "list":
 		err = deadList(ctx, conn, t, c.json, stdout)
