@@ -175,6 +175,9 @@ func (f *flagSet) parse(args []string, stdout io.Writer) error {
 		if f.fs.NArg() == 0 {
 			break
 		}
+		if err := f.boolWithSpace(rest); err != nil {
+			return err
+		}
 		if f.operands == "" {
 			return usagef("%s: unexpected argument %q (see 'stagedrain %s --help')", f.cmd, f.fs.Arg(0), f.cmd)
 		}
@@ -214,6 +217,29 @@ func (f *flagSet) parse(args []string, stdout io.Writer) error {
 		}
 	})
 	return err
+}
+
+// boolWithSpace refuses "--json false", which the flag package reads as
+// --json (true) and the operand "false": a boolean flag takes its value
+// after "=". rest is what the last Parse was given.
+func (f *flagSet) boolWithSpace(rest []string) error {
+	i := len(rest) - f.fs.NArg() - 1 // the argument before the first operand
+	if i < 0 || rest[i] == "--" {
+		return nil
+	}
+	name := strings.TrimPrefix(strings.TrimPrefix(rest[i], "-"), "-")
+	fl := f.fs.Lookup(name)
+	if fl == nil || name == rest[i] || strings.Contains(name, "=") {
+		return nil
+	}
+	if b, ok := fl.Value.(interface{ IsBoolFlag() bool }); !ok || !b.IsBoolFlag() {
+		return nil
+	}
+	v := f.fs.Arg(0)
+	if _, err := strconv.ParseBool(v); err != nil {
+		return nil
+	}
+	return usagef("%s: --%s takes its value after \"=\": --%s=%s, not --%s %s", f.cmd, name, name, v, name, v)
 }
 
 func (f *flagSet) printHelp(w io.Writer) {

@@ -102,6 +102,11 @@ func TestBadValueSaysWhatIsAccepted(t *testing.T) {
 			`stagedrain: run: --batch-size: integer out of range "99999999999999999999" (want a whole number, such as 100)`},
 		{[]string{"run", "--database-url", db, "--poll-interval", "5"}, "", "",
 			`stagedrain: run: --poll-interval: invalid duration "5" (want a number and a unit: 300ms, 5s, 2m, 1h)`},
+		// The flag package would read --poll-only (true), then the operand "false".
+		{[]string{"run", "--database-url", db, "--poll-only", "false"}, "", "",
+			`stagedrain: run: --poll-only takes its value after "=": --poll-only=false, not --poll-only false`},
+		{[]string{"dead", "purge", "-all", "0", "--database-url", db}, "", "",
+			`stagedrain: dead purge: --all takes its value after "=": --all=0, not --all 0`},
 		{[]string{"run", "--database-url", db}, "STAGEDRAIN_POLL_ONLY", "perhaps-xyz",
 			`stagedrain: run: $STAGEDRAIN_POLL_ONLY (--poll-only): invalid boolean (want true or false, 1 or 0)`},
 		{[]string{"run", "--database-url", db}, "STAGEDRAIN_SHUTDOWN_TIMEOUT", "soon-xyz",
