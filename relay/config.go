@@ -6,7 +6,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 )
@@ -261,8 +260,8 @@ func (c Config) Validate() error {
 	if len(c.Queues) > 0 && c.Source == SourceSidekiqStagedPush {
 		return fieldErr("Queues", "cannot be used with the %s source, whose queue is inside each row's payload", SourceSidekiqStagedPush)
 	}
-	if _, err := pgx.ParseConfig(c.DatabaseURL); err != nil {
-		return fieldErr("DatabaseURL", "%v", redactErr(err))
+	if err := CheckDatabaseURL(c.DatabaseURL); err != nil {
+		return fieldErr("DatabaseURL", "%v", err)
 	}
 	return nil
 }

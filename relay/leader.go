@@ -27,10 +27,8 @@ import (
 // lockIdleTimeout. Should it wake up, its next use of the connection
 // fails and it steps down.
 
-const (
-	tryLockSQL = `SELECT pg_try_advisory_lock(hashtextextended($1, 0))`
-	unlockSQL  = `SELECT pg_advisory_unlock(hashtextextended($1, 0))`
-)
+// The lock's name is leaderLockName's, its statements tryLockSQL and
+// unlockSQL (locks.go).
 
 var errLostLock = errors.New("lock connection lost")
 

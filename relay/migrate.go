@@ -83,7 +83,7 @@ func Migrate(ctx context.Context, conn *pgx.Conn, schema string) (MigrateResult,
 	}
 	quoted := pgx.Identifier{schema}.Sanitize()
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, "stagedrain:migrate:"+schema); err != nil {
+		if _, err := tx.Exec(ctx, migrateLockSQL, migrateLockName(schema)); err != nil {
 			return fmt.Errorf("take migration lock: %w", err)
 		}
 		// CREATE SCHEMA IF NOT EXISTS still needs CREATE on the database;

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"regexp"
 	"strconv"
 	"strings"
 
@@ -41,9 +42,21 @@ func DescribeDatabase(connString string) string {
 	return fmt.Sprintf("%s@%s/%s", cfg.User, net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))), cfg.Database)
 }
 
+// urlScheme matches the scheme of a URL: a keyword/value connection string
+// ("host=... user=...") cannot start so, as "=" is not a scheme's.
+var urlScheme = regexp.MustCompile(`^\s*([A-Za-z][A-Za-z0-9+.-]*)://`)
+
 // CheckDatabaseURL reports whether connString parses, with an error that
-// never contains the string itself.
+// never contains the string itself. A URL of any scheme but postgres or
+// postgresql (a typo such as postgress://) is named as such: pgx would read
+// it as a keyword/value string and say only that it is not one.
 func CheckDatabaseURL(connString string) error {
+	if m := urlScheme.FindStringSubmatch(connString); m != nil {
+		if m[1] != "postgres" && m[1] != "postgresql" { // pgx, too, reads only these, in lower case
+			return fmt.Errorf("unknown URL scheme %q: want postgres://user:password@host:port/db or postgresql://user:password@host:port/db "+
+				"(or a keyword/value string: host=... user=... dbname=...)", m[1])
+		}
+	}
 	if _, err := pgx.ParseConfig(connString); err != nil {
 		return redactErr(err)
 	}

@@ -43,3 +43,27 @@ func TestRedissURL(t *testing.T) {
 		rdb.Close()
 	}
 }
+
+// A URL of another scheme than postgres or postgresql (a typo) is named as
+// such, by CheckDatabaseURL and Config.Validate, without its password; a
+// keyword/value string is not taken for a URL.
+func TestCheckDatabaseURLScheme(t *testing.T) {
+	const password = "s3cret-pg-pw"
+	for _, u := range []string{"postgress://u:" + password + "@h/db", "POSTGRES://u:" + password + "@h/db", " pg://u:" + password + "@h/db"} {
+		err := CheckDatabaseURL(u)
+		if err == nil || !strings.Contains(err.Error(), "unknown URL scheme") ||
+			!strings.Contains(err.Error(), "want postgres://user:password@host:port/db or postgresql://") || strings.Contains(err.Error(), password) {
+			t.Errorf("CheckDatabaseURL(%q) = %v, want an unknown URL scheme naming the form, without the password", u, err)
+		}
+		cfg := Config{DatabaseURL: u, Redis: redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})}
+		if err := cfg.WithDefaults().Validate(); err == nil || !strings.Contains(err.Error(), "unknown URL scheme") || strings.Contains(err.Error(), password) {
+			t.Errorf("Config{DatabaseURL: %q}.WithDefaults().Validate() = %v, want an unknown URL scheme, without the password", u, err)
+		}
+		cfg.Redis.Close()
+	}
+	for _, u := range []string{"postgres://u:" + password + "@h/db", "postgresql://h/db", "host=h user=u password=" + password + " options='-c x=a://b'"} {
+		if err := CheckDatabaseURL(u); err != nil {
+			t.Errorf("CheckDatabaseURL(%q) = %v, want nil", u, err)
+		}
+	}
+}

@@ -137,7 +137,7 @@ func New(cfg Config) (*Relay, error) {
 		handoff: newHandoff(cfg.Redis, newHandoffKeys(cfg.RedisNamespace, pgCfg.Database, cfg.Schema, group)).
 			waitFor(cfg.RedisWaitReplicas, cfg.RedisWaitTimeout),
 		holder:  applicationName("leader"),
-		lockKey: "stagedrain:" + cfg.Schema,
+		lockKey: leaderLockName(cfg.Schema, group),
 		group:   group,
 		version: version,
 
@@ -154,7 +154,6 @@ func New(cfg Config) (*Relay, error) {
 	if group != "" {
 		// A lock of the group's own: relays with the same queues, in any
 		// order, are its leader and standbys.
-		r.lockKey += ":queues=" + group
 		r.claimArgs = []any{queues}
 		r.cfg.Queues = queues
 	}

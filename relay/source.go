@@ -193,6 +193,18 @@ func (s *stagedPushSource) scan(rows pgx.Rows, j *stagedJob) error {
 	return nil
 }
 
+// stagedPushPoison is true for a payload of the gem's table (as json, j) no
+// worker could run: mapStagedPush's checks, in SQL, for ReadStatus's count
+// of the rows the relay skips. TestStagedPushPoisonRulesAgree holds the two
+// to one set of rules.
+const stagedPushPoison = `(j IS NULL OR json_typeof(j) <> 'object'
+	OR json_typeof(j -> 'class') IS DISTINCT FROM 'string' OR j ->> 'class' = ''
+	OR json_typeof(j -> 'args') IS DISTINCT FROM 'array'
+	OR (j -> 'queue' IS NOT NULL AND (json_typeof(j -> 'queue') <> 'string' OR j ->> 'queue' = ''))
+	OR (j -> 'jid' IS NOT NULL AND (json_typeof(j -> 'jid') <> 'string' OR j ->> 'jid' = ''))
+	OR (j -> 'at' IS NOT NULL AND json_typeof(j -> 'at') <> 'number')
+	OR (j -> 'created_at' IS NOT NULL AND json_typeof(j -> 'created_at') <> 'number'))`
+
 // mapStagedPush fills j from a Sidekiq job hash, completing it as
 // Sidekiq's client would: queue "default", a random 24-hex jid, created_at
 // from the row (else now); "at" becomes runAt (the schedule's score), and
@@ -421,7 +433,7 @@ func migrateStagedPush(ctx context.Context, conn *pgx.Conn, schema string) (Migr
 	}
 	table := pgx.Identifier{schema, sidekiqStagedPushTable}.Sanitize()
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, "stagedrain:migrate:"+schema); err != nil {
+		if _, err := tx.Exec(ctx, migrateLockSQL, migrateLockName(schema)); err != nil {
 			return fmt.Errorf("take migration lock: %w", err)
 		}
 		var exists, hasTrigger bool

@@ -331,7 +331,7 @@ func TestHelp(t *testing.T) {
 			})
 		}
 	}
-	for _, args := range [][]string{{"--help"}, {"-h"}, {"help"}, {"dead", "--help"}} {
+	for _, args := range [][]string{{"--help"}, {"-h"}, {"help"}} {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {
 			t.Parallel()
 			r := runCLI(args...)

@@ -212,7 +212,7 @@ func newRunFlags() (*flagSet, *runFlags) {
 	c.register(f)
 	f.fs.StringVar(&c.redisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis `URL` (password never logged)")
 	f.env("redis-url", "REDIS_URL")
-	f.fs.StringVar(&c.redisMode, "redis-mode", "single", "how --redis-url is read: single (one server), cluster (Redis Cluster: redis://h1:p1?addr=h2:p2) or sentinel (redis://sentinel1:26379/0?master_name=mymaster&addr=sentinel2:26379)")
+	f.fs.StringVar(&c.redisMode, "redis-mode", "single", "the `mode` of --redis-url: single (one server), cluster (Redis Cluster: redis://h1:p1?addr=h2:p2) or sentinel (redis://sentinel1:26379/0?master_name=mymaster&addr=sentinel2:26379)")
 	f.env("redis-mode", "STAGEDRAIN_REDIS_MODE")
 	f.fs.StringVar(&c.target, "target", "sidekiq", "the job `system` jobs are written for: sidekiq, asynq or streams (Redis streams)")
 	f.env("target", "STAGEDRAIN_TARGET")

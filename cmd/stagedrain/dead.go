@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"slices"
@@ -12,7 +13,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/stagedrain/stagedrain/relay"
 )
@@ -46,29 +46,63 @@ func newDeadFlags(cmd, desc string) (*flagSet, *deadFlags) {
 	return f, c
 }
 
-const deadUsage = "want list, retry or purge (see 'stagedrain --help')"
+const deadUsage = "want list, retry or purge (see 'stagedrain dead --help')"
+
+// deadSub is a subcommand of dead.
+type deadSub struct {
+	name, short, desc string
+}
+
+var deadSubs = []deadSub{
+	{"list", "show the dead rows, oldest id first",
+		"Show the rows of staged_jobs_dead: jobs the relay could never push, oldest id first."},
+	{"retry", "move dead rows back into staged_jobs, keeping id and jid",
+		"Move dead rows back into staged_jobs, keeping their id and jid, in one transaction.\n" +
+			"An ID that is not dead fails the command, and nothing moves."},
+	{"purge", "delete dead rows (DURATION: 36h, 7d, ...)",
+		"Delete dead rows, in one transaction. An ID that is not dead fails the command,\n" +
+			"and nothing is deleted."},
+}
+
+// printDeadHelp writes dead's help: its subcommands, the flags they share,
+// and each one's own.
+func printDeadHelp(w io.Writer) {
+	fmt.Fprint(w, "Usage: stagedrain dead list|retry|purge [flags]\n\n"+
+		"Act on staged_jobs_dead: the jobs the relay could never push (Redis refused them,\n"+
+		"or their payload was too big or malformed).\n\nSubcommands:\n")
+	common, _ := newDeadFlags("dead", "")
+	shared := make(map[string]bool)
+	common.fs.VisitAll(func(fl *flag.Flag) { shared[fl.Name] = true })
+	for _, sub := range deadSubs {
+		f, _ := newDeadFlags("dead "+sub.name, sub.desc)
+		line := "  stagedrain dead " + sub.name + " [flags]"
+		if f.operands != "" {
+			line += " " + f.operands
+		}
+		fmt.Fprintf(w, "%s\n        %s\n", line, sub.short)
+	}
+	common.printFlags(w, "\nFlags of every subcommand:\n", nil)
+	for _, sub := range deadSubs {
+		f, _ := newDeadFlags("dead "+sub.name, sub.desc)
+		f.printFlags(w, "\nFlags of dead "+sub.name+":\n", shared)
+	}
+	fmt.Fprint(w, "\nRun 'stagedrain dead <subcommand> --help' for one subcommand alone.\n")
+}
 
 func deadCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	if len(args) == 0 {
 		return usagef("dead: a subcommand is required: %s", deadUsage)
 	}
-	var desc string
 	switch args[0] {
-	case "list":
-		desc = "Show the rows of staged_jobs_dead: jobs the relay could never push, oldest id first."
-	case "retry":
-		desc = "Move dead rows back into staged_jobs, keeping their id and jid, in one transaction.\n" +
-			"An ID that is not dead fails the command, and nothing moves."
-	case "purge":
-		desc = "Delete dead rows, in one transaction. An ID that is not dead fails the command,\n" +
-			"and nothing is deleted."
 	case "-h", "-help", "--help", "help":
-		fmt.Fprint(stdout, usage)
+		printDeadHelp(stdout)
 		return errHelp
-	default:
+	}
+	i := slices.IndexFunc(deadSubs, func(s deadSub) bool { return s.name == args[0] })
+	if i < 0 {
 		return usagef("dead: unknown subcommand %q: %s", args[0], deadUsage)
 	}
-	f, c := newDeadFlags("dead "+args[0], desc)
+	f, c := newDeadFlags("dead "+args[0], deadSubs[i].desc)
 	if err := f.parse(args[1:], stdout); err != nil {
 		return err
 	}
@@ -85,14 +119,19 @@ func deadCmd(ctx context.Context, args []string, stdout io.Writer) error {
 		return fmt.Errorf("%s: connect to %s: %w", f.cmd, relay.DescribeDatabase(c.databaseURL), err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	t := deadTables(c.schema)
 	switch args[0] {
 	case "list":
-		err = deadList(ctx, conn, t, c.json, stdout)
+		err = deadList(ctx, conn, c.schema, c.json, stdout)
 	case "retry":
-		err = deadRetry(ctx, conn, t, ids, stdout)
+		var res *relay.RetryDeadResult
+		if res, err = relay.RetryDead(ctx, conn, relay.RetryDeadParams{Schema: c.schema, IDs: ids, All: c.all}); err == nil {
+			_, err = fmt.Fprintf(stdout, "moved %d dead %s back into staged_jobs\n", res.Moved, plural(res.Moved, "row", "rows"))
+		}
 	case "purge":
-		err = deadPurge(ctx, conn, t, ids, olderThan, stdout)
+		var res *relay.PurgeDeadResult
+		if res, err = relay.PurgeDead(ctx, conn, relay.PurgeDeadParams{Schema: c.schema, IDs: ids, All: c.all, OlderThan: olderThan}); err == nil {
+			_, err = fmt.Fprintf(stdout, "purged %d dead %s\n", res.Purged, plural(res.Purged, "row", "rows"))
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("%s: %w", f.cmd, err)
@@ -161,54 +200,13 @@ func parseAge(s string) (time.Duration, error) {
 	return d, nil
 }
 
-// deadSQL are the quoted names of one schema's tables.
-type deadSQL struct{ staged, dead string }
-
-func deadTables(schema string) deadSQL {
-	return deadSQL{
-		staged: pgx.Identifier{schema, "staged_jobs"}.Sanitize(),
-		dead:   pgx.Identifier{schema, "staged_jobs_dead"}.Sanitize(),
-	}
-}
-
-// deadJob is a row of staged_jobs_dead, as list --json prints it. RunAt
-// and CreatedAt may be infinity or -infinity (the row died of it), printed
-// as those strings; a time is printed as time.Time prints it, NULL as null.
-type deadJob struct {
-	ID        int64              `json:"id"`
-	JobName   *string            `json:"job_name"`
-	JobArgs   json.RawMessage    `json:"job_args"`
-	Queue     *string            `json:"queue"`
-	RunAt     pgtype.Timestamptz `json:"run_at"`
-	JID       *string            `json:"jid"`
-	CreatedAt pgtype.Timestamptz `json:"created_at"`
-	Options   json.RawMessage    `json:"options"`
-	Reason    string             `json:"reason"`
-	FailedAt  time.Time          `json:"failed_at"`
-	Attempts  int                `json:"attempts"`
-}
-
-func deadList(ctx context.Context, conn *pgx.Conn, t deadSQL, asJSON bool, w io.Writer) error {
-	rows, err := conn.Query(ctx, `SELECT id, job_name, job_args::text, queue, run_at, jid, created_at, options::text,
-		reason, failed_at, attempts FROM `+t.dead+` ORDER BY id`)
+func deadList(ctx context.Context, conn *pgx.Conn, schema string, asJSON bool, w io.Writer) error {
+	res, err := relay.ListDead(ctx, conn, relay.ListDeadParams{Schema: schema})
 	if err != nil {
-		return fmt.Errorf("read dead rows: %w", err)
-	}
-	jobs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (deadJob, error) {
-		var j deadJob
-		var args, opts *string
-		err := r.Scan(&j.ID, &j.JobName, &args, &j.Queue, &j.RunAt, &j.JID, &j.CreatedAt, &opts, &j.Reason, &j.FailedAt, &j.Attempts)
-		j.JobArgs, j.Options = rawJSON(args), rawJSON(opts)
-		return j, err
-	})
-	if err != nil {
-		return fmt.Errorf("read dead rows: %w", err)
+		return err
 	}
 	if asJSON {
-		if jobs == nil {
-			jobs = []deadJob{}
-		}
-		b, err := json.MarshalIndent(jobs, "", "  ")
+		b, err := json.MarshalIndent(res.Jobs, "", "  ")
 		if err != nil {
 			return err
 		}
@@ -217,18 +215,11 @@ func deadList(ctx context.Context, conn *pgx.Conn, t deadSQL, asJSON bool, w io.
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tJID\tJOB_NAME\tQUEUE\tFAILED_AT\tREASON")
-	for _, j := range jobs {
+	for _, j := range res.Jobs {
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", j.ID, orNull(j.JID), orNull(j.JobName), orNull(j.Queue),
 			j.FailedAt.UTC().Format(time.RFC3339), oneLine(j.Reason))
 	}
 	return tw.Flush()
-}
-
-func rawJSON(s *string) json.RawMessage {
-	if s == nil {
-		return json.RawMessage("null")
-	}
-	return json.RawMessage(*s)
 }
 
 func orNull(s *string) string {
@@ -236,93 +227,6 @@ func orNull(s *string) string {
 		return "NULL"
 	}
 	return *s
-}
-
-// columns are staged_jobs' columns, which staged_jobs_dead keeps too.
-const columns = `id, job_name, job_args, queue, run_at, jid, created_at, options`
-
-// deadRetry moves the rows ids (all of them when ids is empty) back into
-// staged_jobs, in one transaction.
-func deadRetry(ctx context.Context, conn *pgx.Conn, t deadSQL, ids []int64, w io.Writer) error {
-	var n int64
-	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		if err := lockDead(ctx, tx, t, ids); err != nil {
-			return err
-		}
-		tag, err := tx.Exec(ctx, `WITH moved AS (DELETE FROM `+t.dead+` WHERE $1::bigint[] IS NULL OR id = ANY($1)
-			RETURNING `+columns+`)
-			INSERT INTO `+t.staged+` (`+columns+`) SELECT `+columns+` FROM moved`, nilIfEmpty(ids))
-		if err != nil {
-			return fmt.Errorf("move dead rows back: %w", err)
-		}
-		n = tag.RowsAffected()
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	_, err = fmt.Fprintf(w, "moved %d dead %s back into staged_jobs\n", n, plural(n, "row", "rows"))
-	return err
-}
-
-// deadPurge deletes the rows ids, or those that died more than olderThan
-// ago, or (neither given) all of them.
-func deadPurge(ctx context.Context, conn *pgx.Conn, t deadSQL, ids []int64, olderThan time.Duration, w io.Writer) error {
-	var n int64
-	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		if err := lockDead(ctx, tx, t, ids); err != nil {
-			return err
-		}
-		var age any
-		if olderThan > 0 {
-			age = olderThan
-		}
-		tag, err := tx.Exec(ctx, `DELETE FROM `+t.dead+` WHERE ($1::bigint[] IS NULL OR id = ANY($1))
-			AND ($2::interval IS NULL OR failed_at < now() - $2::interval)`, nilIfEmpty(ids), age)
-		if err != nil {
-			return fmt.Errorf("delete dead rows: %w", err)
-		}
-		n = tag.RowsAffected()
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	_, err = fmt.Fprintf(w, "purged %d dead %s\n", n, plural(n, "row", "rows"))
-	return err
-}
-
-// lockDead locks the dead rows ids and fails, naming them, if any is not
-// there. With no ids it does nothing.
-func lockDead(ctx context.Context, tx pgx.Tx, t deadSQL, ids []int64) error {
-	if len(ids) == 0 {
-		return nil
-	}
-	rows, err := tx.Query(ctx, `SELECT id FROM `+t.dead+` WHERE id = ANY($1) FOR UPDATE`, ids)
-	if err != nil {
-		return fmt.Errorf("read dead rows: %w", err)
-	}
-	found, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	if err != nil {
-		return fmt.Errorf("read dead rows: %w", err)
-	}
-	var missing []string
-	for _, id := range ids {
-		if !slices.Contains(found, id) {
-			missing = append(missing, strconv.FormatInt(id, 10))
-		}
-	}
-	if len(missing) > 0 {
-		return fmt.Errorf("no dead row with id %s: nothing changed", strings.Join(missing, ", "))
-	}
-	return nil
-}
-
-func nilIfEmpty(ids []int64) []int64 {
-	if len(ids) == 0 {
-		return nil
-	}
-	return ids
 }
 
 func plural(n int64, one, many string) string {

@@ -7,7 +7,7 @@
 //	stagedrain health    exit 0 if the local relay is ready (a healthcheck)
 //	stagedrain dead      list, retry or purge the rows that could never be pushed
 //	stagedrain bench     measure the relay and its cost on this machine
-//	stagedrain version   print the version
+//	stagedrain version   print the version (or stagedrain --version)
 //
 // Every flag has an environment variable: DATABASE_URL, REDIS_URL, and
 // STAGEDRAIN_* for the rest. A flag on the command line wins over its
@@ -82,9 +82,10 @@ Usage:
   stagedrain dead purge [flags] ID...|--all|--older-than DURATION
                                delete dead rows (DURATION: 36h, 7d, ...)
   stagedrain bench [flags]     measure latency, throughput and the relay's cost here
-  stagedrain version           print the version
+  stagedrain version           print the version (also: stagedrain --version)
 
-Run 'stagedrain <command> --help' for a command's flags.
+Run 'stagedrain <command> --help' for a command's flags; 'stagedrain dead --help'
+for dead's subcommands.
 `
 
 // run is the whole program; it returns the exit code.
@@ -130,7 +131,7 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return deadCmd(ctx, rest, stdout)
 	case "bench":
 		return benchCmd(ctx, rest, stdout, stderr)
-	case "version":
+	case "version", "--version", "-version":
 		return versionCmd(rest, stdout)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)

@@ -1,0 +1,529 @@
+package relay
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// The admin operations (ReadStatus, ListDead, RetryDead, PurgeDead) read and
+// change a schema's tables as an operator does, from PostgreSQL alone: no
+// relay need run. The stagedrain command's status and dead are these
+// functions and a printer.
+
+// DB is what an admin operation runs on: a *pgx.Conn, a *pgxpool.Pool, or a
+// pgx.Tx (RetryDead and PurgeDead then run in a savepoint of it).
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// NotMigratedError is the error of an admin operation on a table that does
+// not exist: run Migrate (stagedrain migrate) first. It matches
+// ErrNotMigrated (errors.Is).
+type NotMigratedError struct {
+	Table string // quoted, with its schema
+	hint  string
+}
+
+func (e *NotMigratedError) Error() string { return e.Table + " does not exist: " + e.hint }
+
+// Is makes a NotMigratedError match ErrNotMigrated.
+func (e *NotMigratedError) Is(target error) bool { return target == ErrNotMigrated }
+
+const migrateHint = "run 'stagedrain migrate' first"
+
+// tableExists reports whether table (quoted) exists, for NotMigratedError.
+func regclassExists(ctx context.Context, db DB, table string) (bool, error) {
+	var ok bool
+	if err := db.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, table).Scan(&ok); err != nil {
+		return false, fmt.Errorf("look up %s: %w", table, err)
+	}
+	return ok, nil
+}
+
+// StatusParams says whose status ReadStatus reads.
+type StatusParams struct {
+	// Schema holds the tables; "" means "public".
+	Schema string
+	// Source is the table drained; "" means SourceStagedJobs.
+	Source Source
+}
+
+// SchemaStatus is a schema's backlog, dead letters and leader; its JSON is
+// stagedrain status --json's output.
+type SchemaStatus struct {
+	Schema string `json:"schema"`
+	// Staged counts every staged row; OldestAge is the age in seconds of
+	// the oldest (by created_at), nil when none is staged.
+	Staged    int64         `json:"staged"`
+	OldestAge *float64      `json:"oldest_age_seconds"`
+	Queues    []QueueStatus `json:"queues"`
+	// Dead counts <schema>.staged_jobs_dead, nil when there is no such table.
+	Dead *int64 `json:"dead"`
+	// Poison counts, with SourceSidekiqStagedPush (nil otherwise), the
+	// staged rows whose payload no worker could run: the relay leaves them
+	// in the table and skips them. They count in Staged too.
+	Poison *int64 `json:"poison,omitempty"`
+	// Leader is the session holding the leader lock of the relays that
+	// drain every queue, nil when none does.
+	Leader *LeaderStatus `json:"leader"`
+}
+
+// QueueStatus is one queue's backlog.
+type QueueStatus struct {
+	Queue     string  `json:"queue"`
+	Staged    int64   `json:"staged"`
+	OldestAge float64 `json:"oldest_age_seconds"`
+}
+
+// LeaderStatus is the session holding a schema's leader lock.
+type LeaderStatus struct {
+	// Host and PID are the relay's, from the application_name it sets
+	// ("stagedrain leader <host>:<pid>"); empty and 0 when the database
+	// URL set an application_name of its own.
+	Host string `json:"host"`
+	PID  int    `json:"pid"`
+	// The lock connection, from pg_stat_activity.
+	ApplicationName string    `json:"application_name"`
+	BackendPID      int       `json:"backend_pid"`
+	ClientAddr      string    `json:"client_addr"` // "" for a Unix socket
+	ConnectedAt     time.Time `json:"connected_at"`
+}
+
+// ReadStatus reads a schema's status. The backlog is one GROUP BY over the
+// table: a full scan, fine for a command a person runs now and then on a
+// table the relay keeps drained, not for a probe every second. A table
+// that is not there is a NotMigratedError.
+func ReadStatus(ctx context.Context, db DB, p StatusParams) (*SchemaStatus, error) {
+	schema, src := cmp.Or(p.Schema, "public"), cmp.Or(p.Source, SourceStagedJobs)
+	if err := CheckSchema(schema); err != nil {
+		return nil, err
+	}
+	if err := CheckSource(src); err != nil {
+		return nil, err
+	}
+	st := &SchemaStatus{Schema: schema, Queues: []QueueStatus{}}
+	var err error
+	if src == SourceSidekiqStagedPush {
+		err = readStagedPushBacklog(ctx, db, st)
+	} else {
+		err = readBacklog(ctx, db, st)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if st.Leader, err = findLeader(ctx, db, schema); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+func readBacklog(ctx context.Context, db DB, st *SchemaStatus) error {
+	table := pgx.Identifier{st.Schema, "staged_jobs"}.Sanitize()
+	dead := pgx.Identifier{st.Schema, "staged_jobs_dead"}.Sanitize()
+	var hasTable, hasDead bool
+	if err := db.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL`,
+		table, dead).Scan(&hasTable, &hasDead); err != nil {
+		return fmt.Errorf("look up %s: %w", table, err)
+	}
+	if !hasTable {
+		return &NotMigratedError{Table: table, hint: migrateHint}
+	}
+	// An infinite created_at (a row staged before migration 008, which
+	// the relay dead-letters) has no age: the subtraction would fail.
+	rows, err := db.Query(ctx, `SELECT queue, count(*),
+		coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE isfinite(created_at))), 0)::float8
+		FROM `+table+` GROUP BY queue ORDER BY queue`)
+	if err != nil {
+		return fmt.Errorf("count staged jobs: %w", err)
+	}
+	st.Queues, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (QueueStatus, error) {
+		var q QueueStatus
+		err := row.Scan(&q.Queue, &q.Staged, &q.OldestAge)
+		return q, err
+	})
+	if err != nil {
+		return fmt.Errorf("count staged jobs: %w", err)
+	}
+	st.total()
+	if hasDead {
+		var n int64
+		if err := db.QueryRow(ctx, `SELECT count(*) FROM `+dead).Scan(&n); err != nil {
+			return fmt.Errorf("count dead jobs: %w", err)
+		}
+		st.Dead = &n
+	}
+	return nil
+}
+
+// total sums the queues into Staged and OldestAge.
+func (st *SchemaStatus) total() {
+	for _, q := range st.Queues {
+		st.Staged += q.Staged
+		if st.OldestAge == nil || q.OldestAge > *st.OldestAge {
+			age := q.OldestAge
+			st.OldestAge = &age
+		}
+	}
+}
+
+// readStagedPushBacklog is readBacklog for the sidekiq-staged_push gem's
+// table: by the queue the relay would push to (a payload without one goes
+// to "default"), its poison rows (stagedPushPoison) apart.
+func readStagedPushBacklog(ctx context.Context, db DB, st *SchemaStatus) error {
+	table := pgx.Identifier{st.Schema, sidekiqStagedPushTable}.Sanitize()
+	ok, err := regclassExists(ctx, db, table)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return &NotMigratedError{Table: table, hint: "install sidekiq-staged_push and run its migration, then 'stagedrain migrate --source sidekiq_staged_push'"}
+	}
+	// created_at is a timestamp without time zone, in UTC (Rails): its
+	// epoch is read as UTC, whatever the session's time zone. A row with
+	// an infinite created_at is poison (the relay sets it aside), and has
+	// no age: JSON has no Infinity.
+	rows, err := db.Query(ctx, `SELECT CASE WHEN `+stagedPushPoison+` OR NOT isfinite(created_at) THEN NULL
+			WHEN json_typeof(j -> 'queue') = 'string' THEN j ->> 'queue' ELSE 'default' END AS queue,
+		count(*), coalesce(extract(epoch FROM now()) - extract(epoch FROM min(created_at) FILTER (WHERE isfinite(created_at))), 0)::float8
+		FROM (SELECT payload::json AS j, created_at FROM `+table+`) t GROUP BY 1 ORDER BY 1`)
+	if err != nil {
+		return fmt.Errorf("count staged jobs: %w", err)
+	}
+	var poison int64
+	st.Queues, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (QueueStatus, error) {
+		var q QueueStatus
+		var name *string
+		err := row.Scan(&name, &q.Staged, &q.OldestAge)
+		if name == nil {
+			poison = q.Staged
+		} else {
+			q.Queue = *name
+		}
+		return q, err
+	})
+	if err != nil {
+		return fmt.Errorf("count staged jobs: %w", err)
+	}
+	st.total()
+	st.Queues = slices.DeleteFunc(st.Queues, func(q QueueStatus) bool { return q.Queue == "" })
+	st.Poison = &poison
+	return nil
+}
+
+// leaderSessionSQL finds the session holding the advisory lock named $1
+// (as tryLockSQL takes it) in this database, and when it connected.
+const leaderSessionSQL = `SELECT a.pid, coalesce(a.application_name, ''), coalesce(host(a.client_addr), ''), a.backend_start
+	FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+	WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+	  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+	  AND (l.classid::bigint << 32 | l.objid::bigint) = ` + lockKeySQL
+
+// findLeader returns the session holding schema's leader lock (of the
+// relays of every queue), nil if none does.
+func findLeader(ctx context.Context, db DB, schema string) (*LeaderStatus, error) {
+	var l LeaderStatus
+	err := db.QueryRow(ctx, leaderSessionSQL, leaderLockName(schema, "")).
+		Scan(&l.BackendPID, &l.ApplicationName, &l.ClientAddr, &l.ConnectedAt)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("find the leader: %w", err)
+	}
+	l.Host, l.PID = parseApplicationName(l.ApplicationName)
+	l.ConnectedAt = l.ConnectedAt.UTC()
+	return &l, nil
+}
+
+// parseApplicationName reads host and pid out of applicationName's
+// "stagedrain <role> <host>:<pid>" for the leader; "", 0 from any other name.
+func parseApplicationName(name string) (host string, pid int) {
+	rest, ok := strings.CutPrefix(name, "stagedrain leader ")
+	if !ok {
+		return "", 0
+	}
+	i := strings.LastIndexByte(rest, ':')
+	if i < 0 {
+		return "", 0
+	}
+	pid, err := strconv.Atoi(rest[i+1:])
+	if err != nil {
+		return "", 0
+	}
+	return rest[:i], pid
+}
+
+// DeadJob is a row of staged_jobs_dead: a job the relay could never push.
+// Its JSON is an element of stagedrain dead list --json's output. RunAt and
+// CreatedAt may be infinity or -infinity (the row died of it), printed as
+// those strings; a time is printed as time.Time prints it, NULL as null.
+type DeadJob struct {
+	ID        int64              `json:"id"`
+	JobName   *string            `json:"job_name"`
+	JobArgs   json.RawMessage    `json:"job_args"`
+	Queue     *string            `json:"queue"`
+	RunAt     pgtype.Timestamptz `json:"run_at"`
+	JID       *string            `json:"jid"`
+	CreatedAt pgtype.Timestamptz `json:"created_at"`
+	Options   json.RawMessage    `json:"options"`
+	Reason    string             `json:"reason"`
+	FailedAt  time.Time          `json:"failed_at"`
+	Attempts  int                `json:"attempts"`
+}
+
+// ListDeadParams says which dead rows ListDead reads.
+type ListDeadParams struct {
+	// Schema holds staged_jobs_dead; "" means "public".
+	Schema string
+}
+
+// ListDeadResult is the dead rows, oldest id first.
+type ListDeadResult struct {
+	Jobs []DeadJob
+}
+
+// deadTables are the quoted names of a schema's staged_jobs and
+// staged_jobs_dead, once it is checked that the latter exists.
+func deadTables(ctx context.Context, db DB, schema string) (staged, dead string, err error) {
+	if err := CheckSchema(schema); err != nil {
+		return "", "", err
+	}
+	staged = pgx.Identifier{schema, "staged_jobs"}.Sanitize()
+	dead = pgx.Identifier{schema, "staged_jobs_dead"}.Sanitize()
+	ok, err := regclassExists(ctx, db, dead)
+	if err != nil {
+		return "", "", err
+	}
+	if !ok {
+		return "", "", &NotMigratedError{Table: dead, hint: migrateHint}
+	}
+	return staged, dead, nil
+}
+
+// ListDead reads the rows of a schema's staged_jobs_dead, oldest id first.
+func ListDead(ctx context.Context, db DB, p ListDeadParams) (*ListDeadResult, error) {
+	_, dead, err := deadTables(ctx, db, cmp.Or(p.Schema, "public"))
+	if err != nil {
+		return nil, err
+	}
+	rows, err := db.Query(ctx, `SELECT id, job_name, job_args::text, queue, run_at, jid, created_at, options::text,
+		reason, failed_at, attempts FROM `+dead+` ORDER BY id`)
+	if err != nil {
+		return nil, fmt.Errorf("read dead rows: %w", err)
+	}
+	jobs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeadJob, error) {
+		var j DeadJob
+		var args, opts *string
+		err := r.Scan(&j.ID, &j.JobName, &args, &j.Queue, &j.RunAt, &j.JID, &j.CreatedAt, &opts, &j.Reason, &j.FailedAt, &j.Attempts)
+		j.JobArgs, j.Options = rawJSON(args), rawJSON(opts)
+		return j, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read dead rows: %w", err)
+	}
+	if jobs == nil {
+		jobs = []DeadJob{}
+	}
+	return &ListDeadResult{Jobs: jobs}, nil
+}
+
+func rawJSON(s *string) json.RawMessage {
+	if s == nil {
+		return json.RawMessage("null")
+	}
+	return json.RawMessage(*s)
+}
+
+// RetryDeadParams says which dead rows RetryDead moves back: IDs, or All
+// (exactly one).
+type RetryDeadParams struct {
+	// Schema holds the tables; "" means "public".
+	Schema string
+	IDs    []int64
+	All    bool
+}
+
+// RetryDeadResult says how many rows RetryDead moved back.
+type RetryDeadResult struct {
+	Moved int64
+}
+
+// DeadNotFoundError is the error of RetryDead or PurgeDead given ids that
+// are not dead rows: nothing changed.
+type DeadNotFoundError struct {
+	IDs []int64 // the ids not found, in the order given
+}
+
+func (e *DeadNotFoundError) Error() string {
+	ids := make([]string, len(e.IDs))
+	for i, id := range e.IDs {
+		ids[i] = strconv.FormatInt(id, 10)
+	}
+	return "no dead row with id " + strings.Join(ids, ", ") + ": nothing changed"
+}
+
+// ErrNoDeadChosen is the error of RetryDead or PurgeDead given none, or
+// more than one, of IDs, All and OlderThan: an empty params never means
+// every row.
+var ErrNoDeadChosen = errors.New("give exactly one of IDs, All or OlderThan")
+
+// dedupIDs checks ids and returns them without repeats, in order.
+func dedupIDs(ids []int64) ([]int64, error) {
+	var out []int64
+	for _, id := range ids {
+		if id < 1 {
+			return nil, fmt.Errorf("dead row id %d: want a positive integer", id)
+		}
+		if !slices.Contains(out, id) {
+			out = append(out, id)
+		}
+	}
+	return out, nil
+}
+
+// RetryDead moves dead rows back into staged_jobs, keeping their id and
+// jid, in one transaction; the relay drains them as any staged row. An id
+// that is not a dead row fails it with a DeadNotFoundError, and nothing
+// moves.
+func RetryDead(ctx context.Context, db DB, p RetryDeadParams) (*RetryDeadResult, error) {
+	if (len(p.IDs) > 0) == p.All {
+		return nil, ErrNoDeadChosen
+	}
+	ids, err := dedupIDs(p.IDs)
+	if err != nil {
+		return nil, err
+	}
+	staged, dead, err := deadTables(ctx, db, cmp.Or(p.Schema, "public"))
+	if err != nil {
+		return nil, err
+	}
+	var n int64
+	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if err := lockDead(ctx, tx, dead, ids); err != nil {
+			return err
+		}
+		tag, err := tx.Exec(ctx, `WITH moved AS (DELETE FROM `+dead+` WHERE $1::bigint[] IS NULL OR id = ANY($1)
+			RETURNING `+stagedColumns+`)
+			INSERT INTO `+staged+` (`+stagedColumns+`) SELECT `+stagedColumns+` FROM moved`, nilIfEmpty(ids))
+		if err != nil {
+			return fmt.Errorf("move dead rows back: %w", err)
+		}
+		n = tag.RowsAffected()
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &RetryDeadResult{Moved: n}, nil
+}
+
+// stagedColumns are staged_jobs' columns, which staged_jobs_dead keeps too.
+const stagedColumns = `id, job_name, job_args, queue, run_at, jid, created_at, options`
+
+// PurgeDeadParams says which dead rows PurgeDead deletes: IDs, All, or
+// those that died more than OlderThan ago (exactly one).
+type PurgeDeadParams struct {
+	// Schema holds staged_jobs_dead; "" means "public".
+	Schema    string
+	IDs       []int64
+	All       bool
+	OlderThan time.Duration
+}
+
+// PurgeDeadResult says how many rows PurgeDead deleted.
+type PurgeDeadResult struct {
+	Purged int64
+}
+
+// PurgeDead deletes dead rows, in one transaction. An id that is not a
+// dead row fails it with a DeadNotFoundError, and nothing is deleted.
+func PurgeDead(ctx context.Context, db DB, p PurgeDeadParams) (*PurgeDeadResult, error) {
+	chosen := 0
+	for _, set := range []bool{len(p.IDs) > 0, p.All, p.OlderThan != 0} {
+		if set {
+			chosen++
+		}
+	}
+	if chosen != 1 {
+		return nil, ErrNoDeadChosen
+	}
+	if p.OlderThan < 0 {
+		return nil, fmt.Errorf("OlderThan must be positive, got %s", p.OlderThan)
+	}
+	ids, err := dedupIDs(p.IDs)
+	if err != nil {
+		return nil, err
+	}
+	_, dead, err := deadTables(ctx, db, cmp.Or(p.Schema, "public"))
+	if err != nil {
+		return nil, err
+	}
+	var n int64
+	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if err := lockDead(ctx, tx, dead, ids); err != nil {
+			return err
+		}
+		var age any
+		if p.OlderThan > 0 {
+			age = p.OlderThan
+		}
+		tag, err := tx.Exec(ctx, `DELETE FROM `+dead+` WHERE ($1::bigint[] IS NULL OR id = ANY($1))
+			AND ($2::interval IS NULL OR failed_at < now() - $2::interval)`, nilIfEmpty(ids), age)
+		if err != nil {
+			return fmt.Errorf("delete dead rows: %w", err)
+		}
+		n = tag.RowsAffected()
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &PurgeDeadResult{Purged: n}, nil
+}
+
+// lockDead locks the dead rows ids and fails, naming them, if any is not
+// there. With no ids it does nothing.
+func lockDead(ctx context.Context, tx pgx.Tx, dead string, ids []int64) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	rows, err := tx.Query(ctx, `SELECT id FROM `+dead+` WHERE id = ANY($1) FOR UPDATE`, ids)
+	if err != nil {
+		return fmt.Errorf("read dead rows: %w", err)
+	}
+	found, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return fmt.Errorf("read dead rows: %w", err)
+	}
+	var missing []int64
+	for _, id := range ids {
+		if !slices.Contains(found, id) {
+			missing = append(missing, id)
+		}
+	}
+	if len(missing) > 0 {
+		return &DeadNotFoundError{IDs: missing}
+	}
+	return nil
+}
+
+func nilIfEmpty(ids []int64) []int64 {
+	if len(ids) == 0 {
+		return nil
+	}
+	return ids
+}
