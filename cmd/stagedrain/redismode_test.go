@@ -27,8 +27,8 @@ func TestRunOnRedisCluster(t *testing.T) {
 	for range 3 {
 		// The bus port is the port plus 10000 unless set: a free port
 		// above 55535 would put it out of range.
-		port := startRedisServer(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-			"--requirepass", password, "--masterauth", password, "--cluster-port", strconv.Itoa(freePort(t)))
+		port := relaytest.StartRedis(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+			"--requirepass", password, "--masterauth", password, "--cluster-port", strconv.Itoa(relaytest.FreePort(t))).Port
 		addrs = append(addrs, fmt.Sprintf("127.0.0.1:%d", port))
 	}
 	cmd := exec.Command("redis-cli", append(append([]string{"--no-auth-warning", "-a", password, "--cluster", "create"}, addrs...),
@@ -81,9 +81,9 @@ func TestRunOnRedisCluster(t *testing.T) {
 func TestRunThroughSentinel(t *testing.T) {
 	t.Parallel()
 	const password = "primary-s3cret"
-	primary := startRedisServer(t, "--requirepass", password)
+	primary := relaytest.StartRedis(t, "--requirepass", password).Port
 	dir := t.TempDir()
-	port := freePort(t)
+	port := relaytest.FreePort(t)
 	conf := filepath.Join(dir, "sentinel.conf")
 	text := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nsentinel monitor mymaster 127.0.0.1 %d 1\nsentinel auth-pass mymaster %s\n",
 		port, dir, primary, password)

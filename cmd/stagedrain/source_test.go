@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/stagedrain/stagedrain/relay/relaytest"
 )
 
 // migrate --source sidekiq_staged_push adds the wake trigger to the gem's
@@ -19,7 +21,7 @@ func TestMigrateAndRunSidekiqStagedPushSource(t *testing.T) {
 	ctx := context.Background()
 	schema := testSchema(t)
 	conn := testConn(t)
-	args := []string{"migrate", "--database-url", testDatabaseURL(), "--schema", schema, "--source", "sidekiq_staged_push"}
+	args := []string{"migrate", "--database-url", relaytest.DatabaseURL(), "--schema", schema, "--source", "sidekiq_staged_push"}
 
 	checkOneLineError(t, runCLI(args...), 1, "no table", "sidekiq_staged_push_jobs", "install sidekiq-staged_push")
 
@@ -30,7 +32,7 @@ func TestMigrateAndRunSidekiqStagedPushSource(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	_, ns := testRedis(t)
+	_, ns := relaytest.Redis(t)
 	p := startProc(t, "relay", childEnv(), "run", "--schema", schema, "--redis-namespace", ns, "--source", "sidekiq_staged_push")
 	if code := p.wait(15 * time.Second); code != 1 {
 		t.Fatalf("run before migrate: exit code %d, want 1; output:\n%s", code, p.output())
@@ -77,7 +79,7 @@ func TestStatusSidekiqStagedPushSource(t *testing.T) {
 			('{"class":"C","args":[],"at":null}', now() AT TIME ZONE 'UTC', now() AT TIME ZONE 'UTC')`); err != nil {
 		t.Fatal(err)
 	}
-	r := runCLI("status", "--database-url", testDatabaseURL(), "--schema", schema, "--source", "sidekiq_staged_push", "--json")
+	r := runCLI("status", "--database-url", relaytest.DatabaseURL(), "--schema", schema, "--source", "sidekiq_staged_push", "--json")
 	if r.code != 0 || r.stderr != "" {
 		t.Fatalf("status: exit %d, stderr %q", r.code, r.stderr)
 	}
@@ -93,7 +95,7 @@ func TestStatusSidekiqStagedPushSource(t *testing.T) {
 	if a := st.Queues[1].OldestAge; a < 55 || a > 120 {
 		t.Errorf("default's oldest age %fs, want about a minute (created_at is UTC)", a)
 	}
-	r = runCLI("status", "--database-url", testDatabaseURL(), "--schema", schema, "--source", "sidekiq_staged_push")
+	r = runCLI("status", "--database-url", relaytest.DatabaseURL(), "--schema", schema, "--source", "sidekiq_staged_push")
 	if r.code != 0 || !strings.Contains(r.stdout, "poison") {
 		t.Errorf("status: exit %d, stdout %q, want a poison line", r.code, r.stdout)
 	}
