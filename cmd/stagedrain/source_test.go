@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -26,9 +27,7 @@ func TestMigrateAndRunSidekiqStagedPushSource(t *testing.T) {
 	checkOneLineError(t, runCLI(args...), 1, "no table", "sidekiq_staged_push_jobs", "install sidekiq-staged_push")
 
 	quoted := pgx.Identifier{schema}.Sanitize()
-	if _, err := conn.Exec(ctx, `CREATE SCHEMA `+quoted+`;
-		CREATE TABLE `+quoted+`.sidekiq_staged_push_jobs (id bigserial PRIMARY KEY, payload json NOT NULL,
-			created_at timestamp(6) NOT NULL, updated_at timestamp(6) NOT NULL)`); err != nil {
+	if _, err := conn.Exec(ctx, `CREATE SCHEMA `+quoted+`;`+gemTableSQL(t, schema)); err != nil {
 		t.Fatal(err)
 	}
 
@@ -68,9 +67,7 @@ func TestStatusSidekiqStagedPushSource(t *testing.T) {
 	schema := testSchema(t)
 	conn := testConn(t)
 	quoted := pgx.Identifier{schema}.Sanitize()
-	if _, err := conn.Exec(ctx, `CREATE SCHEMA `+quoted+`;
-		CREATE TABLE `+quoted+`.sidekiq_staged_push_jobs (id bigserial PRIMARY KEY, payload json NOT NULL,
-			created_at timestamp(6) NOT NULL, updated_at timestamp(6) NOT NULL);
+	if _, err := conn.Exec(ctx, `CREATE SCHEMA `+quoted+`;`+gemTableSQL(t, schema)+`
 		INSERT INTO `+quoted+`.sidekiq_staged_push_jobs (payload, created_at, updated_at) VALUES
 			('{"class":"A","args":[1]}', now() AT TIME ZONE 'UTC' - interval '1 minute', now() AT TIME ZONE 'UTC'),
 			('{"class":"A","args":[2],"queue":"default"}', now() AT TIME ZONE 'UTC', now() AT TIME ZONE 'UTC'),
@@ -99,4 +96,14 @@ func TestStatusSidekiqStagedPushSource(t *testing.T) {
 	if r.code != 0 || !strings.Contains(r.stdout, "poison") {
 		t.Errorf("status: exit %d, stdout %q, want a poison line", r.code, r.stdout)
 	}
+}
+
+// gemTableSQL creates the sidekiq-staged_push gem's table
+// (../../testdata/sidekiq_staged_push_jobs.sql) in schema, which exists.
+func gemTableSQL(t *testing.T, schema string) string {
+	b, err := os.ReadFile("../../testdata/sidekiq_staged_push_jobs.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return "SET search_path TO " + pgx.Identifier{schema}.Sanitize() + ";\n" + string(b) + "RESET search_path;"
 }
