@@ -74,3 +74,32 @@ func StartPostgres(t testing.TB) *PostgresServer {
 	t.Helper()
 	return testenv.StartPostgres(t)
 }
+
+// RedisCluster is a private Redis Cluster of three masters and no
+// replicas. Nodes are its servers; URL is its URL as go-redis's
+// ParseClusterURL reads it (no password); Client a ClusterClient of it.
+type RedisCluster = testenv.RedisCluster
+
+// StartRedisCluster starts three cluster-enabled redis-servers, joins them
+// with redis-cli --cluster create, and waits until each reports
+// cluster_state:ok. args are added to each node's command line; with
+// "--requirepass", p (and "--masterauth", p) the cluster is created and
+// awaited with that password.
+func StartRedisCluster(t testing.TB, args ...string) *RedisCluster {
+	t.Helper()
+	return testenv.StartRedisCluster(t, args...)
+}
+
+// RedisSentinel is a private redis-server in sentinel mode watching one
+// primary as "mymaster". URL is the sentinel URL go-redis's
+// ParseFailoverURL reads.
+type RedisSentinel = testenv.RedisSentinel
+
+// StartRedisSentinel starts a sentinel monitoring the primary at
+// 127.0.0.1:primaryPort as "mymaster" and waits until it knows the
+// primary. conf are more lines of its configuration, e.g.
+// "sentinel auth-pass mymaster secret".
+func StartRedisSentinel(t testing.TB, primaryPort int, conf ...string) *RedisSentinel {
+	t.Helper()
+	return testenv.StartRedisSentinel(t, primaryPort, conf...)
+}
