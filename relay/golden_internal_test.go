@@ -320,7 +320,7 @@ func TestGoldenSidekiq(t *testing.T) {
 		{"sidekiq_immediate_seconds.json", "Immediate jobs (run_at NULL or past), created_at and enqueued_at as float epoch seconds (Sidekiq 7 and older)", immediate, TimestampSeconds},
 		{"sidekiq_immediate_millis.json", "Immediate jobs (run_at NULL or past), created_at and enqueued_at as integer epoch milliseconds (Sidekiq 8)", immediate, TimestampMillis},
 		{"sidekiq_scheduled_seconds.json", "Scheduled jobs (run_at in the future): ZADD schedule, score run_at in float epoch seconds, no enqueued_at; created_at in float epoch seconds (Sidekiq 7 and older)", scheduled, TimestampSeconds},
-		{"sidekiq_scheduled_millis.json", "Scheduled jobs (run_at in the future): ZADD schedule, score run_at in float epoch seconds as Sidekiq 8 keeps it too, no enqueued_at; created_at in integer epoch milliseconds (Sidekiq 8)", scheduled, TimestampMillis},
+		{"sidekiq_scheduled_millis.json", "Scheduled jobs (run_at in the future): ZADD schedule, score run_at in float epoch seconds (in both formats), no enqueued_at; created_at in integer epoch milliseconds (Sidekiq 8)", scheduled, TimestampMillis},
 	} {
 		checkGolden(t, c.file, goldenFile{Case: c.what, Target: "sidekiq", Timestamps: c.ts, Now: goldenNow,
 			Rows: rowsOf(c.jobs), Ops: build(t, newSidekiqTarget("", c.ts, 1<<20), c.jobs)})
