@@ -68,6 +68,8 @@ func (h *harness) checkDead(reason string, jids ...string) {
 	if !slices.Equal(got, jids) {
 		h.t.Fatalf("staged_jobs_dead holds jids %v, want %v", got, jids)
 	}
+	// The line is written after the commit that made the rows dead.
+	h.waitLog("job dead-lettered", len(jids))
 	logged := h.logs.FilterMessage("job dead-lettered").All()
 	if len(logged) != len(jids) {
 		h.t.Fatalf("%d \"job dead-lettered\" lines, want one per dead row (%d): %v", len(logged), len(jids), messages(h.logs))

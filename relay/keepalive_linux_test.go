@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"crypto/tls"
 	"net"
 	"strings"
 	"syscall"
@@ -80,9 +81,13 @@ func TestConnectionsKeepAlive(t *testing.T) {
 }
 
 // keepAliveOf reads a TCP socket's SO_KEEPALIVE, TCP_KEEPIDLE,
-// TCP_KEEPINTVL and TCP_KEEPCNT.
+// TCP_KEEPINTVL and TCP_KEEPCNT: c's own, or the one under its TLS (a URL
+// with sslmode=prefer, pgx's default, is TLS where the server has it on).
 func keepAliveOf(t *testing.T, c net.Conn) [4]int {
 	t.Helper()
+	if tc, ok := c.(*tls.Conn); ok {
+		c = tc.NetConn()
+	}
 	sc, ok := c.(syscall.Conn)
 	if !ok {
 		t.Fatalf("connection %T is not a socket", c)

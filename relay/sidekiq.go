@@ -119,7 +119,6 @@ func isPermanentReply(err error) bool {
 	return false
 }
 
-
 // replyCode splits an error reply that redis.pcall returned into its code
 // (OOM, WRONGTYPE, ERR, ...; "" if it has none) and message. A command's
 // own error reply reads "CODE message", in every version. An error Redis

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"regexp"
 	"slices"
 	"strings"
@@ -26,17 +27,20 @@ func newStagedPushHarness(t *testing.T) *harness {
 	h := &harness{t: t, schema: testenv.Schema(t)}
 	h.rdb, h.ns = testenv.Redis(t)
 	h.conn = testenv.Conn(t, testenv.DatabaseURL())
-	s := pgx.Identifier{h.schema}.Sanitize()
-	if _, err := h.conn.Exec(context.Background(), `CREATE SCHEMA `+s+`;
-		CREATE TABLE `+s+`.sidekiq_staged_push_jobs (
-			id bigserial PRIMARY KEY,
-			payload json NOT NULL,
-			created_at timestamp(6) without time zone NOT NULL,
-			updated_at timestamp(6) without time zone NOT NULL
-		)`); err != nil {
+	if _, err := h.conn.Exec(context.Background(), `CREATE SCHEMA `+pgx.Identifier{h.schema}.Sanitize()+`;`+gemTableSQL(t, h.schema)); err != nil {
 		t.Fatalf("create the gem's table: %v", err)
 	}
 	return h
+}
+
+// gemTableSQL creates the sidekiq-staged_push gem's table
+// (../testdata/sidekiq_staged_push_jobs.sql) in schema, which exists.
+func gemTableSQL(t *testing.T, schema string) string {
+	b, err := os.ReadFile("../testdata/sidekiq_staged_push_jobs.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return "SET search_path TO " + pgx.Identifier{schema}.Sanitize() + ";\n" + string(b) + "RESET search_path;"
 }
 
 // gemTable is the gem's table in h's schema, quoted.

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -31,15 +30,6 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// testDatabaseURL is the shared test database: $TEST_DATABASE_URL, or the
-// PostgreSQL on 127.0.0.1:5432.
-func testDatabaseURL() string {
-	if u := os.Getenv("TEST_DATABASE_URL"); u != "" {
-		return u
-	}
-	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-}
-
 func noEnv(string) string { return "" }
 
 // The demo's lines, as the app and the worker log them.
@@ -57,7 +47,7 @@ var (
 // the rolled-back ones.
 func TestDemoCommittedUsersReachTheWorker(t *testing.T) {
 	ctx := t.Context()
-	dbURL := testDatabaseURL()
+	dbURL := relaytest.DatabaseURL()
 	schema := relaytest.Schema(t, dbURL)
 	conn := relaytest.Conn(t, dbURL)
 	if _, err := relay.Migrate(ctx, conn, schema); err != nil {
@@ -65,7 +55,7 @@ func TestDemoCommittedUsersReachTheWorker(t *testing.T) {
 	}
 	// A private Redis, on a DB other than 0: the relay and Sidekiq must
 	// both honour the URL's DB number to meet.
-	redisURL := startRedis(t) + "/5"
+	redisURL := fmt.Sprintf("redis://127.0.0.1:%d/5", relaytest.StartRedis(t).Port)
 	opts, err := redis.ParseURL(redisURL)
 	if err != nil {
 		t.Fatal(err)
@@ -230,35 +220,6 @@ func (b *syncBuffer) String() string {
 	return b.buf.String()
 }
 
-// startRedis starts a private redis-server on a free loopback port, waits
-// until it answers, kills it when the test ends, and returns its URL
-// without a DB.
-func startRedis(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("find a free port: %v", err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	cmd := exec.Command("redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", t.TempDir(), "--daemonize", "no", "--loglevel", "warning")
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start redis-server: %v", err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
-	rdb := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", port), DisableIdentity: true, MaxRetries: -1})
-	defer rdb.Close()
-	relaytest.WaitFor(t, 10*time.Second, "redis-server to answer PING", func() (bool, string) {
-		err := rdb.Ping(context.Background()).Err()
-		return err == nil, fmt.Sprint(err)
-	})
-	return fmt.Sprintf("redis://127.0.0.1:%d", port)
-}
-
 // TestFlags: the environment sets every flag, the command line wins, and
 // bad values are usage errors naming where they came from.
 func TestFlags(t *testing.T) {
@@ -301,7 +262,7 @@ func TestFlags(t *testing.T) {
 // says what to run, and creates nothing.
 func TestMissingTable(t *testing.T) {
 	t.Parallel()
-	dbURL := testDatabaseURL()
+	dbURL := relaytest.DatabaseURL()
 	schema := relaytest.Schema(t, dbURL)
 	err := run(t.Context(), []string{"--database-url", dbURL, "--schema", schema}, noEnv, new(bytes.Buffer))
 	if err == nil || !strings.Contains(err.Error(), "run 'stagedrain migrate'") {

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/stagedrain/stagedrain/relay/relaytest"
 )
 
 // benchScratchRE matches bench's progress line naming what it created.
@@ -171,7 +173,7 @@ func checkBenchLeftNothing(t *testing.T, p *proc) {
 	if schemaExists(t, conn, schema) {
 		t.Errorf("scratch schema %s still exists in the test database", schema)
 	}
-	rdb, _ := testRedis(t)
+	rdb, _ := relaytest.Redis(t)
 	if keys, err := rdb.Keys(ctx, ns+":*").Result(); err != nil || len(keys) != 0 {
 		t.Errorf("Redis keys %s:* left: %v (%v), want none", ns, keys, err)
 	}

@@ -251,8 +251,8 @@ type chaos struct {
 	plan  chaosPlan
 	rng   *rand.Rand
 	seed  int64
-	pg    *privatePostgres
-	redis *stoppableRedis
+	pg    *relaytest.PostgresServer
+	redis *relaytest.RedisServer
 	rdb   *redis.Client
 
 	schema string
@@ -282,10 +282,10 @@ func newChaos(t *testing.T, plan chaosPlan, seed int64) *chaos {
 		t: t, ctx: t.Context(), plan: plan, seed: seed, rng: rand.New(rand.NewPCG(uint64(seed), 0)),
 		schema: "chaos", faults: make(map[string]int),
 	}
-	c.pg = startPrivatePostgres(t)
-	c.redis = newStoppableRedis(t, "--appendonly", "yes", "--appendfsync", "always")
-	c.plan.redisStallFor = relayReadTimeout(t, c.redis.url()) + chaosStallMargin
-	c.rdb = redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", c.redis.port), DisableIdentity: true})
+	c.pg = relaytest.StartPostgres(t)
+	c.redis = relaytest.StartRedis(t, "--appendonly", "yes", "--appendfsync", "always")
+	c.plan.redisStallFor = relayReadTimeout(t, c.redis.URL()) + chaosStallMargin
+	c.rdb = redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", c.redis.Port), DisableIdentity: true})
 	t.Cleanup(func() { _ = c.rdb.Close() })
 	t.Cleanup(func() {
 		if c.conn != nil {
@@ -326,7 +326,7 @@ func (c *chaos) db() *pgx.Conn {
 			_ = c.conn.Close(ctx)
 			c.conn = nil
 		}
-		conn, err := pgx.Connect(ctx, c.pg.url())
+		conn, err := pgx.Connect(ctx, c.pg.URL())
 		if err != nil {
 			return false, err.Error()
 		}
@@ -384,7 +384,7 @@ func (c *chaos) between(from, to time.Time) []string {
 func (c *chaos) startRelay() *proc {
 	c.t.Helper()
 	name := fmt.Sprintf("relay %d", len(c.relays)+1)
-	p := startProc(c.t, name, childEnv("DATABASE_URL="+c.pg.url(), "REDIS_URL="+c.redis.url()),
+	p := startProc(c.t, name, childEnv("DATABASE_URL="+c.pg.URL(), "REDIS_URL="+c.redis.URL()),
 		"run", "--schema", c.schema, "--max-payload-bytes", fmt.Sprint(chaosMaxPayloadBytes), "--max-backoff", "1s")
 	p.failTail = 40
 	c.relays = append(c.relays, p)
@@ -403,7 +403,7 @@ func (c *chaos) run() {
 
 	sampler, stopSampler := context.WithCancel(c.ctx)
 	var sampled sync.WaitGroup
-	sampled.Go(func() { c.gap = sampleDeliveries(sampler, c.redis.port) })
+	sampled.Go(func() { c.gap = sampleDeliveries(sampler, c.redis.Port) })
 	defer func() { stopSampler(); sampled.Wait() }()
 
 	c.start = time.Now()
@@ -692,19 +692,19 @@ const chaosAimWait = time.Second
 
 func (c *chaos) restartPostgres() {
 	c.t.Helper()
-	c.pg.stop()
+	c.pg.Stop()
 	c.note("PostgreSQL stopped")
 	c.pause(c.plan.pgDownFor)
-	c.pg.start()
+	c.pg.Start()
 	c.note("PostgreSQL started")
 }
 
 func (c *chaos) killRedis() {
 	c.t.Helper()
-	c.redis.stop()
+	c.redis.Stop()
 	c.note("Redis killed")
 	c.pause(c.plan.redisDownFor)
-	c.redis.start()
+	c.redis.Start()
 	c.note("Redis started")
 }
 
@@ -713,15 +713,10 @@ func (c *chaos) killRedis() {
 // (and what it sent again after a timeout) runs once it thaws.
 func (c *chaos) stallRedis() {
 	c.t.Helper()
-	p := c.redis.cmd.Process
-	if err := p.Signal(syscall.SIGSTOP); err != nil {
-		c.t.Fatalf("SIGSTOP redis-server: %v", err)
-	}
+	c.redis.Signal(syscall.SIGSTOP)
 	c.note("SIGSTOP Redis")
 	c.pause(c.plan.redisStallFor)
-	if err := p.Signal(syscall.SIGCONT); err != nil {
-		c.t.Fatalf("SIGCONT redis-server: %v", err)
-	}
+	c.redis.Signal(syscall.SIGCONT)
 	c.note("SIGCONT Redis")
 }
 
@@ -858,7 +853,7 @@ func (p *chaosProducer) run(ctx context.Context) {
 		}
 		for conn == nil {
 			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			conn, _ = pgx.Connect(cctx, p.c.pg.url())
+			conn, _ = pgx.Connect(cctx, p.c.pg.URL())
 			cancel()
 			if conn == nil && !pauseCtx(ctx, 50*time.Millisecond) { // PostgreSQL is restarting
 				return

@@ -15,6 +15,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/stagedrain/stagedrain/relay"
+
+	"github.com/stagedrain/stagedrain/relay/relaytest"
 )
 
 // result is what one run() call did.
@@ -390,7 +392,7 @@ func TestMigrate(t *testing.T) {
 	t.Parallel()
 	schema := testSchema(t)
 	conn := testConn(t)
-	args := []string{"migrate", "--database-url", testDatabaseURL(), "--schema", schema}
+	args := []string{"migrate", "--database-url", relaytest.DatabaseURL(), "--schema", schema}
 
 	first := checkMigrated(t, runCLI(args...), schema)
 	if !tableExists(t, conn, schema, "staged_jobs") {
@@ -453,7 +455,7 @@ func TestFlagWinsOverEnv(t *testing.T) {
 	conn := testConn(t)
 	envSchema, flagSchema := testSchema(t), testSchema(t)
 	t.Setenv("STAGEDRAIN_SCHEMA", envSchema)
-	t.Setenv("DATABASE_URL", testDatabaseURL())
+	t.Setenv("DATABASE_URL", relaytest.DatabaseURL())
 	t.Setenv("STAGEDRAIN_LOG_LEVEL", "error") // would hide the info line "migrated"
 
 	r := runCLI("migrate", "--schema", flagSchema, "--log-level", "info")
@@ -479,7 +481,7 @@ func TestFlagWinsOverEnv(t *testing.T) {
 // rejected role once with TLS and once without.
 func TestConnectErrorOnOneLine(t *testing.T) {
 	t.Parallel()
-	cfg, err := pgx.ParseConfig(testDatabaseURL())
+	cfg, err := pgx.ParseConfig(relaytest.DatabaseURL())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/stagedrain/stagedrain/relay/relaytest"
 )
 
 // A short-lived command's connection gives up after commandConnectTimeout
@@ -38,7 +40,7 @@ func TestCommandConnConfig(t *testing.T) {
 // port nobody listens on with an error, not a hang.
 func TestConnectDB(t *testing.T) {
 	ctx := context.Background()
-	conn, err := connectDB(ctx, testDatabaseURL(), "stagedrain test")
+	conn, err := connectDB(ctx, relaytest.DatabaseURL(), "stagedrain test")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,7 +36,7 @@ func TestDeadListAndRetry(t *testing.T) {
 	if _, err := relay.Migrate(ctx, conn, schema); err != nil {
 		t.Fatal(err)
 	}
-	rdb, ns := testRedis(t)
+	rdb, ns := relaytest.Redis(t)
 	if err := rdb.Set(ctx, ns+":queue:broken", "not a list", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +44,7 @@ func TestDeadListAndRetry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := relay.New(relay.Config{DatabaseURL: testDatabaseURL(), Redis: rdb, Schema: schema, RedisNamespace: ns, PollInterval: 100 * time.Millisecond})
+	r, err := relay.New(relay.Config{DatabaseURL: relaytest.DatabaseURL(), Redis: rdb, Schema: schema, RedisNamespace: ns, PollInterval: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +61,7 @@ func TestDeadListAndRetry(t *testing.T) {
 		n := deadCount(t, conn, schema)
 		return n == 1, fmt.Sprintf("%d dead rows, %d staged", n, stagedCount(t, conn, schema))
 	})
-	db := []string{"--database-url", testDatabaseURL(), "--schema", schema}
+	db := []string{"--database-url", relaytest.DatabaseURL(), "--schema", schema}
 
 	res := runCLI(append([]string{"dead", "list"}, db...)...)
 	if res.code != 0 || res.stderr != "" {
@@ -122,7 +122,7 @@ func TestDeadPurge(t *testing.T) {
 		(4, 'Newer', '[]', 'default', 'dddddddddddddddddddddddd', now(), '{}', 'WRONGTYPE', now(), 1)`); err != nil {
 		t.Fatal(err)
 	}
-	db := []string{"--database-url", testDatabaseURL(), "--schema", schema}
+	db := []string{"--database-url", relaytest.DatabaseURL(), "--schema", schema}
 	purge := func(want string, args ...string) {
 		t.Helper()
 		res := runCLI(append(append([]string{"dead", "purge"}, args...), db...)...)
@@ -154,7 +154,7 @@ func TestDeadDatabaseError(t *testing.T) {
 	t.Parallel()
 	schema := testSchema(t)
 	for _, sub := range [][]string{{"list"}, {"retry", "--all"}, {"purge", "--all"}} {
-		res := runCLI(append(append([]string{"dead"}, sub...), "--database-url", testDatabaseURL(), "--schema", schema)...)
+		res := runCLI(append(append([]string{"dead"}, sub...), "--database-url", relaytest.DatabaseURL(), "--schema", schema)...)
 		checkOneLineError(t, res, 1, "dead "+sub[0], "staged_jobs_dead", "does not exist")
 	}
 }
@@ -175,7 +175,7 @@ func TestDeadInfiniteTimes(t *testing.T) {
 		(1, 'Forever', '[]', 'default', 'infinity', 'aaaaaaaaaaaaaaaaaaaaaaaa', '-infinity', '{}', 'run_at is infinity: Go and the job systems cannot hold it', 1)`); err != nil {
 		t.Fatal(err)
 	}
-	db := []string{"--database-url", testDatabaseURL(), "--schema", schema}
+	db := []string{"--database-url", relaytest.DatabaseURL(), "--schema", schema}
 	res := runCLI(append([]string{"dead", "list"}, db...)...)
 	if res.code != 0 || res.stderr != "" || !strings.Contains(res.stdout, "Forever") {
 		t.Fatalf("dead list: exit %d, stdout %q, stderr %q; want 0 and the row", res.code, res.stdout, res.stderr)

@@ -55,9 +55,9 @@ func newDefaultsEnv(t *testing.T) *defaultsEnv {
 			t.Errorf("drop database %s: %v", name, err)
 		}
 	})
-	u, err := url.Parse(testDatabaseURL())
+	u, err := url.Parse(relaytest.DatabaseURL())
 	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
-		t.Fatalf("the test database URL %q is not a postgres:// URL (%v)", testDatabaseURL(), err)
+		t.Fatalf("the test database URL %q is not a postgres:// URL (%v)", relaytest.DatabaseURL(), err)
 	}
 	u.Path = "/" + name
 	d.databaseURL = u.String()
@@ -66,7 +66,7 @@ func newDefaultsEnv(t *testing.T) *defaultsEnv {
 		t.Fatalf("migrate %s: %v", name, err)
 	}
 
-	port := startRedisServer(t)
+	port := relaytest.StartRedis(t).Port
 	d.redisURL = fmt.Sprintf("redis://127.0.0.1:%d", port)
 	d.rdb = redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", port), DisableIdentity: true})
 	t.Cleanup(func() { _ = d.rdb.Close() })

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/stagedrain/stagedrain/relay/relaytest"
 )
 
 // readmeFlagHeader is the header of README.md's table of every flag.
@@ -156,12 +158,12 @@ func TestUnknownEnvWarned(t *testing.T) {
 
 	t.Run("migrate", func(t *testing.T) {
 		schema := testSchema(t)
-		r := runCLI("migrate", "--database-url", testDatabaseURL(), "--schema", schema)
+		r := runCLI("migrate", "--database-url", relaytest.DatabaseURL(), "--schema", schema)
 		checkMigrated(t, r, schema)
 		warned(t, r)
 	})
 	t.Run("run", func(t *testing.T) {
-		_, ns := testRedis(t)
+		_, ns := relaytest.Redis(t)
 		// A database that does not exist: run fails at once, after the warning.
 		r := runCLI("run", "--database-url", noDatabaseURL(t), "--redis-namespace", ns)
 		checkOneLineError(t, r, 1, "stagedrain_no_such_database")

@@ -7,75 +7,13 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os/exec"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/stagedrain/stagedrain/relay/relaytest"
 )
-
-// stoppableRedis is a private redis-server that a test stops and starts
-// again on the same port and directory. args are added to its command line:
-// "--appendonly", "yes" keeps its data across a stop.
-type stoppableRedis struct {
-	t    *testing.T
-	port int
-	dir  string
-	args []string
-	cmd  *exec.Cmd
-}
-
-func newStoppableRedis(t *testing.T, args ...string) *stoppableRedis {
-	t.Helper()
-	s := &stoppableRedis{t: t, port: freePort(t), dir: t.TempDir(), args: args}
-	s.start()
-	t.Cleanup(s.stop)
-	return s
-}
-
-func (s *stoppableRedis) url() string { return fmt.Sprintf("redis://127.0.0.1:%d/0", s.port) }
-
-func (s *stoppableRedis) start() {
-	s.t.Helper()
-	cmd := exec.Command("redis-server", append([]string{"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", s.dir, "--daemonize", "no", "--loglevel", "warning"}, s.args...)...)
-	if err := cmd.Start(); err != nil {
-		s.t.Fatalf("start redis-server: %v", err)
-	}
-	s.cmd = cmd
-	rdb := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", s.port), DisableIdentity: true, MaxRetries: -1})
-	defer rdb.Close()
-	relaytest.WaitFor(s.t, 10*time.Second, "redis-server to answer PING", func() (bool, string) {
-		err := rdb.Ping(context.Background()).Err()
-		return err == nil, fmt.Sprint(err)
-	})
-}
-
-// stop kills the server (SIGKILL: what it acknowledged is on disk only if
-// its args say so) and waits for it to exit.
-func (s *stoppableRedis) stop() {
-	if s.cmd == nil {
-		return
-	}
-	_ = s.cmd.Process.Kill()
-	_ = s.cmd.Wait()
-	s.cmd = nil
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("find a free port: %v", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
 
 // inProcessRelay runs `stagedrain run` in this process (runCmd, so that the
 // test can stop it with a context). The stop it returns ends it and checks
@@ -182,11 +120,11 @@ func checkMetrics(t *testing.T, addr string, want map[string]string) {
 func TestHealthEndpoints(t *testing.T) {
 	t.Parallel()
 	e := newRelayEnv(t)
-	rs := newStoppableRedis(t)
-	leaderAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	standbyAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	rs := relaytest.StartRedis(t)
+	leaderAddr := fmt.Sprintf("127.0.0.1:%d", relaytest.FreePort(t))
+	standbyAddr := fmt.Sprintf("127.0.0.1:%d", relaytest.FreePort(t))
 	args := func(addr string) []string {
-		return []string{"--database-url", testDatabaseURL(), "--schema", e.schema, "--redis-url", rs.url(),
+		return []string{"--database-url", relaytest.DatabaseURL(), "--schema", e.schema, "--redis-url", rs.URL(),
 			"--leader-interval", "50ms", "--max-backoff", "200ms", "--metrics-addr", addr}
 	}
 
@@ -217,7 +155,7 @@ func TestHealthEndpoints(t *testing.T) {
 		t.Errorf("health against the standby: exit %d, stdout %q, stderr %q; want 0, \"ready: standby\\n\"", r.code, r.stdout, r.stderr)
 	}
 
-	rs.stop()
+	rs.Stop()
 	for _, addr := range []string{leaderAddr, standbyAddr} {
 		body := waitReady(t, addr, http.StatusServiceUnavailable, "")
 		if body.Ready || !strings.Contains(body.Reason, "redis") {
@@ -231,7 +169,7 @@ func TestHealthEndpoints(t *testing.T) {
 		t.Errorf("/healthz with Redis down = %d, %v; want 200: the process is alive", code, err)
 	}
 
-	rs.start()
+	rs.Start()
 	waitReady(t, leaderAddr, http.StatusOK, "leader")
 	waitReady(t, standbyAddr, http.StatusOK, "standby")
 

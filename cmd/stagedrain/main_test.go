@@ -16,6 +16,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
+
+	"github.com/stagedrain/stagedrain/relay/relaytest"
 )
 
 // testBinary is the stagedrain binary the process tests run, built once by
@@ -84,7 +86,7 @@ func childEnv(extra ...string) []string {
 			env = append(env, kv)
 		}
 	}
-	env = append(env, "DATABASE_URL="+testDatabaseURL(), "REDIS_URL="+testRedisURL())
+	env = append(env, "DATABASE_URL="+relaytest.DatabaseURL(), "REDIS_URL="+relaytest.RedisURL())
 	return append(env, extra...)
 }
 

@@ -4,6 +4,8 @@ import (
 	"flag"
 	"strings"
 	"testing"
+
+	"github.com/stagedrain/stagedrain/relay/relaytest"
 )
 
 // dead --help (and -h, help) prints dead's own help: each subcommand with
@@ -132,7 +134,7 @@ func TestDeadNotMigrated(t *testing.T) {
 	t.Parallel()
 	schema := testSchema(t)
 	for _, sub := range [][]string{{"list"}, {"list", "--json"}, {"retry", "--all"}, {"retry", "3"}, {"purge", "--all"}, {"purge", "--older-than", "7d"}} {
-		r := runCLI(append(append([]string{"dead"}, sub...), "--database-url", testDatabaseURL(), "--schema", schema)...)
+		r := runCLI(append(append([]string{"dead"}, sub...), "--database-url", relaytest.DatabaseURL(), "--schema", schema)...)
 		checkOneLineError(t, r, 1, "dead "+sub[0]+": ", `."staged_jobs_dead" does not exist: run 'stagedrain migrate' first`)
 		if r.stdout != "" {
 			t.Errorf("dead %v: stdout %q, want nothing", sub, r.stdout)

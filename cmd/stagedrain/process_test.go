@@ -41,7 +41,7 @@ type relayEnv struct {
 func newRelayEnv(t *testing.T) *relayEnv {
 	t.Helper()
 	e := &relayEnv{t: t, schema: testSchema(t), conn: testConn(t)}
-	e.rdb, e.ns = testRedis(t)
+	e.rdb, e.ns = relaytest.Redis(t)
 	if _, err := relay.Migrate(context.Background(), e.conn, e.schema); err != nil {
 		t.Fatalf("migrate %s: %v", e.schema, err)
 	}
@@ -127,7 +127,7 @@ func checkAllJSON(t *testing.T, p *proc) {
 func TestRunNotMigrated(t *testing.T) {
 	t.Parallel()
 	schema := testSchema(t)
-	_, ns := testRedis(t)
+	_, ns := relaytest.Redis(t)
 	p := startProc(t, "relay", childEnv(), "run", "--schema", schema, "--redis-namespace", ns)
 	if code := p.wait(15 * time.Second); code != 1 {
 		t.Fatalf("exit code %d, want 1; output:\n%s", code, p.output())
@@ -146,8 +146,8 @@ func TestRunNotMigrated(t *testing.T) {
 func TestRunQueuesConflict(t *testing.T) {
 	t.Parallel()
 	schema := testSchema(t)
-	_, ns := testRedis(t)
-	if r := runCLI("migrate", "--database-url", testDatabaseURL(), "--schema", schema); r.code != 0 {
+	_, ns := relaytest.Redis(t)
+	if r := runCLI("migrate", "--database-url", relaytest.DatabaseURL(), "--schema", schema); r.code != 0 {
 		t.Fatalf("migrate: exit %d: %s", r.code, r.stderr)
 	}
 	args := []string{"run", "--schema", schema, "--redis-namespace", ns}
@@ -206,7 +206,7 @@ func TestRunChecksSchemaVersion(t *testing.T) {
 			schema := testSchema(t)
 			conn := testConn(t)
 			tt.prepare(t, conn, schema)
-			_, ns := testRedis(t)
+			_, ns := relaytest.Redis(t)
 			p := startProc(t, "relay", childEnv(), "run", "--schema", schema, "--redis-namespace", ns)
 			if code := p.wait(15 * time.Second); code != 1 {
 				t.Fatalf("exit code %d, want 1; output:\n%s", code, p.output())
@@ -282,7 +282,7 @@ func TestRunDeliversAndStopsOnSIGTERM(t *testing.T) {
 func TestRunMigrateFlag(t *testing.T) {
 	t.Parallel()
 	schema := testSchema(t)
-	rdb, ns := testRedis(t)
+	rdb, ns := relaytest.Redis(t)
 	conn := testConn(t)
 	p := startProc(t, "relay", childEnv(), "run", "--migrate", "--schema", schema, "--redis-namespace", ns)
 	migrated := p.waitLog(rootLogger, "migrated", 15*time.Second)
@@ -311,7 +311,7 @@ func TestRunMigrateFlag(t *testing.T) {
 // logs nor its exit show the password of the URL.
 func TestRunNeverLogsPassword(t *testing.T) {
 	t.Parallel()
-	_, ns := testRedis(t)
+	_, ns := relaytest.Redis(t)
 	const password = "s3cretpw"
 	// Nothing listens on port 1: every connection is refused.
 	env := append(childEnv(), "DATABASE_URL=postgres://u:"+password+"@127.0.0.1:1/x")
@@ -341,9 +341,9 @@ func TestRunNeverLogsPassword(t *testing.T) {
 func TestRunRedisRefused(t *testing.T) {
 	t.Parallel()
 	const password = "s3cret-redis-pw"
-	port := startRedisServer(t, "--requirepass", password)
+	port := relaytest.StartRedis(t, "--requirepass", password).Port
 	private := fmt.Sprintf("127.0.0.1:%d", port)
-	shared, err := redis.ParseURL(testRedisURL())
+	shared, err := redis.ParseURL(relaytest.RedisURL())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -467,7 +467,7 @@ func keys(m map[string]int) []string {
 // as a literal "\n\t".
 func TestConsoleLogErrorOnOneLine(t *testing.T) {
 	t.Parallel()
-	_, ns := testRedis(t)
+	_, ns := relaytest.Redis(t)
 	// Nothing listens on port 1 or 2: both addresses refuse.
 	env := append(childEnv(), "DATABASE_URL=postgres://u@127.0.0.1:1,127.0.0.1:2/x")
 	p := startProc(t, "relay", env, "run", "--redis-namespace", ns, "--log-format", "console", "--max-backoff", "100ms")

@@ -18,13 +18,13 @@ import (
 func TestReadyzNamesRedisUnreachable(t *testing.T) {
 	t.Parallel()
 	e := newRelayEnv(t)
-	rs := &stoppableRedis{t: t, port: freePort(t), dir: t.TempDir()} // not started: nothing listens
-	t.Cleanup(rs.stop)
-	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	inProcessRelay(t, "--database-url", testDatabaseURL(), "--schema", e.schema, "--redis-url", rs.url(),
+	rs := relaytest.StartRedis(t)
+	rs.Stop() // nothing listens on its port until rs.Start
+	addr := fmt.Sprintf("127.0.0.1:%d", relaytest.FreePort(t))
+	inProcessRelay(t, "--database-url", relaytest.DatabaseURL(), "--schema", e.schema, "--redis-url", rs.URL(),
 		"--leader-interval", "50ms", "--max-backoff", "200ms", "--metrics-addr", addr)
 
-	want := fmt.Sprintf("redis unreachable: 127.0.0.1:%d/0: ", rs.port)
+	want := fmt.Sprintf("redis unreachable: 127.0.0.1:%d/0: ", rs.Port)
 	check := func(role string) {
 		t.Helper()
 		var body readyBody
@@ -48,8 +48,8 @@ func TestReadyzNamesRedisUnreachable(t *testing.T) {
 	}
 	check("starting")
 
-	rs.start()
+	rs.Start()
 	waitReady(t, addr, http.StatusOK, "leader")
-	rs.stop()
+	rs.Stop()
 	check("leader")
 }

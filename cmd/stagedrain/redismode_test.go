@@ -3,10 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -23,18 +19,10 @@ import (
 func TestRunOnRedisCluster(t *testing.T) {
 	t.Parallel()
 	const password = "cluster-s3cret"
+	cluster := relaytest.StartRedisCluster(t, "--requirepass", password, "--masterauth", password)
 	var addrs []string
-	for range 3 {
-		// The bus port is the port plus 10000 unless set: a free port
-		// above 55535 would put it out of range.
-		port := startRedisServer(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-			"--requirepass", password, "--masterauth", password, "--cluster-port", strconv.Itoa(freePort(t)))
-		addrs = append(addrs, fmt.Sprintf("127.0.0.1:%d", port))
-	}
-	cmd := exec.Command("redis-cli", append(append([]string{"--no-auth-warning", "-a", password, "--cluster", "create"}, addrs...),
-		"--cluster-replicas", "0", "--cluster-yes")...)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	for _, n := range cluster.Nodes {
+		addrs = append(addrs, fmt.Sprintf("127.0.0.1:%d", n.Port))
 	}
 	url := fmt.Sprintf("redis://:%s@%s?addr=%s&addr=%s", password, addrs[0], addrs[1], addrs[2])
 	o, err := redis.ParseClusterURL(url)
@@ -45,10 +33,6 @@ func TestRunOnRedisCluster(t *testing.T) {
 	rdb := redis.NewClusterClient(o)
 	defer rdb.Close()
 	ctx := context.Background()
-	relaytest.WaitFor(t, 20*time.Second, "cluster_state:ok", func() (bool, string) {
-		info, err := rdb.ClusterInfo(ctx).Result()
-		return err == nil && strings.Contains(info, "cluster_state:ok"), fmt.Sprint(info, err)
-	})
 
 	e := newRelayEnv(t)
 	p := startProc(t, "relay", childEnv("REDIS_URL="+url), "run", "--schema", e.schema,
@@ -81,33 +65,12 @@ func TestRunOnRedisCluster(t *testing.T) {
 func TestRunThroughSentinel(t *testing.T) {
 	t.Parallel()
 	const password = "primary-s3cret"
-	primary := startRedisServer(t, "--requirepass", password)
-	dir := t.TempDir()
-	port := freePort(t)
-	conf := filepath.Join(dir, "sentinel.conf")
-	text := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nsentinel monitor mymaster 127.0.0.1 %d 1\nsentinel auth-pass mymaster %s\n",
-		port, dir, primary, password)
-	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	sentinel := exec.Command("redis-server", conf, "--sentinel", "--loglevel", "warning")
-	if err := sentinel.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = sentinel.Process.Kill()
-		_ = sentinel.Wait()
-	})
+	primary := relaytest.StartRedis(t, "--requirepass", password).Port
+	sentinel := relaytest.StartRedisSentinel(t, primary, "sentinel auth-pass mymaster "+password)
 	ctx := context.Background()
-	sc := redis.NewSentinelClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", port), DisableIdentity: true})
-	defer sc.Close()
-	relaytest.WaitFor(t, 10*time.Second, "the sentinel to know mymaster", func() (bool, string) {
-		addr, err := sc.GetMasterAddrByName(ctx, "mymaster").Result()
-		return err == nil, fmt.Sprint(addr, err)
-	})
 
 	e := newRelayEnv(t)
-	url := fmt.Sprintf("redis://127.0.0.1:%d/0?master_name=mymaster&password=%s", port, password)
+	url := sentinel.URL() + "&password=" + password
 	p := startProc(t, "relay", childEnv("REDIS_URL="+url, "STAGEDRAIN_REDIS_MODE=sentinel"), "run",
 		"--schema", e.schema, "--redis-namespace", e.ns)
 	jids := e.stage("Work", 3)

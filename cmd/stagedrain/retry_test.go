@@ -19,6 +19,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/stagedrain/stagedrain/relay/relaytest"
 )
 
 // migrate --migrate waits out a server that answers but cannot take a
@@ -89,7 +91,7 @@ func TestMigrateWithRetryWaitsForStartup(t *testing.T) {
 // test database through it, and the count of connections so far.
 func startingUpServer(t *testing.T, refusals int32) (string, *atomic.Int32) {
 	t.Helper()
-	cfg, err := pgx.ParseConfig(testDatabaseURL())
+	cfg, err := pgx.ParseConfig(relaytest.DatabaseURL())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,11 +152,16 @@ func startingUpServer(t *testing.T, refusals int32) (string, *atomic.Int32) {
 		mu.Unlock()
 		wg.Wait()
 	})
-	u, err := url.Parse(testDatabaseURL())
+	u, err := url.Parse(relaytest.DatabaseURL())
 	if err != nil || u.Host == "" {
 		t.Fatalf("test database URL is not a URL with a host: %v", err)
 	}
 	u.Host = ln.Addr().String()
+	// The refusals speak no TLS, and with sslmode prefer each attempt
+	// would be two connections (TLS refused, then plain): count one.
+	q := u.Query()
+	q.Set("sslmode", "disable")
+	u.RawQuery = q.Encode()
 	return u.String(), &conns
 }
 

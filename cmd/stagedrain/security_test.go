@@ -39,7 +39,7 @@ func TestPasswordNeverShownByAnyCommand(t *testing.T) {
 	// without requirepass accept, and a database that does not exist: run
 	// gets past Redis and fails on PostgreSQL (exit 1) at once.
 	noDB := withPassword(t, noDatabaseURL(t), "", pgPassword)
-	sharedRedis := withPassword(t, testRedisURL(), "default", redisPassword)
+	sharedRedis := withPassword(t, relaytest.RedisURL(), "default", redisPassword)
 	t.Setenv("DATABASE_URL", refused)
 	t.Setenv("REDIS_URL", "redis://:"+redisPassword+"@127.0.0.1:1/0")
 
@@ -107,7 +107,7 @@ func TestRunWithoutPrivilegeExits(t *testing.T) {
 	t.Parallel()
 	const password = "s3cret-role-pw"
 	e := newRelayEnv(t)
-	role, roleURL := relaytest.Role(t, testDatabaseURL())
+	role, roleURL := relaytest.Role(t, relaytest.DatabaseURL())
 	for _, g := range []string{
 		"GRANT USAGE ON SCHEMA %[1]s TO %[2]s",
 		"GRANT SELECT, INSERT, UPDATE (id) ON %[1]s.staged_jobs TO %[2]s", // no DELETE

@@ -3,11 +3,14 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/stagedrain/stagedrain/relay/relaytest"
 )
 
 // migrate --source sidekiq_staged_push adds the wake trigger to the gem's
@@ -19,18 +22,16 @@ func TestMigrateAndRunSidekiqStagedPushSource(t *testing.T) {
 	ctx := context.Background()
 	schema := testSchema(t)
 	conn := testConn(t)
-	args := []string{"migrate", "--database-url", testDatabaseURL(), "--schema", schema, "--source", "sidekiq_staged_push"}
+	args := []string{"migrate", "--database-url", relaytest.DatabaseURL(), "--schema", schema, "--source", "sidekiq_staged_push"}
 
 	checkOneLineError(t, runCLI(args...), 1, "no table", "sidekiq_staged_push_jobs", "install sidekiq-staged_push")
 
 	quoted := pgx.Identifier{schema}.Sanitize()
-	if _, err := conn.Exec(ctx, `CREATE SCHEMA `+quoted+`;
-		CREATE TABLE `+quoted+`.sidekiq_staged_push_jobs (id bigserial PRIMARY KEY, payload json NOT NULL,
-			created_at timestamp(6) NOT NULL, updated_at timestamp(6) NOT NULL)`); err != nil {
+	if _, err := conn.Exec(ctx, `CREATE SCHEMA `+quoted+`;`+gemTableSQL(t, schema)); err != nil {
 		t.Fatal(err)
 	}
 
-	_, ns := testRedis(t)
+	_, ns := relaytest.Redis(t)
 	p := startProc(t, "relay", childEnv(), "run", "--schema", schema, "--redis-namespace", ns, "--source", "sidekiq_staged_push")
 	if code := p.wait(15 * time.Second); code != 1 {
 		t.Fatalf("run before migrate: exit code %d, want 1; output:\n%s", code, p.output())
@@ -66,9 +67,7 @@ func TestStatusSidekiqStagedPushSource(t *testing.T) {
 	schema := testSchema(t)
 	conn := testConn(t)
 	quoted := pgx.Identifier{schema}.Sanitize()
-	if _, err := conn.Exec(ctx, `CREATE SCHEMA `+quoted+`;
-		CREATE TABLE `+quoted+`.sidekiq_staged_push_jobs (id bigserial PRIMARY KEY, payload json NOT NULL,
-			created_at timestamp(6) NOT NULL, updated_at timestamp(6) NOT NULL);
+	if _, err := conn.Exec(ctx, `CREATE SCHEMA `+quoted+`;`+gemTableSQL(t, schema)+`
 		INSERT INTO `+quoted+`.sidekiq_staged_push_jobs (payload, created_at, updated_at) VALUES
 			('{"class":"A","args":[1]}', now() AT TIME ZONE 'UTC' - interval '1 minute', now() AT TIME ZONE 'UTC'),
 			('{"class":"A","args":[2],"queue":"default"}', now() AT TIME ZONE 'UTC', now() AT TIME ZONE 'UTC'),
@@ -77,7 +76,7 @@ func TestStatusSidekiqStagedPushSource(t *testing.T) {
 			('{"class":"C","args":[],"at":null}', now() AT TIME ZONE 'UTC', now() AT TIME ZONE 'UTC')`); err != nil {
 		t.Fatal(err)
 	}
-	r := runCLI("status", "--database-url", testDatabaseURL(), "--schema", schema, "--source", "sidekiq_staged_push", "--json")
+	r := runCLI("status", "--database-url", relaytest.DatabaseURL(), "--schema", schema, "--source", "sidekiq_staged_push", "--json")
 	if r.code != 0 || r.stderr != "" {
 		t.Fatalf("status: exit %d, stderr %q", r.code, r.stderr)
 	}
@@ -93,8 +92,18 @@ func TestStatusSidekiqStagedPushSource(t *testing.T) {
 	if a := st.Queues[1].OldestAge; a < 55 || a > 120 {
 		t.Errorf("default's oldest age %fs, want about a minute (created_at is UTC)", a)
 	}
-	r = runCLI("status", "--database-url", testDatabaseURL(), "--schema", schema, "--source", "sidekiq_staged_push")
+	r = runCLI("status", "--database-url", relaytest.DatabaseURL(), "--schema", schema, "--source", "sidekiq_staged_push")
 	if r.code != 0 || !strings.Contains(r.stdout, "poison") {
 		t.Errorf("status: exit %d, stdout %q, want a poison line", r.code, r.stdout)
 	}
+}
+
+// gemTableSQL creates the sidekiq-staged_push gem's table
+// (../../testdata/sidekiq_staged_push_jobs.sql) in schema, which exists.
+func gemTableSQL(t *testing.T, schema string) string {
+	b, err := os.ReadFile("../../testdata/sidekiq_staged_push_jobs.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return "SET search_path TO " + pgx.Identifier{schema}.Sanitize() + ";\n" + string(b) + "RESET search_path;"
 }

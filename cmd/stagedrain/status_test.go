@@ -34,7 +34,7 @@ func TestStatus(t *testing.T) {
 	if err != nil {
 		t.Fatalf("stage jobs: %v", err)
 	}
-	args := []string{"status", "--database-url", testDatabaseURL(), "--schema", e.schema}
+	args := []string{"status", "--database-url", relaytest.DatabaseURL(), "--schema", e.schema}
 
 	r := runCLI(args...)
 	if r.code != 0 || r.stderr != "" {
@@ -79,8 +79,8 @@ func TestStatus(t *testing.T) {
 	}
 
 	// A relay in this process leads and drains the backlog.
-	inProcessRelay(t, "--database-url", testDatabaseURL(), "--schema", e.schema,
-		"--redis-url", testRedisURL(), "--redis-namespace", e.ns, "--metrics-addr", "")
+	inProcessRelay(t, "--database-url", relaytest.DatabaseURL(), "--schema", e.schema,
+		"--redis-url", relaytest.RedisURL(), "--redis-namespace", e.ns, "--metrics-addr", "")
 	var leader *leaderStatus
 	relaytest.WaitFor(t, 10*time.Second, "status to show a leader and nothing staged", func() (bool, string) {
 		st := statusJSON(t, args)
@@ -114,7 +114,7 @@ func TestStatusInfiniteCreatedAt(t *testing.T) {
 			('Never', '[]', 'critical', '-infinity')`); err != nil {
 		t.Fatal(err)
 	}
-	st := statusJSON(t, []string{"status", "--database-url", testDatabaseURL(), "--schema", e.schema})
+	st := statusJSON(t, []string{"status", "--database-url", relaytest.DatabaseURL(), "--schema", e.schema})
 	if st.Staged != 3 || st.OldestAge == nil || *st.OldestAge < 90 || *st.OldestAge > 120 || len(st.Queues) != 2 ||
 		st.Queues[0] != (queueStatus{Queue: "critical", Staged: 1}) || st.Queues[1].Staged != 2 {
 		t.Errorf("--json = %+v (oldest %v), want 3 staged, critical 1 of age 0, default 2, oldest 90-120s", st, st.OldestAge)
@@ -129,7 +129,7 @@ func TestStatusInfiniteCreatedAt(t *testing.T) {
 			('{"class":"A","args":[3]}', '-infinity', now() AT TIME ZONE 'UTC')`); err != nil {
 		t.Fatal(err)
 	}
-	st = statusJSON(t, []string{"status", "--database-url", testDatabaseURL(), "--schema", e.schema, "--source", "sidekiq_staged_push"})
+	st = statusJSON(t, []string{"status", "--database-url", relaytest.DatabaseURL(), "--schema", e.schema, "--source", "sidekiq_staged_push"})
 	if st.Staged != 3 || st.Poison == nil || *st.Poison != 2 || len(st.Queues) != 1 || st.Queues[0].Staged != 1 ||
 		st.Queues[0].OldestAge < 55 || st.Queues[0].OldestAge > 120 {
 		t.Errorf("--json --source sidekiq_staged_push = %+v (poison %v), want 3 staged: default 1 about a minute old, poison 2", st, st.Poison)
@@ -153,6 +153,6 @@ func statusJSON(t *testing.T, args []string) schemaStatus {
 // status on a schema without staged_jobs says to migrate, exit 1.
 func TestStatusNotMigrated(t *testing.T) {
 	t.Parallel()
-	r := runCLI("status", "--database-url", testDatabaseURL(), "--schema", testSchema(t))
+	r := runCLI("status", "--database-url", relaytest.DatabaseURL(), "--schema", testSchema(t))
 	checkOneLineError(t, r, 1, "does not exist", "stagedrain migrate")
 }

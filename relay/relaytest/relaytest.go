@@ -9,7 +9,10 @@
 //   - Schema, Conn, RedisNamespace and WaitFor give each test its own schema
 //     and Redis key namespace on shared servers, so tests run in parallel,
 //     and wait on a condition with a deadline instead of sleeping; Role, a
-//     database role of its own, to run the relay with only what it needs.
+//     database role of its own, to run the relay with only what it needs;
+//   - DatabaseURL, RedisURL and Redis name the shared test servers, and
+//     StartRedis and StartPostgres start private ones, for a test that
+//     stops, freezes or restarts a server.
 //
 // Failures are reported through the testing.TB given, with what was
 // expected and what was seen.

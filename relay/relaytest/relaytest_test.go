@@ -325,3 +325,55 @@ func TestDrainFailsOnDeadLetter(t *testing.T) {
 	})
 	checkContains(t, msg, "relaytest: Drain: 1 jobs dead-lettered", "staged_jobs_dead", "WRONGTYPE")
 }
+
+// A $TEST_DATABASE_URL that names no sslmode speaks plain text to the test
+// server (pgx's default, prefer, is TLS where the server has it on); one
+// that names an sslmode keeps it.
+func TestDatabaseURLWithoutSSLMode(t *testing.T) {
+	for _, tt := range []struct{ env, want string }{
+		{"postgres://root@127.0.0.1:5432/test", "postgres://root@127.0.0.1:5432/test?sslmode=disable"},
+		{"postgresql://u@h/db?connect_timeout=3", "postgresql://u@h/db?connect_timeout=3&sslmode=disable"},
+		{"postgres://u@h/db?sslmode=require", "postgres://u@h/db?sslmode=require"},
+		{"host=127.0.0.1 user=root dbname=test", "host=127.0.0.1 user=root dbname=test sslmode=disable"},
+		{"host=127.0.0.1 sslmode=prefer", "host=127.0.0.1 sslmode=prefer"},
+	} {
+		t.Setenv("TEST_DATABASE_URL", tt.env)
+		if got := relaytest.DatabaseURL(); got != tt.want {
+			t.Errorf("TEST_DATABASE_URL=%q: DatabaseURL() = %q, want %q", tt.env, got, tt.want)
+		}
+	}
+	t.Setenv("TEST_DATABASE_URL", "")
+	if got := relaytest.DatabaseURL(); got != "postgres://postgres@127.0.0.1:5432/test?sslmode=disable" {
+		t.Errorf("TEST_DATABASE_URL unset: DatabaseURL() = %q", got)
+	}
+}
+
+// A private Redis started with --appendonly yes keeps what it acknowledged
+// across Stop and Start (the same port and directory), as a test that
+// kills Redis to see what survives needs.
+func TestStartRedisRestartsWithItsData(t *testing.T) {
+	t.Parallel()
+	srv := relaytest.StartRedis(t, "--appendonly", "yes", "--appendfsync", "always")
+	client := func() *redis.Client {
+		opts, err := redis.ParseURL(srv.URL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts.DisableIdentity = true
+		rdb := redis.NewClient(opts)
+		t.Cleanup(func() { _ = rdb.Close() })
+		return rdb
+	}
+	ctx := context.Background()
+	if err := client().Set(ctx, "kept", "yes", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	srv.Stop()
+	if err := client().Ping(ctx).Err(); err == nil {
+		t.Fatal("PING answered after Stop, want nothing listening")
+	}
+	srv.Start()
+	if got, err := client().Get(ctx, "kept").Result(); err != nil || got != "yes" {
+		t.Fatalf("GET kept after Stop and Start = %q, %v; want \"yes\"", got, err)
+	}
+}

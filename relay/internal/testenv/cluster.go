@@ -22,26 +22,38 @@ type RedisCluster struct {
 
 // StartRedisCluster starts three cluster-enabled redis-servers, joins them
 // with redis-cli --cluster create (the slots spread over the three), and
-// waits until every node reports cluster_state:ok.
-func StartRedisCluster(t testing.TB) *RedisCluster {
+// waits until every node reports cluster_state:ok. args are added to each
+// node's command line; with "--requirepass", p (and "--masterauth", p),
+// the cluster is created and awaited with that password.
+func StartRedisCluster(t testing.TB, args ...string) *RedisCluster {
 	t.Helper()
+	var password string
+	for i := 0; i+1 < len(args); i++ {
+		if args[i] == "--requirepass" {
+			password = args[i+1]
+		}
+	}
 	c := &RedisCluster{}
 	addrs := make([]string, 3)
 	for i := range 3 {
 		// The bus port is the port plus 10000 unless set: a free port
 		// above 55535 would put it out of range.
-		s := StartRedis(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-			"--cluster-node-timeout", "5000", "--cluster-port", strconv.Itoa(FreePort(t)))
+		s := StartRedis(t, append([]string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+			"--cluster-node-timeout", "5000", "--cluster-port", strconv.Itoa(FreePort(t))}, args...)...)
 		c.Nodes = append(c.Nodes, s)
 		addrs[i] = "127.0.0.1:" + strconv.Itoa(s.Port)
 	}
-	out, err := exec.Command("redis-cli", append(append([]string{"--cluster", "create"}, addrs...),
+	cli := []string{"--cluster", "create"}
+	if password != "" {
+		cli = []string{"--no-auth-warning", "-a", password, "--cluster", "create"}
+	}
+	out, err := exec.Command("redis-cli", append(append(cli, addrs...),
 		"--cluster-replicas", "0", "--cluster-yes")...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
 	}
 	for _, addr := range addrs {
-		rdb := redis.NewClient(&redis.Options{Addr: addr, DisableIdentity: true})
+		rdb := redis.NewClient(&redis.Options{Addr: addr, Password: password, DisableIdentity: true})
 		WaitFor(t, 20*time.Second, "cluster_state:ok on "+addr, func() (bool, string) {
 			info, err := rdb.ClusterInfo(context.Background()).Result()
 			return err == nil && strings.Contains(info, "cluster_state:ok"), fmt.Sprint(info, err)
@@ -86,18 +98,22 @@ type RedisSentinel struct {
 
 // StartRedisSentinel starts a sentinel that monitors the primary at
 // 127.0.0.1:primaryPort as "mymaster" (quorum 1), and waits until it knows
-// the primary's address.
-func StartRedisSentinel(t testing.TB, primaryPort int) *RedisSentinel {
+// the primary's address. conf are more lines of its configuration file,
+// e.g. "sentinel auth-pass mymaster secret" for a primary with a password.
+func StartRedisSentinel(t testing.TB, primaryPort int, conf ...string) *RedisSentinel {
 	t.Helper()
 	dir := t.TempDir()
 	port := FreePort(t)
-	conf := filepath.Join(dir, "sentinel.conf")
+	file := filepath.Join(dir, "sentinel.conf")
 	text := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nsentinel monitor mymaster 127.0.0.1 %d 1\n"+
 		"sentinel down-after-milliseconds mymaster 1000\nsentinel failover-timeout mymaster 5000\n", port, dir, primaryPort)
-	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
+	for _, l := range conf {
+		text += l + "\n"
+	}
+	if err := os.WriteFile(file, []byte(text), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command("redis-server", conf, "--sentinel", "--loglevel", "warning")
+	cmd := exec.Command("redis-server", file, "--sentinel", "--loglevel", "warning")
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start redis-server --sentinel: %v", err)
 	}

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -20,6 +21,7 @@ import (
 type RedisServer struct {
 	t    testing.TB
 	Port int
+	dir  string // its working directory, kept across Stop and Start
 	args []string
 	cmd  *exec.Cmd
 }
@@ -27,10 +29,11 @@ type RedisServer struct {
 // StartRedis starts redis-server on a free loopback port, keeping nothing on
 // disk, and waits until it answers PING (with an error reply, such as NOAUTH,
 // if args make it require a password). args are added to redis-server's
-// command line, e.g. "--requirepass", "secret".
+// command line, e.g. "--requirepass", "secret", or "--appendonly", "yes"
+// to keep what it acknowledged across Stop and Start (its directory stays).
 func StartRedis(t testing.TB, args ...string) *RedisServer {
 	t.Helper()
-	s := &RedisServer{t: t, Port: FreePort(t), args: args}
+	s := &RedisServer{t: t, Port: FreePort(t), dir: t.TempDir(), args: args}
 	s.Start()
 	t.Cleanup(s.Stop)
 	return s
@@ -48,7 +51,7 @@ func (s *RedisServer) Start() {
 	}
 	cmd := exec.Command("redis-server", append([]string{
 		"--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", s.t.TempDir(),
+		"--save", "", "--appendonly", "no", "--dir", s.dir,
 		"--daemonize", "no", "--loglevel", "warning"}, s.args...)...)
 	if err := cmd.Start(); err != nil {
 		s.t.Fatalf("start redis-server: %v", err)
@@ -58,8 +61,10 @@ func (s *RedisServer) Start() {
 	defer rdb.Close()
 	WaitFor(s.t, 10*time.Second, "redis-server to answer PING", func() (bool, string) {
 		err := rdb.Ping(context.Background()).Err()
-		var answer redis.Error // NOAUTH: it answers, to a client with no password
-		return err == nil || errors.As(err, &answer), fmt.Sprint(err)
+		// NOAUTH is an answer, to a client with no password; LOADING (an
+		// append-only file read back after a restart) is not yet.
+		var answer redis.Error
+		return err == nil || errors.As(err, &answer) && !strings.HasPrefix(err.Error(), "LOADING"), fmt.Sprint(err)
 	})
 }
 
@@ -103,7 +108,7 @@ func (s *RedisServer) Stop() {
 	s.cmd = nil
 }
 
-// PostgresServer is a private PostgreSQL 15 cluster for a test that stops or
+// PostgresServer is a private PostgreSQL cluster for a test that stops or
 // restarts PostgreSQL. It runs as the postgres OS user when the test runs as
 // root (PostgreSQL refuses root), with trust auth on a free loopback port,
 // and is stopped and removed when the test ends.
@@ -114,8 +119,23 @@ type PostgresServer struct {
 	settings []string
 }
 
-// PostgresBin is where Debian installs PostgreSQL 15's server programs.
-const PostgresBin = "/usr/lib/postgresql/15/bin"
+// PostgresBin is the directory of PostgreSQL's server programs (initdb,
+// pg_ctl): $PG_BIN, else the newest of Debian's /usr/lib/postgresql/*/bin,
+// else "" (they are looked up on $PATH).
+func PostgresBin() string {
+	if d := os.Getenv("PG_BIN"); d != "" {
+		return d
+	}
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")
+	best, bestVersion := "", -1
+	for _, d := range dirs {
+		v, err := strconv.Atoi(filepath.Base(filepath.Dir(filepath.Dir(d))))
+		if err == nil && v > bestVersion {
+			best, bestVersion = filepath.Dir(d), v
+		}
+	}
+	return best
+}
 
 // StartPostgres creates and starts a private cluster. settings are server
 // settings, name=value, given to the server as -c name=value (for one that
@@ -134,7 +154,7 @@ func StartPostgres(t testing.TB, settings ...string) *PostgresServer {
 	if err := os.Chmod(parent, 0o777); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := s.pgCmd(filepath.Join(PostgresBin, "initdb"), "-D", s.dir, "-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8").CombinedOutput(); err != nil {
+	if out, err := s.pgCmd(filepath.Join(PostgresBin(), "initdb"), "-D", s.dir, "-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8").CombinedOutput(); err != nil {
 		t.Fatalf("initdb: %v\n%s", err, out)
 	}
 	s.Start()
@@ -161,7 +181,7 @@ func (s *PostgresServer) Start() {
 	for _, kv := range s.settings {
 		opts += " -c " + kv
 	}
-	if out, err := s.pgCmd(filepath.Join(PostgresBin, "pg_ctl"), "-D", s.dir, "-o", opts, "-w", "-t", "30", "-l", filepath.Join(filepath.Dir(s.dir), "log"), "start").CombinedOutput(); err != nil {
+	if out, err := s.pgCmd(filepath.Join(PostgresBin(), "pg_ctl"), "-D", s.dir, "-o", opts, "-w", "-t", "30", "-l", filepath.Join(filepath.Dir(s.dir), "log"), "start").CombinedOutput(); err != nil {
 		s.t.Fatalf("pg_ctl start: %v\n%s", err, out)
 	}
 }
@@ -171,7 +191,7 @@ func (s *PostgresServer) Stop() {
 	if _, err := os.Stat(filepath.Join(s.dir, "postmaster.pid")); errors.Is(err, os.ErrNotExist) {
 		return
 	}
-	if out, err := s.pgCmd(filepath.Join(PostgresBin, "pg_ctl"), "-D", s.dir, "-m", "fast", "-w", "stop").CombinedOutput(); err != nil {
+	if out, err := s.pgCmd(filepath.Join(PostgresBin(), "pg_ctl"), "-D", s.dir, "-m", "fast", "-w", "stop").CombinedOutput(); err != nil {
 		s.t.Errorf("pg_ctl stop: %v\n%s", err, out)
 	}
 }

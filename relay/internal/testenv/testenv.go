@@ -10,7 +10,9 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"net"
+	"net/url"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -19,11 +21,36 @@ import (
 
 // DatabaseURL is the shared test database: $TEST_DATABASE_URL, or the
 // PostgreSQL on 127.0.0.1:5432 that every development and CI machine has.
+// A URL that names no sslmode gets sslmode=disable (see PlainText).
 func DatabaseURL() string {
 	if u := os.Getenv("TEST_DATABASE_URL"); u != "" {
-		return u
+		return PlainText(u)
 	}
 	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+}
+
+// PlainText returns databaseURL with sslmode=disable added when it names no
+// sslmode. Without one, pgx (as libpq) defaults to sslmode=prefer: where the
+// server has TLS on (as Debian's PostgreSQL has, with its snakeoil
+// certificate) every connection is TLS, and where a server refuses TLS
+// every connection is tried twice, which tests that read the socket or
+// count connections cannot tell apart from what they check. A URL that
+// names an sslmode, and a keyword/value string's sslmode, are kept.
+func PlainText(databaseURL string) string {
+	if strings.HasPrefix(databaseURL, "postgres://") || strings.HasPrefix(databaseURL, "postgresql://") {
+		u, err := url.Parse(databaseURL)
+		if err != nil || u.Query().Has("sslmode") {
+			return databaseURL
+		}
+		q := u.Query()
+		q.Set("sslmode", "disable")
+		u.RawQuery = q.Encode()
+		return u.String()
+	}
+	if strings.Contains(databaseURL, "sslmode=") || strings.TrimSpace(databaseURL) == "" {
+		return databaseURL
+	}
+	return databaseURL + " sslmode=disable"
 }
 
 // RedisURL is the shared test Redis: $TEST_REDIS_URL or 127.0.0.1:6379 DB 0.
