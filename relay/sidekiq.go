@@ -119,7 +119,6 @@ func isPermanentReply(err error) bool {
 	return false
 }
 
-
 // replyCode splits an error reply that redis.pcall returned into its code
 // (OOM, WRONGTYPE, ERR, ...; "" if it has none) and message. A command's
 // own error reply reads "CODE message", in every version. An error Redis
@@ -265,7 +264,13 @@ func appendSidekiqPayload(b []byte, j *stagedJob, now time.Time, ts TimestampFor
 			keys = append(keys, k)
 		}
 		slices.Sort(keys)
+		// A malformed traceparent is dropped, with its tracestate
+		// (trace.go): the job goes without them.
+		_, _, badTrace := traceOptions(opts)
 		for _, k := range keys {
+			if badTrace != "" && isTraceKey(k) {
+				continue
+			}
 			b = append(b, ',')
 			b = appendJSONString(b, k)
 			b = append(b, ':')
