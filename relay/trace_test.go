@@ -270,3 +270,31 @@ func TestStageTraceContextInOptions(t *testing.T) {
 		t.Errorf("a job staged with no span carries %s", opts[jid])
 	}
 }
+
+// The line that says a job was dead-lettered names the trace the job was
+// staged in; a job staged with no span gets no trace_id.
+func TestTraceDeadLetteredLogsTraceID(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	_, tp := recorder(t)
+	cfg := h.config()
+	cfg.MaxPayloadBytes = 500
+	h.start(cfg)
+	big := strings.Repeat("x", 600)
+	app, jids := stageInSpan(t, h, tp, relay.Job{Name: "Big", Args: []any{big}})
+	plain := h.stage(relay.Job{Name: "Big", Args: []any{big}})
+	h.waitLog("job dead-lettered", 2)
+	for _, e := range h.logs.FilterMessage("job dead-lettered").All() {
+		f := e.ContextMap()
+		switch f["jid"] {
+		case jids[0]:
+			if f["trace_id"] != app.TraceID().String() {
+				t.Errorf("dead-lettered line %v: want trace_id %s", f, app.TraceID())
+			}
+		case plain:
+			if _, ok := f["trace_id"]; ok {
+				t.Errorf("dead-lettered line %v of a job staged with no span has a trace_id", f)
+			}
+		}
+	}
+}

@@ -1,0 +1,65 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+)
+
+func TestValidTraceparent(t *testing.T) {
+	for s, want := range map[string]bool{
+		"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01":       true,
+		"01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-extra": true,
+		"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-extra": false, // 00 is exactly 55
+		"ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01":       false,
+		"00-00000000000000000000000000000000-b7ad6b7169203331-01":       false,
+		"00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01":       false,
+		"00-0AF7651916CD43DD8448EB211C80319C-b7ad6b7169203331-01":       false,
+		"00-0af7651916cd43dd8448eb211c80319c_b7ad6b7169203331-01":       false,
+		"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-0g":       false,
+		"":                  false,
+		"00-zzzz-01":        false,
+		"not a traceparent": false,
+	} {
+		if got := validTraceparent(s); got != want {
+			t.Errorf("validTraceparent(%q) = %v, want %v", s, got, want)
+		}
+	}
+}
+
+// BenchmarkBatchSpan measures the relay's batch span over a 1000-job batch
+// whose jobs all carry a trace context: one op is one job. With tracing
+// off it must cost nothing; on, it decodes each job's options and links
+// the first maxBatchLinks.
+func BenchmarkBatchSpan(b *testing.B) {
+	now := time.Now()
+	batch := make([]stagedJob, 1000)
+	for i := range batch {
+		batch[i] = stagedJob{id: int64(i), queue: "default", createdAt: now,
+			options: []byte(`{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}`)}
+	}
+	for _, on := range []bool{false, true} {
+		b.Run(fmt.Sprintf("tracing=%v", on), func(b *testing.B) {
+			var bt *batchTracer
+			if on {
+				tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(tracetest.NewSpanRecorder()))
+				defer func() { _ = tp.Shutdown(context.Background()) }()
+				bt = newBatchTracer(tp, TargetSidekiq)
+			}
+			res := pushResult{queues: []string{"default"}}
+			b.ReportAllocs()
+			n := 0
+			for b.Loop() {
+				if n%len(batch) == 0 {
+					span := bt.start(context.Background(), claimed{jobs: batch, start: now})
+					bt.end(span, &res, 0, nil)
+				}
+				n++
+			}
+		})
+	}
+}
