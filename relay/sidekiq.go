@@ -266,10 +266,10 @@ func appendSidekiqPayload(b []byte, j *stagedJob, now time.Time, ts TimestampFor
 		slices.Sort(keys)
 		// A malformed traceparent is dropped, with its tracestate
 		// (trace.go): the job goes without them.
-		_, _, badTrace := traceOptions(opts)
+		_, ts, badTrace := traceOptions(opts)
 		for _, k := range keys {
-			if badTrace != "" && isTraceKey(k) {
-				continue
+			if (badTrace != "" && isTraceKey(k)) || (k == tracestateKey && ts == "") {
+				continue // a tracestate goes only as a string, with a valid traceparent
 			}
 			b = append(b, ',')
 			b = appendJSONString(b, k)
