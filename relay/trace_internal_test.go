@@ -79,3 +79,19 @@ func TestBatchSpanOffAllocatesNothing(t *testing.T) {
 		t.Errorf("tracing off: %v allocations per batch, want 0", n)
 	}
 }
+
+// The "job refused by Redis, left staged" line finds its job's trace id by
+// the job's id.
+func TestTraceIDOf(t *testing.T) {
+	batch := []stagedJob{{id: 1, options: []byte(`{}`)},
+		{id: 2, options: []byte(`{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}`)},
+		{id: 3, options: []byte(`{"traceparent": "garbage"}`)}}
+	if f := traceIDOf(batch, 2); f.Key != "trace_id" || f.String != "0af7651916cd43dd8448eb211c80319c" {
+		t.Errorf("traceIDOf(2) = %+v, want trace_id 0af7651916cd43dd8448eb211c80319c", f)
+	}
+	for _, id := range []int64{1, 3, 4} {
+		if f := traceIDOf(batch, id); f.Key != "" {
+			t.Errorf("traceIDOf(%d) = %+v, want no field", id, f)
+		}
+	}
+}

@@ -298,3 +298,27 @@ func TestTraceDeadLetteredLogsTraceID(t *testing.T) {
 		}
 	}
 }
+
+// A job Redis refuses for good (WRONGTYPE: its queue's key is a string) is
+// dead-lettered, and the line names the trace it was staged in; the job
+// beside it, in the same trace, is delivered with its traceparent.
+func TestTraceRefusedJobLogsTraceID(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	_, tp := recorder(t)
+	ctx := context.Background()
+	if err := h.rdb.Set(ctx, h.key("queue:blocked"), "not a list", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	h.start(h.config())
+	app, jids := stageInSpan(t, h, tp, relay.Job{Name: "Blocked", Queue: "blocked"}, relay.Job{Name: "Ok", Queue: "ok"})
+	h.waitLog("job dead-lettered", 1)
+	f := h.logs.FilterMessage("job dead-lettered").All()[0].ContextMap()
+	if f["jid"] != jids[0] || f["trace_id"] != app.TraceID().String() || !strings.Contains(fmt.Sprint(f["reason"]), "WRONGTYPE") {
+		t.Errorf("dead-lettered line %v: want jid %s, a WRONGTYPE reason and trace_id %s", f, jids[0], app.TraceID())
+	}
+	h.waitQueueLen("ok", 1, 10*time.Second)
+	if got := h.queue("ok")[0]; got["traceparent"] != fmt.Sprintf("00-%s-%s-01", app.TraceID(), app.SpanID()) {
+		t.Errorf("queue:ok job %v: want the staging span's traceparent", got)
+	}
+}
