@@ -388,7 +388,8 @@ func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (left []
 
 	var res pushResult
 	buried := 0
-	if span := r.tracer.start(bctx, b); span != nil {
+	span := r.tracer.start(bctx, b) // nil: tracing off
+	if span != nil {
 		defer func() { r.tracer.end(span, &res, buried, err) }()
 	}
 	pushedAt := time.Now()
@@ -396,6 +397,7 @@ func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (left []
 	if err != nil {
 		return nil, targetError{err}
 	}
+	r.tracer.event(span, "pushed")
 	logDroppedTraces(log, b.jobs)
 	defer func() {
 		if err != nil {
@@ -449,6 +451,7 @@ func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (left []
 		return nil, fmt.Errorf("commit: %w", err)
 	}
 	b.conn.Release()
+	r.tracer.event(span, "committed")
 	r.handoff.committed(res.field, res.redelivered, wal, flush)
 	buried = len(dead)
 	if kept != nil {

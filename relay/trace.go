@@ -210,6 +210,13 @@ func (t *batchTracer) start(ctx context.Context, b claimed) trace.Span {
 	return span
 }
 
+// event marks a step of the batch (pushed, committed) on its span.
+func (t *batchTracer) event(span trace.Span, name string) {
+	if span != nil {
+		span.AddEvent(name)
+	}
+}
+
 // end ends a batch's span with what became of the batch.
 func (t *batchTracer) end(span trace.Span, res *pushResult, buried int, err error) {
 	if span == nil {

@@ -98,6 +98,13 @@ func checkBatchSpan(t *testing.T, rec *tracetest.SpanRecorder, app trace.SpanCon
 			attrs["messaging.batch.message_count"].AsInt64() < 1 || s.Name() != "send "+dest || s.SpanKind() != trace.SpanKindProducer {
 			t.Errorf("batch span %q kind %v attributes %v: want send %s, producer, messaging.system %s, destination %s, a message count", s.Name(), s.SpanKind(), attrs, dest, system, dest)
 		}
+		var events []string
+		for _, e := range s.Events() {
+			events = append(events, e.Name)
+		}
+		if !slices.Equal(events, []string{"pushed", "committed"}) {
+			t.Errorf("batch span events %v, want pushed, committed", events)
+		}
 		if s.Parent().IsValid() {
 			t.Errorf("batch span has parent %v, want a root span (linked to the jobs)", s.Parent())
 		}

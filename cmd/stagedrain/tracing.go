@@ -15,7 +15,7 @@ import (
 // tracerProvider sets up the relay's tracing from OpenTelemetry's standard
 // variables, read through getenv: only when OTEL_EXPORTER_OTLP_ENDPOINT or
 // OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set and OTEL_SDK_DISABLED is not
-// "true". Then spans go over OTLP, by
+// "true" (and OTEL_TRACES_EXPORTER is not "none"). Then spans go over OTLP, by
 // OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL: "http/protobuf" (the default) or
 // "grpc"; the exporters read the rest (headers, timeout, TLS, ...), and the
 // SDK reads OTEL_TRACES_SAMPLER(_ARG), OTEL_BSP_* and OTEL_SERVICE_NAME /
@@ -29,6 +29,13 @@ func tracerProvider(ctx context.Context, getenv func(string) string) (tp *sdktra
 	}
 	if getenv("OTEL_EXPORTER_OTLP_ENDPOINT") == "" && getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") == "" {
 		return nil, nil, nil
+	}
+	switch e := strings.TrimSpace(getenv("OTEL_TRACES_EXPORTER")); e {
+	case "", "otlp":
+	case "none":
+		return nil, nil, nil
+	default:
+		return nil, nil, usagef("run: OTEL_TRACES_EXPORTER %q: stagedrain exports traces over \"otlp\" only (or \"none\")", e)
 	}
 	protocol := getenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
 	if protocol == "" {

@@ -36,7 +36,7 @@ func otlpReceiver(t *testing.T) (url string, exports func() int) {
 func TestTracerProviderFromEnv(t *testing.T) {
 	url, exports := otlpReceiver(t)
 	for _, k := range []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_SDK_DISABLED",
-		"OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_TRACES_SAMPLER"} {
+		"OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_TRACES_SAMPLER", "OTEL_TRACES_EXPORTER"} {
 		t.Setenv(k, "")
 		os.Unsetenv(k)
 	}
@@ -73,6 +73,11 @@ func TestTracerProviderFromEnv(t *testing.T) {
 		t.Fatal("tracing set up with OTEL_SDK_DISABLED=true")
 	}
 	t.Setenv("OTEL_SDK_DISABLED", "")
+	t.Setenv("OTEL_TRACES_EXPORTER", "none")
+	if on, _ := export(); on {
+		t.Fatal("tracing set up with OTEL_TRACES_EXPORTER=none")
+	}
+	t.Setenv("OTEL_TRACES_EXPORTER", "otlp")
 	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
 	var u *usageError
 	if _, _, err := tracerProvider(ctx, os.Getenv); !errors.As(err, &u) {
