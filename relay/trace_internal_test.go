@@ -95,3 +95,39 @@ func TestTraceIDOf(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkBatchBuildOptions measures BenchmarkBatchBuild's sidekiq batch
+// when every job has options: a traceparent (as Stage writes it in a span),
+// or, for comparison, another option of the same kind (retry). One op is
+// one job.
+func BenchmarkBatchBuildOptions(b *testing.B) {
+	for name, opts := range map[string]string{
+		"traceparent": `{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}`,
+		"retry":       `{"retry": 3}`,
+	} {
+		b.Run(name, func(b *testing.B) {
+			now := time.Now()
+			batch := make([]stagedJob, 1000)
+			for i := range batch {
+				batch[i] = stagedJob{id: int64(i), name: "WelcomeEmailJob", args: []byte(`[42, "welcome", {"locale": "en"}]`),
+					queue: fmt.Sprintf("q%d", i%4), jid: "0123456789abcdef01234567", createdAt: now, options: []byte(opts)}
+			}
+			s := newSidekiqTarget("", TimestampSeconds, defaultMaxPayloadBytes)
+			var u pushUnit
+			var res pushResult
+			b.ReportAllocs()
+			n := 0
+			for b.Loop() {
+				if n%len(batch) == 0 {
+					res = pushResult{queues: res.queues[:0]}
+					u.reset()
+					s.add(&u, batch, now, &res)
+				}
+				n++
+			}
+			if len(res.rejected) != 0 {
+				b.Fatalf("%d jobs rejected", len(res.rejected))
+			}
+		})
+	}
+}
