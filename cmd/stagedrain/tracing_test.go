@@ -4,11 +4,15 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"sync"
 	"testing"
+
+	coltrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	"google.golang.org/grpc"
 )
 
 // otlpReceiver is an OTLP/HTTP endpoint that counts the trace exports it
@@ -82,5 +86,56 @@ func TestTracerProviderFromEnv(t *testing.T) {
 	var u *usageError
 	if _, _, err := tracerProvider(ctx, os.Getenv); !errors.As(err, &u) {
 		t.Fatalf("OTEL_EXPORTER_OTLP_PROTOCOL=http/json: %v, want a usage error", err)
+	}
+}
+
+// grpcCollector is an OTLP/gRPC trace service that counts exports.
+type grpcCollector struct {
+	coltrace.UnimplementedTraceServiceServer
+	mu sync.Mutex
+	n  int
+}
+
+func (c *grpcCollector) Export(_ context.Context, req *coltrace.ExportTraceServiceRequest) (*coltrace.ExportTraceServiceResponse, error) {
+	if len(req.ResourceSpans) > 0 {
+		c.mu.Lock()
+		c.n++
+		c.mu.Unlock()
+	}
+	return &coltrace.ExportTraceServiceResponse{}, nil
+}
+
+// OTEL_EXPORTER_OTLP_PROTOCOL=grpc exports over OTLP/gRPC.
+func TestTracerProviderGRPC(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	c := &grpcCollector{}
+	coltrace.RegisterTraceServiceServer(srv, c)
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(srv.Stop)
+	for _, k := range []string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_SDK_DISABLED", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+		"OTEL_TRACES_SAMPLER", "OTEL_TRACES_EXPORTER"} {
+		t.Setenv(k, "")
+		os.Unsetenv(k)
+	}
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://"+l.Addr().String())
+	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+	ctx := context.Background()
+	tp, shutdown, err := tracerProvider(ctx, os.Getenv)
+	if err != nil || tp == nil {
+		t.Fatalf("tracerProvider = %v, %v; want a provider", tp, err)
+	}
+	_, span := tp.Tracer("test").Start(ctx, "batch")
+	span.End()
+	if err := shutdown(ctx); err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n != 1 {
+		t.Fatalf("%d exports over gRPC, want 1", c.n)
 	}
 }
