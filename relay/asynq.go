@@ -186,6 +186,7 @@ func newAsynqTask(j *stagedJob) (asynqTask, error) {
 //	retention  Retention, integer seconds
 //	unique     Unique, the lock's TTL in integer seconds (at least 1)
 //	headers    the task's headers, an object of strings
+//	traceparent, tracestate  the trace context, into the headers (trace.go)
 //
 // Any other key is an error: asynq has no option for it.
 func (t *asynqTask) setOptions(raw []byte) error {
@@ -201,6 +202,7 @@ func (t *asynqTask) setOptions(raw []byte) error {
 	for _, k := range keys {
 		v := bytes.TrimSpace(opts[k])
 		switch k {
+		case traceparentKey, tracestateKey: // below
 		case "retry":
 			var b bool
 			if json.Unmarshal(v, &b) == nil {
@@ -245,7 +247,20 @@ func (t *asynqTask) setOptions(raw []byte) error {
 				return fmt.Errorf("options %q must be an object of strings, got %s", k, v)
 			}
 		default:
-			return fmt.Errorf("options sets %q, which asynq has no task option for (the asynq target maps retry, timeout, deadline, retention, unique and headers)", k)
+			return fmt.Errorf("options sets %q, which asynq has no task option for (the asynq target maps retry, timeout, deadline, retention, unique, headers, traceparent and tracestate)", k)
+		}
+	}
+	// The trace context goes into the headers (trace.go); a malformed
+	// traceparent is dropped.
+	if tp, ts, _ := traceOptions(opts); tp != "" {
+		if t.msg.headers == nil {
+			t.msg.headers = make(map[string]string, 2)
+		}
+		t.msg.headers[traceparentKey] = tp
+		if ts != "" {
+			t.msg.headers[tracestateKey] = ts
+		} else {
+			delete(t.msg.headers, tracestateKey)
 		}
 	}
 	return nil

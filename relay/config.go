@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 )
 
@@ -159,6 +160,12 @@ type Config struct {
 
 	// Logger receives structured logs. Default zap.NewNop().
 	Logger *zap.Logger
+
+	// TracerProvider, when set, makes the relay trace each batch (claim,
+	// push, commit) as one span, linked to the spans that staged its jobs
+	// (trace.go). Default nil: no spans, and nothing spent per job on
+	// them. Jobs carry their trace context to the workers either way.
+	TracerProvider trace.TracerProvider
 }
 
 const (

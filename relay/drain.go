@@ -386,11 +386,19 @@ func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (left []
 		}
 	}()
 
+	var res pushResult
+	buried := 0
+	span := r.tracer.start(bctx, b) // nil: tracing off
+	if span != nil {
+		defer func() { r.tracer.end(span, &res, buried, err) }()
+	}
 	pushedAt := time.Now()
-	res, err := r.push(bctx, b.jobs, pushedAt)
+	res, err = r.push(bctx, b.jobs, pushedAt)
 	if err != nil {
 		return nil, targetError{err}
 	}
+	r.tracer.event(span, "pushed")
+	logDroppedTraces(log, b.jobs)
 	defer func() {
 		if err != nil {
 			// The push delivered these rows; the delete may not have
@@ -399,7 +407,7 @@ func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (left []
 		}
 	}()
 	for _, rj := range res.deferred {
-		log.Warn("job refused by Redis, left staged", zap.Int64("id", rj.id), zap.String("reason", rj.reason))
+		log.Warn("job refused by Redis, left staged", zap.Int64("id", rj.id), zap.String("reason", rj.reason), traceIDOf(b.jobs, rj.id))
 		left = append(left, rj.id)
 	}
 	poison := slices.Concat(res.rejected, res.refused)
@@ -443,8 +451,9 @@ func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (left []
 		return nil, fmt.Errorf("commit: %w", err)
 	}
 	b.conn.Release()
+	r.tracer.event(span, "committed")
 	r.handoff.committed(res.field, res.redelivered, wal, flush)
-	buried := len(dead)
+	buried = len(dead)
 	if kept != nil {
 		buried = 0
 		r.poisoned = append(r.poisoned, kept...)
@@ -457,11 +466,11 @@ func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (left []
 		j := &dead[i]
 		if kept != nil {
 			log.Error("poison job left staged, skipped until the relay's next leadership", zap.Int64("id", j.id),
-				zap.String("jid", j.jid), zap.String("queue", j.queue), zap.String("reason", reasons[i]))
+				zap.String("jid", j.jid), zap.String("queue", j.queue), zap.String("reason", reasons[i]), traceIDField(j))
 			continue
 		}
 		log.Error("job dead-lettered", zap.Int64("id", j.id), zap.String("jid", j.jid),
-			zap.String("queue", j.queue), zap.String("reason", reasons[i]))
+			zap.String("queue", j.queue), zap.String("reason", reasons[i]), traceIDField(j))
 	}
 	if ce := log.Check(zap.DebugLevel, "batch drained"); ce != nil {
 		ce.Write(

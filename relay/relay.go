@@ -45,6 +45,7 @@ type Relay struct {
 	sql    tableSQL // src's statements, the claim due-only for dueOnly
 	src    source
 	target target
+	tracer *batchTracer // nil: tracing off
 	// dueOnly: the target has no scheduler, so rows are claimed only once
 	// their run_at is due, and the drain loop wakes for the next one.
 	dueOnly bool
@@ -166,6 +167,7 @@ func New(cfg Config) (*Relay, error) {
 	default:
 		r.target = newSidekiqTarget(cfg.RedisNamespace, cfg.TimestampFormat, cfg.MaxPayloadBytes)
 	}
+	r.tracer = newBatchTracer(cfg.TracerProvider, cfg.Target)
 	r.backlog.sql, r.backlog.ttl = r.sql.backlog, backlogTTL
 	if group != "" {
 		r.backlog.args = []any{queues}

@@ -264,7 +264,13 @@ func appendSidekiqPayload(b []byte, j *stagedJob, now time.Time, ts TimestampFor
 			keys = append(keys, k)
 		}
 		slices.Sort(keys)
+		// A malformed traceparent is dropped, with its tracestate
+		// (trace.go): the job goes without them.
+		_, ts, badTrace := traceOptions(opts)
 		for _, k := range keys {
+			if (badTrace != "" && isTraceKey(k)) || (k == tracestateKey && ts == "") {
+				continue // a tracestate goes only as a string, with a valid traceparent
+			}
 			b = append(b, ',')
 			b = appendJSONString(b, k)
 			b = append(b, ':')

@@ -66,12 +66,16 @@ func NewStager(schema string) *Stager {
 }
 
 // Stage INSERTs job through tx and returns its jid. The job reaches Redis
-// only if tx commits.
+// only if tx commits. When ctx holds a span, its W3C trace context, as the
+// configured propagator (otel.GetTextMapPropagator) writes it, goes into
+// the job's options as "traceparent" (and "tracestate"), unless Options set
+// a traceparent of their own; the relay hands it to the worker (trace.go).
 func (s *Stager) Stage(ctx context.Context, tx Querier, job Job) (string, error) {
 	row, err := encodeJob(job)
 	if err != nil {
 		return "", err
 	}
+	row.options = withTraceContext(ctx, row.options, job.Options)
 	var jid string
 	if err := tx.QueryRow(ctx, s.insertOne, row.name, row.args, row.queue, row.runAt, row.options).Scan(&jid); err != nil {
 		return "", fmt.Errorf("stage %s: %w", job.Name, err)
@@ -95,6 +99,7 @@ func (s *Stager) StageMany(ctx context.Context, tx Querier, jobs []Job) ([]strin
 		if err != nil {
 			return nil, fmt.Errorf("job %d: %w", i, err)
 		}
+		row.options = withTraceContext(ctx, row.options, job.Options)
 		names[i], args[i], queues[i], runAts[i], options[i] = row.name, row.args, row.queue, row.runAt, row.options
 	}
 	rows, err := tx.Query(ctx, s.insertMany, names, args, queues, runAts, options)

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strconv"
@@ -12,6 +13,7 @@ import (
 //
 //	XADD [<namespace>:]stream:<queue> [MAXLEN ~ <n>] * jid <jid> class <job_name>
 //	     args <job_args JSON> queue <queue> created_at <epoch ms> [options <JSON>]
+//	     [traceparent <traceparent> [tracestate <tracestate>]]
 //
 // options is written only when the row's options is not {}. Each job is an
 // op of its own, so that an error on one entry refuses only that job.
@@ -40,21 +42,25 @@ func (s *streamTarget) add(u *pushUnit, batch []stagedJob, now time.Time, res *p
 	for i := range batch {
 		j := &batch[i]
 		args, err := checkJob(j)
+		var tp, ts string
 		if err == nil {
-			_, err = decodeOptions(j.options)
+			var o map[string]json.RawMessage
+			if o, err = decodeOptions(j.options); o != nil {
+				tp, ts, _ = traceOptions(o) // a malformed one is dropped (trace.go)
+			}
 		}
 		if err != nil {
 			res.rejected = append(res.rejected, rejectedJob{id: j.id, reason: err.Error()})
 			continue
 		}
 		opts := bytes.TrimSpace(j.options)
-		if bytes.Equal(opts, []byte("{}")) {
-			opts = nil
+		if bytes.Equal(opts, []byte("{}")) || (tp != "" && onlyTraceKeys(j.options)) {
+			opts = nil // the trace context has fields of its own
 		}
 		start := len(s.nums)
 		s.nums = strconv.AppendInt(s.nums, j.createdAt.UnixMilli(), 10)
 		created := s.nums[start:len(s.nums):len(s.nums)]
-		if n := len(j.jid) + len(j.name) + len(args) + len(j.queue) + len(created) + len(opts); n > s.maxPayload {
+		if n := len(j.jid) + len(j.name) + len(args) + len(j.queue) + len(created) + len(opts) + len(tp) + len(ts); n > s.maxPayload {
 			s.nums = s.nums[:start]
 			res.rejected = append(res.rejected, rejectedJob{id: j.id,
 				reason: fmt.Sprintf("stream entry is %d bytes, over the limit of %d (MaxPayloadBytes)", n, s.maxPayload)})
@@ -69,6 +75,12 @@ func (s *streamTarget) add(u *pushUnit, batch []stagedJob, now time.Time, res *p
 		cmd = append(cmd, "*", "jid", j.jid, "class", j.name, "args", args, "queue", j.queue, "created_at", created)
 		if opts != nil {
 			cmd = append(cmd, "options", opts)
+		}
+		if tp != "" {
+			cmd = append(cmd, traceparentKey, tp)
+			if ts != "" {
+				cmd = append(cmd, tracestateKey, ts)
+			}
 		}
 		u.command("XADD", s.keys.stream(j.queue), cmd...)
 		if !slices.Contains(res.queues, j.queue) {

@@ -37,7 +37,18 @@ var (
 	committedRE  = regexp.MustCompile(`committed: user (\d+) \(\S+\) and its WelcomeJob jid=([0-9a-f]{24}), in one transaction$`)
 	rolledBackRE = regexp.MustCompile(`rolled back on purpose: user (\d+) \(\S+\) and its WelcomeJob jid=([0-9a-f]{24}) are gone`)
 	welcomedRE   = regexp.MustCompile(`welcome email for user (\d+) \(jid ([0-9a-f]{24})\)`)
+	appTraceRE   = regexp.MustCompile(`(?m)trace ([0-9a-f]{32}): signed up user (\d+)$`)
+	workTraceRE  = regexp.MustCompile(`trace ([0-9a-f]{32}): welcome email for user (\d+)`)
 )
+
+// traces returns the trace id logged for each user by lines matching re.
+func traces(re *regexp.Regexp, out string) map[string]string {
+	got := map[string]string{}
+	for _, m := range re.FindAllStringSubmatch(out, -1) {
+		got[m[2]] = m[1]
+	}
+	return got
+}
 
 // TestDemoCommittedUsersReachTheWorker runs the compose demo's story here:
 // the demo app signs up users, rolling every 4th back; the relay drains
@@ -147,6 +158,17 @@ func TestDemoCommittedUsersReachTheWorker(t *testing.T) {
 	for id, jids := range got {
 		if _, ok := committed[id]; !ok {
 			t.Errorf("the worker ran a WelcomeJob for user %d (jids %v), which was never committed (rolled back: %v)", id, jids, rolledBack[id] != "")
+		}
+	}
+	// One trace from the app's signup to the worker: the same trace id in
+	// both logs, for every committed user.
+	appTraces, workTraces := traces(appTraceRE, out.String()), traces(workTraceRE, worker.out.String())
+	if len(appTraces) != len(committed) {
+		t.Errorf("the app logged trace ids for %d users, want the %d committed", len(appTraces), len(committed))
+	}
+	for user, id := range appTraces {
+		if workTraces[user] != id {
+			t.Errorf("user %s: the app logged trace %s, the worker %q", user, id, workTraces[user])
 		}
 	}
 	if n, err := rdb.LLen(ctx, "queue:default").Result(); err != nil || n != 0 {

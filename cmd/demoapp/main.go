@@ -26,6 +26,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 )
 
 func main() {
@@ -137,8 +139,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 		return fmt.Errorf("create %s: %w", users, err)
 	}
 	insertUser := `INSERT INTO ` + users + ` (email) VALUES ($1) RETURNING id`
-	stageJob := `INSERT INTO ` + staged + ` (job_name, queue, job_args)
-		VALUES ('WelcomeJob', 'default', jsonb_build_array($1::bigint)) RETURNING jid`
+	// The job carries the signup's trace context: its traceparent, in
+	// options, is where the relay reads it (README, "Tracing").
+	stageJob := `INSERT INTO ` + staged + ` (job_name, queue, job_args, options)
+		VALUES ('WelcomeJob', 'default', jsonb_build_array($1::bigint), jsonb_build_object('traceparent', $2::text)) RETURNING jid`
+	// A tracer with no exporter: the demo only shows the trace id, in the
+	// app's log and the worker's.
+	tracer := sdktrace.NewTracerProvider().Tracer("demoapp")
 
 	if c.rollbackEvery > 0 {
 		logger.Printf("signing up users in schema %s; every transaction %d of %d rolls back on purpose", c.schema, c.rollbackEvery, c.rollbackEvery)
@@ -159,6 +166,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 		email := fmt.Sprintf("user%d@example.com", n)
 		rollback := c.rollbackEvery > 0 && n%c.rollbackEvery == 0
 		// The user and its job: one transaction, so both or neither.
+		spanCtx, span := tracer.Start(ctx, "signup")
+		carrier := propagation.MapCarrier{}
+		propagation.TraceContext{}.Inject(spanCtx, carrier)
+		span.End()
 		tx, err := conn.Begin(ctx)
 		if err != nil {
 			return stopped(ctx, fmt.Errorf("begin: %w", err))
@@ -167,7 +178,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 		var jid string
 		err = tx.QueryRow(ctx, insertUser, email).Scan(&id)
 		if err == nil {
-			err = tx.QueryRow(ctx, stageJob, id).Scan(&jid)
+			err = tx.QueryRow(ctx, stageJob, id, carrier.Get("traceparent")).Scan(&jid)
 		}
 		if err != nil {
 			_ = tx.Rollback(context.Background())
@@ -184,6 +195,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, out io.
 			return stopped(ctx, fmt.Errorf("commit: %w", err))
 		}
 		logger.Printf("committed: user %d (%s) and its WelcomeJob jid=%s, in one transaction", id, email, jid)
+		logger.Printf("trace %s: signed up user %d", span.SpanContext().TraceID(), id)
 	}
 	return nil
 }

@@ -17,3 +17,18 @@ class WelcomeJob
     logger.info "welcome email for user #{user_id} (jid #{jid})"
   end
 end
+
+# The trace the app signed the user up in: the relay puts the traceparent the
+# app staged at the top of the job hash, where OpenTelemetry's Sidekiq
+# instrumentation would read it. This middleware only logs its trace id.
+class TraceLog
+  def call(_worker, job, _queue)
+    tp = job["traceparent"]
+    Sidekiq.logger.info "trace #{tp.split("-")[1]}: welcome email for user #{job["args"][0]}" if tp.is_a?(String) && tp.count("-") >= 3
+    yield
+  end
+end
+
+Sidekiq.configure_server do |config|
+  config.server_middleware { |chain| chain.add TraceLog }
+end

@@ -335,6 +335,14 @@ func runCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	defer log.Sync() //nolint:errcheck // stdout
 	warnUnknownEnv(log)
 
+	tp, flushTraces, err := tracerProvider(ctx, os.Getenv)
+	if err != nil {
+		return err
+	}
+	if tp != nil { // tracing.go: OTEL_EXPORTER_OTLP_ENDPOINT is set
+		cfg.TracerProvider = tp
+		defer func() { _ = withTimeout(context.WithoutCancel(ctx), 5*time.Second, flushTraces) }()
+	}
 	rdb := newRedis()
 	defer rdb.Close()
 	cfg.Redis, cfg.Logger = rdb, log
