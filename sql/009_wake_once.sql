@@ -1,6 +1,58 @@
 -- The wake trigger runs once per transaction and queue, leaves nothing
 -- held in the app's session, and can be turned off for one transaction.
 --
+-- 0. The gate as a whole (003, 005-007 and this file; the README keeps only
+-- what users see and pay). Every transaction that NOTIFYs takes a
+-- database-wide lock at COMMIT, so notifying commits run one at a time: a
+-- trigger that notified on every commit cost a busy app most of its write
+-- throughput (16 writers of one job per transaction: 1,455-1,705 TPS
+-- against 4,937-6,537 without a trigger). So the trigger notifies only
+-- while the relay is idle:
+--   - The leading relay holds the advisory lock 'awake'
+--     (hashtext('stagedrain-awake:<schema>'), 16 shards, the shard being
+--     the app backend's pid % 16) while it drains. It takes it from the
+--     second batch of a drain (jobs are flowing), or from the first when it
+--     went idle less than 0.5ms before; it keeps claiming while claims find
+--     jobs, and after an empty claim looks again (after a quarter of the
+--     time since it last found jobs: 100us at first, at most 1ms) for up to
+--     0.5ms, or 20ms while jobs flow at 2,000/s or more, before it goes idle
+--     (relay/drain.go). A relay with a list of queues holds instead
+--     'stagedrain-awake:<schema>:<queue>' for each of its queues; a row of
+--     queue Q notifies unless the schema's or Q's 'awake' is held. Every
+--     group listens on the schema's one channel.
+--   - A row looks at 'awake' twice: in the trigger's WHEN, as it is
+--     inserted (held: the row queues no event, and the commit pays nothing
+--     more), and, if it queued the deferred event, in the function at
+--     COMMIT (held by now: it returns; still free: pg_notify).
+--   - Going idle, the relay releases 'awake' and, in the same round trip,
+--     reads the ids of the transactions in progress (each holds a lock on
+--     its own id, in pg_locks). It drains once more at once, and again
+--     whenever one of them ends: it checks 0.2ms after going idle, then
+--     each time the youngest one's age has doubled (0.4ms, 0.8ms, ...), up
+--     to the fallback poll's interval (relay/wake.go; those drains count as
+--     stagedrain_wakeups_total{cause="late_commit"}).
+-- The proof that no wake-up is missed is 007's, extended under 3 below. The
+-- bound it gives: a job whose commit skipped NOTIFY and ended after the
+-- relay went idle is pushed by the first check after that commit, within
+-- about twice as long after the relay went idle as the commit took to end
+-- (plus 0.2ms and a round trip), and never later than the fallback poll. A
+-- transaction still open that long (one that staged while the relay was
+-- awake and then worked on, or a prepared transaction waiting for COMMIT
+-- PREPARED) is left to the poll; a long-open app transaction costs the
+-- relay one check each time its age doubles, not one per idle moment
+-- (TestLateCommitIsDrainedWithoutNotifyOrPoll, TestLateCommitsSchedule).
+-- Why these choices. A lock, not a flag the relay sets (a sequence's value,
+-- say): the lock goes with the relay's session when it dies, where a flag
+-- would stay 'awake', and it needs no grant to the app's role; how the
+-- trigger looks (lock or sequence) measured the same. No barrier lock held
+-- to the commit's end (005, 006): it cost the app about a tenth of its
+-- write throughput, and reading the transactions in progress waits for
+-- those commits instead, with nothing asked of the app. A look at INSERT
+-- (the WHEN) rather than only at COMMIT is safe for the same reason: the
+-- relay, going idle, waits for every transaction in progress, whenever it
+-- looked; and it spares the commit the trigger event and function call
+-- while the relay is awake, worth another 5-10% of the app's throughput.
+--
 -- 1. One look, one expression. 007's function took 'awake' shared in one
 -- PL/pgSQL statement and released it in the next. PostgreSQL acts on a
 -- cancel or a statement_timeout at the start of a statement, so one that

@@ -1,0 +1,159 @@
+// Package relay is stagedrain as a Go library: it stages jobs in PostgreSQL
+// inside the caller's transaction, and drains the committed ones into Redis
+// job queues (Sidekiq's layout by default; asynq's, or Redis Streams). The
+// stagedrain binary (cmd/stagedrain) is flags and logs around this package.
+// The README says what the relay promises and how to operate it; this is the
+// API.
+//
+// # Staging jobs
+//
+// A Stager INSERTs jobs into one schema's staged_jobs through the caller's
+// transaction, so a job reaches Redis only if that transaction commits:
+//
+//	stager := relay.NewStager("public")
+//	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+//		if _, err := tx.Exec(ctx, `INSERT INTO users (id, email) VALUES ($1, $2)`, 42, "ada@example.com"); err != nil {
+//			return err
+//		}
+//		jid, err := stager.Stage(ctx, tx, relay.Job{Name: "WelcomeEmailJob", Args: []any{42}})
+//		if err != nil {
+//			return err
+//		}
+//		log.Printf("staged %s", jid)
+//		return nil
+//	})
+//
+// [Stager.Stage] returns the job's jid (fixed at INSERT, the same on every
+// redelivery); [Stager.StageMany] stages a slice of jobs in one round trip
+// and returns their jids in order (see ExampleStager_StageMany). A [Job] has
+// Name (the worker class), Args (marshaled into a JSON array), Queue
+// ("default" when empty), RunAt (the zero time: now; a future time
+// schedules the job) and Options (extra payload fields, such as retry; the
+// keys the relay writes from columns are refused). Any [Querier] will do:
+// pgx.Tx, *pgx.Conn or *pgxpool.Pool, though only a transaction ties the job
+// to the caller's other writes. Plain SQL works as well:
+//
+//	tx.Exec(ctx, "INSERT INTO staged_jobs (job_name, job_args) VALUES ($1, $2)", "WelcomeEmailJob", []any{42})
+//
+// # The schema
+//
+// [Migrate] creates the schema if missing, staged_jobs, its dead-letter
+// table staged_jobs_dead and the wake trigger, applying in one transaction
+// each migration of sql/ not yet recorded in <schema>.stagedrain_migrations.
+// It is idempotent and safe from several processes at once, and it fails
+// rather than wait more than 5s for a table lock. [MigrateResult] says what
+// it applied and the version reached. [MigrateSource] does the same for a
+// [Source]: for [SourceSidekiqStagedPush] it adds only the wake trigger to
+// the sidekiq-staged_push gem's table.
+//
+// # Running a relay
+//
+// [New] checks a [Config] and returns a [Relay]; it connects to nothing.
+// [Relay.Run] drains until its context ends, then finishes (or, after
+// Config.ShutdownTimeout, rolls back) the batch in flight, releases the
+// leader lock and returns nil:
+//
+//	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+//	r, err := relay.New(relay.Config{
+//		DatabaseURL: "postgres://app@db.internal:5432/app?sslmode=verify-full",
+//		Redis:       rdb,
+//		Logger:      logger, // a *zap.Logger; none logs nothing
+//	})
+//	if err != nil {
+//		return err // a *FieldError names the field
+//	}
+//	return r.Run(ctx)
+//
+// See ExampleNew. Only DatabaseURL (a direct connection: LISTEN does not
+// work through PgBouncer in transaction mode, see Config.PollOnly) and Redis
+// are required; [Config.WithDefaults] fills in the rest, and each field's
+// comment gives its default and its flag's meaning (the README's flag table
+// maps flags to fields). Config.Redis may be a *redis.Client (one server, or
+// Sentinel through redis.NewFailoverClient) or a *redis.ClusterClient (not
+// with [TargetSidekiq]); the relay does not close it. Config.Target picks
+// [TargetSidekiq], [TargetAsynq] or [TargetStreams]; Config.Source picks
+// [SourceStagedJobs] or [SourceSidekiqStagedPush].
+//
+// Run retries lost connections to PostgreSQL and Redis with capped
+// backoff, and returns an error only for what waiting cannot fix:
+// rejected credentials or a missing database, [ErrNotMigrated] (run Migrate
+// first), [ErrSchemaTooNew] (a newer stagedrain migrated the schema),
+// [ErrPermission] (the role lacks a grant the README's "Least-privilege
+// role" lists), [ErrQueueConflict] (Config.Queues overlaps another relay's
+// without being equal) and [ErrForeignFence] (the Redis fence belongs to
+// another PostgreSQL cluster), or, at start, Redis refusing the credentials
+// or the DB. Run as many Relays per schema as you like, in other processes:
+// one leads and drains, the others stand by and take over.
+//
+// # Health and metrics
+//
+// [Relay.Status] is a snapshot of what the relay is doing (a [Role], since
+// when, its last drain and last error), with no I/O; [Relay.CheckReady]
+// returns nil when it leads or stands by and PostgreSQL and Redis answer,
+// else an error wrapping [ErrNotReady]: what stagedrain run's /readyz
+// serves. [Relay.MetricsHandler] serves the relay's Prometheus metrics (each
+// Relay has a registry of its own); [Relay.MetricsGatherer] adds them to
+// yours, prometheus.Gatherers{r.MetricsGatherer(), reg}. [DescribeDatabase]
+// and [DescribeRedis] name a server without its password, for logs.
+//
+// # Testing an application
+//
+// Package relaytest (github.com/stagedrain/stagedrain/relay/relaytest)
+// checks what the code under test staged, as its transaction sees it, and
+// runs the real relay for a test that needs the jobs in Redis:
+//
+//	func TestSignup(t *testing.T) {
+//		ctx := t.Context()
+//		dbURL := "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+//		schema := relaytest.Schema(t, dbURL) // fresh, dropped when the test ends
+//		conn := relaytest.Conn(t, dbURL)
+//		if _, err := relay.Migrate(ctx, conn, schema); err != nil {
+//			t.Fatal(err)
+//		}
+//		var job relaytest.StagedJob
+//		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+//			if err := signup(ctx, tx, relay.NewStager(schema), "ada@example.com"); err != nil {
+//				return err
+//			}
+//			// As the transaction sees it, before it commits:
+//			job = relaytest.RequireStaged(t, tx, relaytest.Job{Name: "WelcomeEmailJob", Args: []any{42}},
+//				relaytest.WithSchema(schema))
+//			return nil
+//		})
+//		if err != nil {
+//			t.Fatal(err)
+//		}
+//		rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+//		t.Cleanup(func() { rdb.Close() })
+//		ns := relaytest.RedisNamespace(t, rdb) // its keys are deleted when the test ends
+//		n := relaytest.Drain(ctx, t, relaytest.DrainConfig{
+//			DatabaseURL: dbURL, Schema: schema, Redis: rdb, RedisNamespace: ns,
+//		})
+//		queued, _ := rdb.LRange(ctx, ns+":queue:default", 0, -1).Result()
+//		if n != 1 || len(queued) != 1 || !strings.Contains(queued[0], job.JID) {
+//			t.Fatalf("drained %d jobs, queue:default holds %q; want the job %s", n, queued, job.JID)
+//		}
+//	}
+//
+// RequireStaged wants exactly one matching row and returns it: fields of
+// relaytest.Job left zero match anything, Args are compared as JSON
+// ([]any{42} matches [42]) and Options key by key. RequireStagedMany checks
+// every staged row in order, and RequireNotStaged that none matches; a
+// failure lists the rows seen. Drain runs relay.New(...).Run until
+// staged_jobs is empty, stops it and returns how many jobs it pushed; it
+// fails the test if the relay cannot drain (an unmigrated schema, Redis out
+// of memory, another relay leading) or dead-letters a job. WaitFor polls a
+// condition with a deadline, for tests that run a relay of their own; Role
+// makes a database role with no privileges, to run the relay as.
+//
+// # Inside
+//
+// The data flows through these files: listen.go (LISTEN, through
+// jackc/pgxlisten) -> wake.go (wake and poll) -> drain.go (one batch) ->
+// claim.go (the claim-and-delete SQL of the source, source.go) -> push.go
+// (the atomic push step, handoff.go, with a target's commands: sidekiq.go,
+// asynq.go, streams.go; their keys in keys.go); leader.go chooses which
+// relay drains; summary.go and metrics.go count what it did. The wake-up
+// gate's mechanism and its proof are in the comments of
+// sql/009_wake_once.sql.
+package relay
