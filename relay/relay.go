@@ -1,21 +1,3 @@
-// Package relay drains transactionally staged jobs from PostgreSQL into
-// Redis job queues.
-//
-// An application INSERTs a row into staged_jobs inside the transaction that
-// writes its data; a trigger NOTIFYs when it commits, unless the relay is
-// already awake and draining (wake.go). A Relay LISTENs, wakes at once, and
-// drains committed rows in batches: claim and delete, push to Redis, put
-// back what was not pushed, commit. A jittered fallback poll and a drain after every
-// (re)connect turn a lost notification into latency, never a lost job. One
-// relay per schema drains at a time, chosen by a PostgreSQL advisory lock;
-// the others wait as standbys.
-//
-// The data flows through these files: listen.go (LISTEN) -> wake.go (wake
-// and poll) -> drain.go (one batch) -> claim.go (claim and delete SQL, of
-// the source: source.go, staged_jobs or the sidekiq-staged_push gem's table) ->
-// push.go (the atomic push step, handoff.go, with a target's commands:
-// sidekiq.go, asynq.go, streams.go); leader.go chooses which relay does it;
-// summary.go and metrics.go count what it did, for the logs and Prometheus.
 package relay
 
 import (
