@@ -82,14 +82,18 @@ func TestCancelledCommitLeavesNoGateLock(t *testing.T) {
 	// COMMIT as soon as it runs; it returns the COMMIT's error.
 	commit := func() error {
 		t.Helper()
+		// The simple protocol: each statement one message, so that a
+		// cancel meant for the COMMIT cannot land between the Parse and the
+		// Execute of an extended-protocol COMMIT and abort the transaction
+		// before it starts.
 		for _, q := range []string{"BEGIN", insert} {
-			if _, err := app.Exec(ctx, q); err != nil {
+			if _, err := app.Exec(ctx, q, pgx.QueryExecModeSimpleProtocol); err != nil {
 				t.Fatalf("%s: %v", q, err)
 			}
 		}
 		done := make(chan error, 1)
 		go func() {
-			_, err := app.Exec(ctx, "COMMIT")
+			_, err := app.Exec(ctx, "COMMIT", pgx.QueryExecModeSimpleProtocol)
 			done <- err
 		}()
 		for {
@@ -139,7 +143,7 @@ func TestCancelledCommitLeavesNoGateLock(t *testing.T) {
 		var pgErr *pgconn.PgError
 		switch {
 		case err == nil:
-			if _, err := app.Exec(ctx, "TRUNCATE "+table); err != nil {
+			if _, err := app.Exec(ctx, "TRUNCATE "+table, pgx.QueryExecModeSimpleProtocol); err != nil {
 				t.Fatal(err)
 			}
 		case errors.As(err, &pgErr) && pgErr.Code == "57014":
