@@ -376,11 +376,6 @@ func (e *DeadNotFoundError) Error() string {
 	return "no dead row with id " + strings.Join(ids, ", ") + ": nothing changed"
 }
 
-// ErrNoDeadChosen is the error of RetryDead or PurgeDead given none, or
-// more than one, of IDs, All and OlderThan: an empty params never means
-// every row.
-var ErrNoDeadChosen = errors.New("give exactly one of IDs, All or OlderThan")
-
 // dedupIDs checks ids and returns them without repeats, in order.
 func dedupIDs(ids []int64) ([]int64, error) {
 	var out []int64

@@ -168,13 +168,6 @@ if system and system ~= ARGV[4] then
 end
 `
 
-// ErrForeignFence is returned by Run when the relay's fence in Redis was
-// taken by a relay of another PostgreSQL cluster (another system_identifier)
-// whose database and schema have the same names: reading that deployment's
-// record would delete rows unpushed. Give each its own RedisNamespace or
-// Redis DB.
-var ErrForeignFence = errors.New("the Redis fence belongs to another PostgreSQL cluster")
-
 // maxCommandArgs is the most arguments one command of the script takes: Lua
 // 5.1's unpack fails past about 8,000. variadic splits longer ones.
 const maxCommandArgs = 1000
@@ -182,26 +175,6 @@ const maxCommandArgs = 1000
 // errFenced is returned by a push that the fence refused: another relay
 // leads now. The relay steps down.
 var errFenced = errors.New("fenced off")
-
-// handoffKeys are the relay's own Redis keys, for one schema of one
-// database, under the namespace: the fence hash and the record hash. A
-// group of relays with Config.Queues has its own (group is its sorted
-// queue list, comma-joined; "" for the relays of all queues): the leaders
-// of two groups lead at the same time and must not fence each other.
-type handoffKeys struct {
-	fence, record string
-}
-
-func newHandoffKeys(namespace, database, schema, group string) handoffKeys {
-	base := "stagedrain:" + database + ":" + schema + ":"
-	if group != "" {
-		base += "queues=" + group + ":"
-	}
-	if namespace != "" {
-		base = namespace + ":" + base
-	}
-	return handoffKeys{fence: base + "fence", record: base + "handoff"}
-}
 
 // handoff runs the atomic push step and keeps what the relay knows of the
 // record. It is used by the drain goroutine only.

@@ -138,9 +138,6 @@ func (r *Relay) Status() Status {
 	return r.state.status
 }
 
-// ErrNotReady is wrapped by every error of CheckReady.
-var ErrNotReady = errors.New("not ready")
-
 // CheckReady reports whether r can do its part, nil if so: it is the leader
 // or a standby, its lock connection to PostgreSQL answered within the last
 // max(2s, 4 x LeaderInterval) (the leader pings it every LeaderInterval/2,

@@ -3,10 +3,12 @@ package relay
 import (
 	"crypto/md5"
 	"encoding/hex"
+	"strings"
 )
 
-// Every Redis key a target writes is built here: a user's workers find jobs
-// only if these match their job system's layout.
+// Every Redis key the relay writes is built here: the targets' keys (a
+// user's workers find jobs only if these match their job system's layout)
+// and the relay's own fence and record hashes.
 
 // sidekiqKeys builds the keys the Sidekiq target writes.
 type sidekiqKeys struct {
@@ -72,3 +74,29 @@ func newStreamKeys(namespace string) streamKeys {
 
 // stream is the stream a queue's jobs are added to.
 func (k streamKeys) stream(queue string) string { return k.prefix + "stream:" + queue }
+
+// handoffKeys are the relay's own Redis keys, for one schema of one
+// database, under the namespace: the fence hash and the record hash. A
+// group of relays with Config.Queues has its own (group is its sorted
+// queue list, comma-joined; "" for the relays of all queues): the leaders
+// of two groups lead at the same time and must not fence each other.
+type handoffKeys struct {
+	fence, record string
+}
+
+func newHandoffKeys(namespace, database, schema, group string) handoffKeys {
+	base := "stagedrain:" + database + ":" + schema + ":"
+	if group != "" {
+		base += "queues=" + group + ":"
+	}
+	if namespace != "" {
+		base = namespace + ":" + base
+	}
+	return handoffKeys{fence: base + "fence", record: base + "handoff"}
+}
+
+// slot returns the relay's fence and record hashes of one cluster slot.
+func (k handoffKeys) slot(slot int) handoffKeys {
+	base := strings.TrimSuffix(k.fence, "fence") + "{" + slotTag(slot) + "}:"
+	return handoffKeys{fence: base + "fence", record: base + "handoff"}
+}

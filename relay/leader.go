@@ -194,49 +194,6 @@ func withDeadline(ctx context.Context, d time.Duration, f func(context.Context) 
 	return f(c)
 }
 
-// ErrQueueConflict is returned by Run when another relay drains the same
-// schema with a set of queues (Config.Queues) that overlaps this relay's
-// without being equal, or when a relay for all queues and a relay with a
-// list would run side by side: each would claim the other's rows.
-var ErrQueueConflict = errors.New("queue conflict")
-
-// Every relay says which group it belongs to with session advisory locks
-// on its lock connection, taken shared (so they never wait) from before it
-// first tries for the leader lock until the connection closes; two-key
-// locks whose second key is hashtext of the group (the sorted, comma-joined
-// queue list; "" for all queues):
-//
-//	('stagedrain-group:<schema>', group)        by every relay
-//	('stagedrain-queue:<schema>:<queue>', group) by a relay with a list,
-//	                                             one per queue
-//
-// Then it looks in pg_locks for a conflicting relay: another group holding
-// one of its queues, or, between the all-queues group and the list groups,
-// any member of the other kind. Each relay takes its locks before it looks,
-// so of two conflicting relays that start at the same moment the second to
-// look sees the first (both may refuse). A relay of a stagedrain without
-// --queues support takes no such lock and is not seen.
-const (
-	groupLockSQL = `SELECT pg_advisory_lock_shared(hashtext('stagedrain-group:' || $1), hashtext($2)),
-		(SELECT count(pg_advisory_lock_shared(hashtext('stagedrain-queue:' || $1 || ':' || q), hashtext($2))) FROM unnest($3::text[]) q)`
-	// The first conflicting relay's application_name, and the queue it
-	// shares ("" when the conflict is the all-queues group). Advisory
-	// two-key locks show in pg_locks as classid, objid (unsigned) with
-	// objsubid 2.
-	groupConflictSQL = `WITH k AS (
-			SELECT q AS queue, hashtext('stagedrain-queue:' || $1 || ':' || q)::bigint & 4294967295 AS key FROM unnest($3::text[]) q
-			UNION ALL
-			SELECT '', hashtext('stagedrain-group:' || $1)::bigint & 4294967295)
-		SELECT coalesce(a.application_name, ''), k.queue
-		FROM k JOIN pg_locks l ON l.locktype = 'advisory' AND l.objsubid = 2
-			AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-			AND l.classid::bigint = k.key
-			AND l.objid::bigint <> hashtext($2)::bigint & 4294967295
-		LEFT JOIN pg_stat_activity a ON a.pid = l.pid
-		WHERE k.queue <> '' OR $2 = '' OR l.objid::bigint = hashtext('')::bigint & 4294967295
-		ORDER BY k.queue DESC LIMIT 1`
-)
-
 // joinGroup takes this relay's group locks on conn and checks for a
 // conflicting relay (see groupLockSQL).
 func (r *Relay) joinGroup(ctx context.Context, conn *pgx.Conn) error {

@@ -1,7 +1,10 @@
 package relay
 
-// The advisory locks the relay and its admin operations take, by name.
-// Each name is hashed to a lock key by lockKeySQL, in PostgreSQL.
+// The advisory locks the relay and its admin operations take, by name,
+// and the statements that take them. The leader and migrate locks are
+// one-key locks, each name hashed to a key by lockKeySQL in PostgreSQL;
+// the group and gate locks are two-key locks (hashtext of the name, and a
+// group or a shard).
 
 // lockKeySQL turns the lock name $1 into the bigint key of a session or
 // transaction advisory lock.
@@ -27,4 +30,67 @@ func leaderLockName(schema, group string) string {
 // migrateLockName is the name of the lock Migrate holds on schema.
 func migrateLockName(schema string) string {
 	return "stagedrain:migrate:" + schema
+}
+
+// Every relay says which group it belongs to with session advisory locks
+// on its lock connection, taken shared (so they never wait) from before it
+// first tries for the leader lock until the connection closes; two-key
+// locks whose second key is hashtext of the group (the sorted, comma-joined
+// queue list; "" for all queues):
+//
+//	('stagedrain-group:<schema>', group)        by every relay
+//	('stagedrain-queue:<schema>:<queue>', group) by a relay with a list,
+//	                                             one per queue
+//
+// Then it looks in pg_locks for a conflicting relay: another group holding
+// one of its queues, or, between the all-queues group and the list groups,
+// any member of the other kind. Each relay takes its locks before it looks,
+// so of two conflicting relays that start at the same moment the second to
+// look sees the first (both may refuse). A relay of a stagedrain without
+// --queues support takes no such lock and is not seen.
+const (
+	groupLockSQL = `SELECT pg_advisory_lock_shared(hashtext('stagedrain-group:' || $1), hashtext($2)),
+		(SELECT count(pg_advisory_lock_shared(hashtext('stagedrain-queue:' || $1 || ':' || q), hashtext($2))) FROM unnest($3::text[]) q)`
+	// The first conflicting relay's application_name, and the queue it
+	// shares ("" when the conflict is the all-queues group). Advisory
+	// two-key locks show in pg_locks as classid, objid (unsigned) with
+	// objsubid 2.
+	groupConflictSQL = `WITH k AS (
+			SELECT q AS queue, hashtext('stagedrain-queue:' || $1 || ':' || q)::bigint & 4294967295 AS key FROM unnest($3::text[]) q
+			UNION ALL
+			SELECT '', hashtext('stagedrain-group:' || $1)::bigint & 4294967295)
+		SELECT coalesce(a.application_name, ''), k.queue
+		FROM k JOIN pg_locks l ON l.locktype = 'advisory' AND l.objsubid = 2
+			AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+			AND l.classid::bigint = k.key
+			AND l.objid::bigint <> hashtext($2)::bigint & 4294967295
+		LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+		WHERE k.queue <> '' OR $2 = '' OR l.objid::bigint = hashtext('')::bigint & 4294967295
+		ORDER BY k.queue DESC LIMIT 1`
+)
+
+// Each gate lock has 16 shards (two-key advisory locks: hashtext(name),
+// shard); a committing backend uses shard pg_backend_pid() % 16.
+const (
+	// Every shard, in order. A lock_timeout part way leaves the shards
+	// before it held, which the relay treats as awake (see wake).
+	// Each lock of $1 in turn.
+	gateLockSQL = `SELECT pg_advisory_lock(hashtext(k), s) FROM unnest($1::text[]) k, generate_series(0, 15) s`
+	// Unlocking a shard not held only raises a WARNING.
+	gateUnlockSQL = `SELECT pg_advisory_unlock(hashtext(k), s) FROM unnest($1::text[]) k, generate_series(0, 15) s`
+)
+
+func awakeLockName(schema string) string { return "stagedrain-awake:" + schema }
+
+// gateLockNames are the gate's lock names for a relay of queues, or of
+// all queues when queues is empty.
+func gateLockNames(schema string, queues []string) []string {
+	if len(queues) == 0 {
+		return []string{awakeLockName(schema)}
+	}
+	var awake []string
+	for _, q := range queues {
+		awake = append(awake, awakeLockName(schema)+":"+q)
+	}
+	return awake
 }

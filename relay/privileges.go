@@ -66,12 +66,6 @@ type privilege struct {
 const runNeeds = `the relay's role needs USAGE on the schema; SELECT, INSERT, DELETE and UPDATE (id) on staged_jobs; ` +
 	`SELECT, INSERT and UPDATE on staged_jobs_dead; SELECT on stagedrain_migrations (see README "Least-privilege role")`
 
-// ErrPermission is returned by Run when its database role lacks a privilege
-// the relay needs: found missing at start, or refused by PostgreSQL
-// (SQLSTATE 42501, insufficient_privilege) later. Waiting does not fix it;
-// a GRANT does.
-var ErrPermission = errors.New("permission denied")
-
 // permissionError is an ErrPermission: what was refused, then what the
 // relay needs.
 type permissionError struct {

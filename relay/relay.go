@@ -378,19 +378,6 @@ var drainPlanSettings = map[string]string{
 // and so how long a commit that looks just after them can be held up.
 const defaultGateTimeout = 200 * time.Millisecond
 
-var (
-	// ErrNotMigrated is returned by Run when the schema version recorded by
-	// Migrate is older than the latest migration of this binary, or when
-	// Migrate never ran on the schema (even if it holds a staged_jobs table,
-	// such as the seed article's): run Migrate (stagedrain migrate) first.
-	ErrNotMigrated = errors.New("schema not migrated")
-
-	// ErrSchemaTooNew is returned by Run when the schema version recorded by
-	// Migrate is newer than the latest migration of this binary: a newer
-	// stagedrain migrated it, so upgrade this one.
-	ErrSchemaTooNew = errors.New("schema too new")
-)
-
 // isFatal reports whether err is one that retrying cannot fix.
 func isFatal(err error) bool {
 	if errors.Is(err, ErrNotMigrated) || errors.Is(err, ErrSchemaTooNew) || errors.Is(err, ErrPermission) || errors.Is(err, ErrQueueConflict) || errors.Is(err, ErrForeignFence) {

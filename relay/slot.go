@@ -79,12 +79,6 @@ func slotTag(slot int) string {
 	return slotTags[slot]
 }
 
-// slotKeys are the relay's fence and record hashes of one cluster slot.
-func (k handoffKeys) slot(slot int) handoffKeys {
-	base := strings.TrimSuffix(k.fence, "fence") + "{" + slotTag(slot) + "}:"
-	return handoffKeys{fence: base + "fence", record: base + "handoff"}
-}
-
 // slotRef names a record field in the record hash of a slot.
 func slotRef(slot int, field string) string { return strconv.Itoa(slot) + "/" + field }
 

@@ -90,15 +90,7 @@ type gate struct {
 	late      lateCommits
 }
 
-// Each gate lock has 16 shards (two-key advisory locks: hashtext(name),
-// shard); a committing backend uses shard pg_backend_pid() % 16.
 const (
-	// Every shard, in order. A lock_timeout part way leaves the shards
-	// before it held, which the relay treats as awake (see wake).
-	// Each lock of $1 in turn.
-	gateLockSQL = `SELECT pg_advisory_lock(hashtext(k), s) FROM unnest($1::text[]) k, generate_series(0, 15) s`
-	// Unlocking a shard not held only raises a WARNING.
-	gateUnlockSQL = `SELECT pg_advisory_unlock(hashtext(k), s) FROM unnest($1::text[]) k, generate_series(0, 15) s`
 	// The ids of the transactions in progress: each holds an exclusive
 	// lock on its own id from when it gets one (before it inserts a row)
 	// until its commit is visible. pg_current_snapshot() would not do: it
@@ -111,21 +103,6 @@ const (
 		WHERE locktype = 'transactionid' AND mode = 'ExclusiveLock' AND granted
 		  AND transactionid::text::bigint = ANY($1::bigint[])`
 )
-
-func awakeLockName(schema string) string { return "stagedrain-awake:" + schema }
-
-// gateLockNames are the gate's lock names for a relay of queues, or of
-// all queues when queues is empty.
-func gateLockNames(schema string, queues []string) []string {
-	if len(queues) == 0 {
-		return []string{awakeLockName(schema)}
-	}
-	var awake []string
-	for _, q := range queues {
-		awake = append(awake, awakeLockName(schema)+":"+q)
-	}
-	return awake
-}
 
 // wake marks the relay awake. If commits that decided to notify hold a
 // shard of "awake" past the lock connection's lock_timeout, the shards
