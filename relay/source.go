@@ -378,30 +378,6 @@ func (s *stagedPushSource) check(ctx context.Context, conn *pgx.Conn) error {
 	return nil
 }
 
-// wakeFunction returns the latest definition of the stagedrain_wake()
-// function among the migrations (the statement from its CREATE to "$$;"),
-// and that migration's version.
-func wakeFunction() (string, int, error) {
-	ms, err := migrations()
-	if err != nil {
-		return "", 0, err
-	}
-	const create = "CREATE OR REPLACE FUNCTION stagedrain_wake()"
-	for i := len(ms) - 1; i >= 0; i-- {
-		body := ms[i].body
-		start := strings.LastIndex(body, create)
-		if start < 0 {
-			continue
-		}
-		end := strings.Index(body[start:], "$$;")
-		if end < 0 {
-			return "", 0, fmt.Errorf("%s: stagedrain_wake() does not end with $$;", ms[i].name)
-		}
-		return body[start : start+end+3], ms[i].version, nil
-	}
-	return "", 0, errors.New("no migration defines stagedrain_wake()")
-}
-
 // The gem's table has no stagedrain_migrations: the trigger's comment
 // records which migration's stagedrain_wake() it runs, "stagedrain_wake N",
 // for the check at leadership.
@@ -429,7 +405,7 @@ func migrateStagedPush(ctx context.Context, conn *pgx.Conn, schema string) (Migr
 	var res MigrateResult
 	fn, version, err := wakeFunction()
 	if err != nil {
-		return res, fmt.Errorf("read migrations: %w", err)
+		return res, fmt.Errorf("read sql/: %w", err)
 	}
 	table := pgx.Identifier{schema, sidekiqStagedPushTable}.Sanitize()
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
@@ -463,7 +439,7 @@ func migrateStagedPush(ctx context.Context, conn *pgx.Conn, schema string) (Migr
 		if _, err := tx.Exec(ctx, fn, pgx.QueryExecModeSimpleProtocol); err != nil {
 			return fmt.Errorf("create stagedrain_wake(): %w", err)
 		}
-		res.Applied = append(res.Applied, fmt.Sprintf("stagedrain_wake() of migration %03d", version))
+		res.Applied = append(res.Applied, fmt.Sprintf("stagedrain_wake() of wake_%03d.sql", version))
 		if !hasTrigger {
 			if _, err := tx.Exec(ctx, `CREATE CONSTRAINT TRIGGER stagedrain_wake
 				AFTER INSERT ON `+table+`
