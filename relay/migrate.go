@@ -133,6 +133,25 @@ func latestVersion() (int, error) {
 	return set.migrations[len(set.migrations)-1].version, nil
 }
 
+// A MigrateOption changes what Migrate does.
+type MigrateOption func(*migrateOptions)
+
+type migrateOptions struct {
+	source Source
+}
+
+// WithSource migrates schema for the relay of source src (Config.Source):
+// SourceStagedJobs (or ""), the default, is Migrate's staged_jobs schema;
+// SourceSidekiqStagedPush adds only the wake trigger (the stagedrain_wake()
+// function and a deferred constraint trigger) to the gem's table in
+// schema, which must exist, and creates nothing else. The trigger's comment
+// records the version of the stagedrain_wake() it runs
+// (MigrateResult.Current), which Run checks; a trigger of an older one gets
+// the new function. Idempotent: once up to date, it writes nothing.
+func WithSource(src Source) MigrateOption {
+	return func(o *migrateOptions) { o.source = src }
+}
+
 // MigrateResult says what Migrate did.
 type MigrateResult struct {
 	Applied []string // migration files applied now, in order
@@ -157,10 +176,23 @@ type MigrateResult struct {
 // records them; then every later migration, as for any schema. A schema
 // with a staged_jobs table of its own (the seed article's) is upgraded
 // from 001 in place.
-func Migrate(ctx context.Context, conn *pgx.Conn, schema string) (MigrateResult, error) {
+//
+// Options: WithSource, for a relay of another source.
+func Migrate(ctx context.Context, conn *pgx.Conn, schema string, opts ...MigrateOption) (MigrateResult, error) {
 	var res MigrateResult
+	var o migrateOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	if err := validateSchemaName(schema); err != nil {
 		return res, err
+	}
+	switch o.source {
+	case "", SourceStagedJobs:
+	case SourceSidekiqStagedPush:
+		return migrateStagedPush(ctx, conn, schema)
+	default:
+		return res, CheckSource(o.source)
 	}
 	set, err := readSQL()
 	if err != nil {

@@ -666,7 +666,7 @@ func catalog(t *testing.T, conn *pgx.Conn, schema string) []string {
 	return lines
 }
 
-// The stagedrain_wake() that MigrateSource(SourceSidekiqStagedPush)
+// The stagedrain_wake() that Migrate WithSource(SourceSidekiqStagedPush)
 // gives the gem's table is the one the migrations leave staged_jobs, and
 // its trigger's comment names the last migration that changed it: applied
 // one at a time, the migrations show which that is, without reading them.
@@ -718,7 +718,7 @@ func TestWakeFileIsCurrent(t *testing.T) {
 	if _, err := conn.Exec(ctx, `CREATE SCHEMA `+pgx.Identifier{gem}.Sanitize()+`;`+gemTableSQL(t, gem)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := relay.MigrateSource(ctx, conn, gem, relay.SourceSidekiqStagedPush); err != nil {
+	if _, err := relay.Migrate(ctx, conn, gem, relay.WithSource(relay.SourceSidekiqStagedPush)); err != nil {
 		t.Fatal(err)
 	}
 	if got := function(gem); got != current {
@@ -731,5 +731,27 @@ func TestWakeFileIsCurrent(t *testing.T) {
 	}
 	if want := fmt.Sprintf("stagedrain_wake %d", changed); comment != want {
 		t.Errorf("the gem's trigger comment is %q, want %q: the version of the last migration that changed stagedrain_wake()", comment, want)
+	}
+}
+
+// Migrate with an unknown source refuses, naming the field, and creates
+// nothing; WithSource(SourceStagedJobs) is Migrate's default.
+func TestMigrateWithSource(t *testing.T) {
+	t.Parallel()
+	conn := testenv.Conn(t, testenv.DatabaseURL())
+	ctx := context.Background()
+	schema := testenv.Schema(t)
+	var fe *relay.FieldError
+	if _, err := relay.Migrate(ctx, conn, schema, relay.WithSource("nosuch")); !errors.As(err, &fe) || fe.Field != "Source" {
+		t.Fatalf("Migrate WithSource(\"nosuch\") = %v, want a FieldError of Source", err)
+	}
+	var exists bool
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)`, schema).Scan(&exists); err != nil || exists {
+		t.Fatalf("schema %s exists after a refused Migrate (%v)", schema, err)
+	}
+	files, latest := freshInstall(t)
+	res, err := relay.Migrate(ctx, conn, schema, relay.WithSource(relay.SourceStagedJobs))
+	if err != nil || !slices.Equal(res.Applied, files) || res.Current != latest {
+		t.Fatalf("Migrate WithSource(SourceStagedJobs) = %+v, %v; want %v applied, version %d", res, err, files, latest)
 	}
 }

@@ -28,8 +28,9 @@ const (
 	SourceStagedJobs Source = "staged_jobs"
 	// SourceSidekiqStagedPush drains <schema>.sidekiq_staged_push_jobs, the
 	// table of the sidekiq-staged_push gem (payload: a Sidekiq job hash as
-	// JSON). MigrateSource adds only the wake trigger to it. Poison rows stay
-	// in the table: the relay skips them (see Relay.poisoned).
+	// JSON). Migrate with WithSource adds only the wake trigger to it.
+	// Poison rows stay in the table: the relay skips them (see
+	// Relay.poisoned).
 	SourceSidekiqStagedPush Source = "sidekiq_staged_push"
 )
 
@@ -459,26 +460,6 @@ func migrateStagedPush(ctx context.Context, conn *pgx.Conn, schema string) (Migr
 		return MigrateResult{}, fmt.Errorf("migrate schema %q for source %s: %w", schema, SourceSidekiqStagedPush, err)
 	}
 	return res, nil
-}
-
-// MigrateSource is Migrate for a source: for SourceStagedJobs (or ""),
-// Migrate; for SourceSidekiqStagedPush, it adds only the wake trigger
-// (function and deferred constraint trigger) to the gem's table in schema,
-// which must exist, and creates nothing else. The trigger's comment records
-// the migration whose stagedrain_wake() it runs (MigrateResult.Current),
-// which Run checks; a trigger of an older one gets the new function.
-// Idempotent: once up to date, it writes nothing.
-func MigrateSource(ctx context.Context, conn *pgx.Conn, schema string, src Source) (MigrateResult, error) {
-	switch src {
-	case "", SourceStagedJobs:
-		return Migrate(ctx, conn, schema)
-	case SourceSidekiqStagedPush:
-		if err := validateSchemaName(schema); err != nil {
-			return MigrateResult{}, err
-		}
-		return migrateStagedPush(ctx, conn, schema)
-	}
-	return MigrateResult{}, CheckSource(src)
 }
 
 // CheckSource reports whether src names a source, as a *FieldError of

@@ -134,7 +134,7 @@ func TestStagedPushSource(t *testing.T) {
 	}
 	migrate := func(want ...string) {
 		t.Helper()
-		res, err := relay.MigrateSource(ctx, h.conn, h.schema, relay.SourceSidekiqStagedPush)
+		res, err := relay.Migrate(ctx, h.conn, h.schema, relay.WithSource(relay.SourceSidekiqStagedPush))
 		if err != nil {
 			t.Fatalf("migrate: %v", err)
 		}
@@ -166,7 +166,7 @@ func TestStagedPushSource(t *testing.T) {
 	if err := runErr(); !errors.Is(err, relay.ErrSchemaTooNew) {
 		t.Fatalf("Run with a newer trigger: %v, want ErrSchemaTooNew", err)
 	}
-	if _, err := relay.MigrateSource(ctx, h.conn, h.schema, relay.SourceSidekiqStagedPush); err == nil || !strings.Contains(err.Error(), "newer") {
+	if _, err := relay.Migrate(ctx, h.conn, h.schema, relay.WithSource(relay.SourceSidekiqStagedPush)); err == nil || !strings.Contains(err.Error(), "newer") {
 		t.Fatalf("migrate over a newer trigger: %v, want a refusal", err)
 	}
 	comment("stagedrain_wake 3")
@@ -259,7 +259,7 @@ func TestStagedPushPoison(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	h := newStagedPushHarness(t)
-	if _, err := relay.MigrateSource(ctx, h.conn, h.schema, relay.SourceSidekiqStagedPush); err != nil {
+	if _, err := relay.Migrate(ctx, h.conn, h.schema, relay.WithSource(relay.SourceSidekiqStagedPush)); err != nil {
 		t.Fatal(err)
 	}
 	cfg := h.config()
@@ -336,7 +336,7 @@ func TestStagedPushStreams(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	h := newStagedPushHarness(t)
-	if _, err := relay.MigrateSource(ctx, h.conn, h.schema, relay.SourceSidekiqStagedPush); err != nil {
+	if _, err := relay.Migrate(ctx, h.conn, h.schema, relay.WithSource(relay.SourceSidekiqStagedPush)); err != nil {
 		t.Fatal(err)
 	}
 	cfg := h.config()

@@ -13,9 +13,9 @@
 //     not touch the baseline. A test holds a fresh install and an upgrade
 //     from 001 to the same catalog.
 //   - wake_NNN.sql is the stagedrain_wake() trigger function as migration
-//     NNN defines it, alone: the baseline's trigger runs it, and
-//     relay.MigrateSource(..., relay.SourceSidekiqStagedPush) installs the
-//     one of the highest NNN on the gem's table. A migration that changes the
+//     NNN defines it, alone: the baseline's trigger runs it, and Migrate
+//     with relay.WithSource(relay.SourceSidekiqStagedPush) installs the one
+//     of the highest NNN on the gem's table. A migration that changes the
 //     function adds its wake file; a test fails until it does.
 //
 // Files use unqualified names: Migrate sets the search_path to the target

@@ -6,7 +6,7 @@
 -- Two kinds of schema run it:
 --   - a fresh install: Migrate applies this file, then baseline_009.sql,
 --     whose trigger on staged_jobs runs it;
---   - a sidekiq_staged_push schema (relay.MigrateSource): it applies this
+--   - a sidekiq_staged_push schema (relay.WithSource): Migrate applies this
 --     file and adds a trigger without WHEN on the gem's table, whose
 --     comment records the version, "stagedrain_wake 9", for Run's check.
 --
