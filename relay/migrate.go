@@ -154,7 +154,7 @@ func WithSource(src Source) MigrateOption {
 
 // MigrateResult says what Migrate did.
 type MigrateResult struct {
-	Applied []string // migration files applied now, in order
+	Applied []string // files of sql/ applied now, in order (a fresh schema: the wake and baseline files, then migrations above the baseline)
 	Current int      // the schema's version after Migrate
 }
 
