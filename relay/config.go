@@ -69,8 +69,8 @@ type Config struct {
 	// Source is the table drained: SourceStagedJobs (<Schema>.staged_jobs,
 	// made by Migrate) or SourceSidekiqStagedPush (the sidekiq-staged_push
 	// gem's <Schema>.sidekiq_staged_push_jobs, given its wake trigger by
-	// MigrateSource). Default SourceStagedJobs. One relay drains a schema
-	// at a time, whatever its source.
+	// Migrate with WithSource). Default SourceStagedJobs. One relay drains
+	// a schema at a time, whatever its source.
 	Source Source
 
 	// Target is the job system the jobs are written for: TargetSidekiq,

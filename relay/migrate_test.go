@@ -26,7 +26,7 @@ func TestMigrateIsIdempotent(t *testing.T) {
 	conn := testenv.Conn(t, testenv.DatabaseURL())
 	ctx := context.Background()
 
-	files, latest := embeddedMigrations(t)
+	files, latest := freshInstall(t)
 	first, err := relay.Migrate(ctx, conn, schema)
 	if err != nil {
 		t.Fatal(err)
@@ -43,11 +43,36 @@ func TestMigrateIsIdempotent(t *testing.T) {
 	}
 }
 
-// embeddedMigrations returns the migration files of sql/ in order, and the
-// latest version: what this binary needs.
+// freshInstall returns the files Migrate applies to a fresh schema, in
+// order: the baseline (its wake file first) and every migration above it;
+// and the latest version.
+func freshInstall(t *testing.T) ([]string, int) {
+	t.Helper()
+	files, latest := embeddedMigrations(t)
+	baselines, err := fs.Glob(sqlfiles.Files, "baseline_*.sql")
+	if err != nil || len(baselines) != 1 {
+		t.Fatalf("want one baseline in sql/, have %v (%v)", baselines, err)
+	}
+	v := strings.TrimSuffix(strings.TrimPrefix(baselines[0], "baseline_"), ".sql")
+	want := []string{"wake_" + v + ".sql", baselines[0]}
+	bv, err := strconv.Atoi(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		num, _, _ := strings.Cut(f, "_")
+		if n, _ := strconv.Atoi(num); n > bv {
+			want = append(want, f)
+		}
+	}
+	return want, latest
+}
+
+// embeddedMigrations returns the migration files of sql/ (NNN_name.sql) in
+// order, and the latest version: what this binary needs.
 func embeddedMigrations(t *testing.T) ([]string, int) {
 	t.Helper()
-	files, err := fs.Glob(sqlfiles.Files, "*.sql")
+	files, err := fs.Glob(sqlfiles.Files, "[0-9][0-9][0-9]_*.sql")
 	if err != nil || len(files) == 0 {
 		t.Fatalf("embedded migrations: %v, %v", files, err)
 	}
@@ -89,8 +114,8 @@ func TestMigrateConcurrently(t *testing.T) {
 		}
 		applied += len(results[i].Applied)
 	}
-	if files, _ := embeddedMigrations(t); applied != len(files) {
-		t.Fatalf("%d migrations applied across %d concurrent runs, want each of the %d once", applied, n, len(files))
+	if files, _ := freshInstall(t); applied != len(files) {
+		t.Fatalf("%d files applied across %d concurrent runs, want each of the %d once", applied, n, len(files))
 	}
 }
 
@@ -511,5 +536,222 @@ func TestMigrateUpgradesTheWakeTrigger(t *testing.T) {
 				t.Fatalf("Migrate again = %+v, %v; want nothing applied", again, err)
 			}
 		})
+	}
+}
+
+// A fresh install (the baseline, then the migrations above it) and an
+// upgrade from 001 (001 applied, then Migrate) give the same schema: the
+// same columns (name, type, nullability, default), constraints, indexes,
+// functions, triggers, relations and comments, and the same
+// stagedrain_migrations rows. Each schema's name, its hashtext key of
+// 'awake' and its staged_jobs' oid (both in the trigger's WHEN) are
+// normalized.
+func TestBaselineMatchesUpgrade(t *testing.T) {
+	t.Parallel()
+	conn := testenv.Conn(t, testenv.DatabaseURL())
+	ctx := context.Background()
+	fresh, upgraded := testenv.Schema(t), testenv.Schema(t)
+	baselineFiles, _ := freshInstall(t)
+
+	res, err := relay.Migrate(ctx, conn, fresh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(res.Applied[:2], baselineFiles[:2]) {
+		t.Fatalf("fresh Migrate applied %v, want the baseline %v first", res.Applied, baselineFiles[:2])
+	}
+	if _, err := conn.Exec(ctx, `CREATE SCHEMA `+pgx.Identifier{upgraded}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	applyFirstMigration(t, conn, upgraded)
+	res, err = relay.Migrate(ctx, conn, upgraded)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Applied) == 0 || res.Applied[0] != "002_not_null.sql" {
+		t.Fatalf("Migrate of version 1 applied %v, want 002_not_null.sql and on", res.Applied)
+	}
+
+	want, got := catalog(t, conn, upgraded), catalog(t, conn, fresh)
+	if !slices.Equal(got, want) {
+		for _, line := range want {
+			if !slices.Contains(got, line) {
+				t.Errorf("the upgrade has, the fresh install has not:\n%s", line)
+			}
+		}
+		for _, line := range got {
+			if !slices.Contains(want, line) {
+				t.Errorf("the fresh install has, the upgrade has not:\n%s", line)
+			}
+		}
+		t.Fatal("a fresh install and an upgrade from 001 differ")
+	}
+}
+
+// catalog describes schema's objects, one line each, in a stable order,
+// with the schema's name, its 'awake' key and its staged_jobs' oid
+// replaced by placeholders.
+func catalog(t *testing.T, conn *pgx.Conn, schema string) []string {
+	t.Helper()
+	ctx := context.Background()
+	var lines []string
+	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		// Every name in the definitions below is qualified.
+		if _, err := tx.Exec(ctx, `SET LOCAL search_path TO pg_catalog`); err != nil {
+			return err
+		}
+		const q = `
+		WITH n AS (SELECT oid FROM pg_namespace WHERE nspname = $1)
+		SELECT 'relation ' || relname || ' ' || relkind::text || coalesce(' comment ' || obj_description(c.oid, 'pg_class'), '')
+			FROM pg_class c WHERE relnamespace = (SELECT oid FROM n)
+		UNION ALL
+		SELECT format('column %s.%s #%s %s%s%s%s', c.relname, a.attname, a.attnum, format_type(a.atttypid, a.atttypmod),
+				CASE WHEN a.attnotnull THEN ' NOT NULL' ELSE '' END,
+				coalesce(' DEFAULT ' || pg_get_expr(d.adbin, d.adrelid), ''),
+				coalesce(' identity ' || nullif(a.attidentity::text, ''), ''))
+			FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+			LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+			WHERE c.relnamespace = (SELECT oid FROM n) AND c.relkind IN ('r', 'p', 'v', 'm', 'f') AND a.attnum > 0 AND NOT a.attisdropped
+		UNION ALL
+		SELECT format('constraint %s.%s %s deferrable=%s deferred=%s', conrelid::regclass, conname, pg_get_constraintdef(oid), condeferrable, condeferred)
+			FROM pg_constraint WHERE connamespace = (SELECT oid FROM n)
+		UNION ALL
+		SELECT 'index ' || pg_get_indexdef(i.indexrelid)
+			FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid WHERE c.relnamespace = (SELECT oid FROM n)
+		UNION ALL
+		SELECT 'function ' || pg_get_functiondef(p.oid) || coalesce(' comment ' || obj_description(p.oid, 'pg_proc'), '')
+			FROM pg_proc p WHERE pronamespace = (SELECT oid FROM n)
+		UNION ALL
+		SELECT 'trigger ' || pg_get_triggerdef(g.oid) || coalesce(' comment ' || obj_description(g.oid, 'pg_trigger'), '')
+			FROM pg_trigger g JOIN pg_class c ON c.oid = g.tgrelid WHERE c.relnamespace = (SELECT oid FROM n) AND NOT g.tgisinternal
+		UNION ALL
+		SELECT 'sequence ' || s.seqrelid::regclass || ' ' || format_type(s.seqtypid, NULL) || ' ' || s.seqstart || ' ' || s.seqincrement || ' ' || s.seqmax
+			|| coalesce(' owned by ' || (SELECT d.refobjid::regclass || '.' || d.refobjsubid FROM pg_depend d
+				WHERE d.classid = 'pg_class'::regclass AND d.objid = s.seqrelid AND d.deptype IN ('a', 'i') AND d.refclassid = 'pg_class'::regclass), '')
+			FROM pg_sequence s JOIN pg_class c ON c.oid = s.seqrelid WHERE c.relnamespace = (SELECT oid FROM n)
+		ORDER BY 1`
+		rows, err := tx.Query(ctx, q, schema)
+		if err != nil {
+			return err
+		}
+		if lines, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+			return err
+		}
+		rows, err = tx.Query(ctx, `SELECT format('migration %s %s', version, name) FROM `+pgx.Identifier{schema, "stagedrain_migrations"}.Sanitize()+` ORDER BY version`)
+		if err != nil {
+			return err
+		}
+		versions, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		lines = append(lines, versions...)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("read the catalog of %s: %v", schema, err)
+	}
+	var key int32
+	var oid uint32
+	if err := conn.QueryRow(ctx, `SELECT hashtext($1), $2::regclass::oid`,
+		relay.AwakeLockName(schema), pgx.Identifier{schema, "staged_jobs"}.Sanitize()).Scan(&key, &oid); err != nil {
+		t.Fatal(err)
+	}
+	// pg_get_triggerdef prints a negative key as '-N'::integer.
+	normal := strings.NewReplacer(pgx.Identifier{schema}.Sanitize(), "SCHEMA", schema, "SCHEMA",
+		"'"+strconv.Itoa(int(key))+"'::integer", "AWAKE_KEY", strconv.Itoa(int(key)), "AWAKE_KEY", "wake_"+strconv.FormatUint(uint64(oid), 10), "wake_OID")
+	for i := range lines {
+		lines[i] = normal.Replace(lines[i])
+	}
+	if len(lines) < 30 {
+		t.Fatalf("catalog of %s: %d lines, want the whole schema:\n%s", schema, len(lines), strings.Join(lines, "\n"))
+	}
+	return lines
+}
+
+// The stagedrain_wake() that Migrate WithSource(SourceSidekiqStagedPush)
+// gives the gem's table is the one the migrations leave staged_jobs, and
+// its trigger's comment names the last migration that changed it: applied
+// one at a time, the migrations show which that is, without reading them.
+func TestWakeFileIsCurrent(t *testing.T) {
+	t.Parallel()
+	conn := testenv.Conn(t, testenv.DatabaseURL())
+	ctx := context.Background()
+	upgraded, gem := testenv.Schema(t), testenv.Schema(t)
+	files, _ := embeddedMigrations(t)
+	function := func(schema string) string {
+		t.Helper()
+		var def string
+		err := conn.QueryRow(ctx, `SELECT coalesce((SELECT pg_get_functiondef(p.oid) FROM pg_proc p
+			WHERE p.pronamespace = $1::regnamespace AND p.proname = 'stagedrain_wake'), '')`, pgx.Identifier{schema}.Sanitize()).Scan(&def)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.NewReplacer(pgx.Identifier{schema}.Sanitize(), "SCHEMA", schema, "SCHEMA").Replace(def)
+	}
+	if _, err := conn.Exec(ctx, `CREATE SCHEMA `+pgx.Identifier{upgraded}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	var current string
+	changed := 0
+	for _, f := range files {
+		body, err := fs.ReadFile(sqlfiles.Files, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `SET LOCAL search_path TO `+pgx.Identifier{upgraded}.Sanitize()); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, string(body), pgx.QueryExecModeSimpleProtocol)
+			return err
+		})
+		if err != nil {
+			t.Fatalf("apply %s: %v", f, err)
+		}
+		if def := function(upgraded); def != current {
+			current = def
+			changed, _ = strconv.Atoi(f[:3])
+		}
+	}
+	if current == "" {
+		t.Fatal("no migration creates stagedrain_wake()")
+	}
+
+	if _, err := conn.Exec(ctx, `CREATE SCHEMA `+pgx.Identifier{gem}.Sanitize()+`;`+gemTableSQL(t, gem)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := relay.Migrate(ctx, conn, gem, relay.WithSource(relay.SourceSidekiqStagedPush)); err != nil {
+		t.Fatal(err)
+	}
+	if got := function(gem); got != current {
+		t.Errorf("the gem's stagedrain_wake():\n%s\nwant the migrations' (last changed by version %d):\n%s", got, changed, current)
+	}
+	var comment string
+	if err := conn.QueryRow(ctx, `SELECT coalesce(obj_description(t.oid, 'pg_trigger'), '') FROM pg_trigger t
+		WHERE t.tgrelid = $1::regclass AND t.tgname = 'stagedrain_wake'`, pgx.Identifier{gem, "sidekiq_staged_push_jobs"}.Sanitize()).Scan(&comment); err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf("stagedrain_wake %d", changed); comment != want {
+		t.Errorf("the gem's trigger comment is %q, want %q: the version of the last migration that changed stagedrain_wake()", comment, want)
+	}
+}
+
+// Migrate with an unknown source refuses, naming the field, and creates
+// nothing; WithSource(SourceStagedJobs) is Migrate's default.
+func TestMigrateWithSource(t *testing.T) {
+	t.Parallel()
+	conn := testenv.Conn(t, testenv.DatabaseURL())
+	ctx := context.Background()
+	schema := testenv.Schema(t)
+	var fe *relay.FieldError
+	if _, err := relay.Migrate(ctx, conn, schema, relay.WithSource("nosuch")); !errors.As(err, &fe) || fe.Field != "Source" {
+		t.Fatalf("Migrate WithSource(\"nosuch\") = %v, want a FieldError of Source", err)
+	}
+	var exists bool
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)`, schema).Scan(&exists); err != nil || exists {
+		t.Fatalf("schema %s exists after a refused Migrate (%v)", schema, err)
+	}
+	files, latest := freshInstall(t)
+	res, err := relay.Migrate(ctx, conn, schema, relay.WithSource(relay.SourceStagedJobs))
+	if err != nil || !slices.Equal(res.Applied, files) || res.Current != latest {
+		t.Fatalf("Migrate WithSource(SourceStagedJobs) = %+v, %v; want %v applied, version %d", res, err, files, latest)
 	}
 }

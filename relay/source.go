@@ -28,8 +28,9 @@ const (
 	SourceStagedJobs Source = "staged_jobs"
 	// SourceSidekiqStagedPush drains <schema>.sidekiq_staged_push_jobs, the
 	// table of the sidekiq-staged_push gem (payload: a Sidekiq job hash as
-	// JSON). MigrateSource adds only the wake trigger to it. Poison rows stay
-	// in the table: the relay skips them (see Relay.poisoned).
+	// JSON). Migrate with WithSource adds only the wake trigger to it.
+	// Poison rows stay in the table: the relay skips them (see
+	// Relay.poisoned).
 	SourceSidekiqStagedPush Source = "sidekiq_staged_push"
 )
 
@@ -378,30 +379,6 @@ func (s *stagedPushSource) check(ctx context.Context, conn *pgx.Conn) error {
 	return nil
 }
 
-// wakeFunction returns the latest definition of the stagedrain_wake()
-// function among the migrations (the statement from its CREATE to "$$;"),
-// and that migration's version.
-func wakeFunction() (string, int, error) {
-	ms, err := migrations()
-	if err != nil {
-		return "", 0, err
-	}
-	const create = "CREATE OR REPLACE FUNCTION stagedrain_wake()"
-	for i := len(ms) - 1; i >= 0; i-- {
-		body := ms[i].body
-		start := strings.LastIndex(body, create)
-		if start < 0 {
-			continue
-		}
-		end := strings.Index(body[start:], "$$;")
-		if end < 0 {
-			return "", 0, fmt.Errorf("%s: stagedrain_wake() does not end with $$;", ms[i].name)
-		}
-		return body[start : start+end+3], ms[i].version, nil
-	}
-	return "", 0, errors.New("no migration defines stagedrain_wake()")
-}
-
 // The gem's table has no stagedrain_migrations: the trigger's comment
 // records which migration's stagedrain_wake() it runs, "stagedrain_wake N",
 // for the check at leadership.
@@ -429,7 +406,7 @@ func migrateStagedPush(ctx context.Context, conn *pgx.Conn, schema string) (Migr
 	var res MigrateResult
 	fn, version, err := wakeFunction()
 	if err != nil {
-		return res, fmt.Errorf("read migrations: %w", err)
+		return res, fmt.Errorf("read sql/: %w", err)
 	}
 	table := pgx.Identifier{schema, sidekiqStagedPushTable}.Sanitize()
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
@@ -463,7 +440,7 @@ func migrateStagedPush(ctx context.Context, conn *pgx.Conn, schema string) (Migr
 		if _, err := tx.Exec(ctx, fn, pgx.QueryExecModeSimpleProtocol); err != nil {
 			return fmt.Errorf("create stagedrain_wake(): %w", err)
 		}
-		res.Applied = append(res.Applied, fmt.Sprintf("stagedrain_wake() of migration %03d", version))
+		res.Applied = append(res.Applied, fmt.Sprintf("stagedrain_wake() of wake_%03d.sql", version))
 		if !hasTrigger {
 			if _, err := tx.Exec(ctx, `CREATE CONSTRAINT TRIGGER stagedrain_wake
 				AFTER INSERT ON `+table+`
@@ -483,26 +460,6 @@ func migrateStagedPush(ctx context.Context, conn *pgx.Conn, schema string) (Migr
 		return MigrateResult{}, fmt.Errorf("migrate schema %q for source %s: %w", schema, SourceSidekiqStagedPush, err)
 	}
 	return res, nil
-}
-
-// MigrateSource is Migrate for a source: for SourceStagedJobs (or ""),
-// Migrate; for SourceSidekiqStagedPush, it adds only the wake trigger
-// (function and deferred constraint trigger) to the gem's table in schema,
-// which must exist, and creates nothing else. The trigger's comment records
-// the migration whose stagedrain_wake() it runs (MigrateResult.Current),
-// which Run checks; a trigger of an older one gets the new function.
-// Idempotent: once up to date, it writes nothing.
-func MigrateSource(ctx context.Context, conn *pgx.Conn, schema string, src Source) (MigrateResult, error) {
-	switch src {
-	case "", SourceStagedJobs:
-		return Migrate(ctx, conn, schema)
-	case SourceSidekiqStagedPush:
-		if err := validateSchemaName(schema); err != nil {
-			return MigrateResult{}, err
-		}
-		return migrateStagedPush(ctx, conn, schema)
-	}
-	return MigrateResult{}, CheckSource(src)
 }
 
 // CheckSource reports whether src names a source, as a *FieldError of

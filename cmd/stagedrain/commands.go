@@ -138,7 +138,7 @@ func migrate(ctx context.Context, databaseURL, schema string, src relay.Source, 
 		return fmt.Errorf("migrate: connect to %s: %w", relay.DescribeDatabase(databaseURL), err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	res, err := relay.MigrateSource(ctx, conn, schema, src)
+	res, err := relay.Migrate(ctx, conn, schema, relay.WithSource(src))
 	if err != nil {
 		return err
 	}
