@@ -42,9 +42,11 @@
 // each migration of sql/ not yet recorded in <schema>.stagedrain_migrations.
 // It is idempotent and safe from several processes at once, and it fails
 // rather than wait more than 5s for a table lock. [MigrateResult] says what
-// it applied and the version reached. [MigrateSource] does the same for a
+// it applied and the version reached. With [WithSource] it migrates a
 // [Source]: for [SourceSidekiqStagedPush] it adds only the wake trigger to
-// the sidekiq-staged_push gem's table.
+// the sidekiq-staged_push gem's table. A fresh schema gets the baseline
+// (sql/baseline_009.sql) and later migrations; an existing one the
+// migrations it lacks: both end with identical catalogs.
 //
 // # Running a relay
 //
