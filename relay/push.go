@@ -22,6 +22,25 @@ type target interface {
 	add(u *pushUnit, batch []stagedJob, now time.Time, res *pushResult)
 }
 
+// rejectedJob is a row that was not pushed, and why.
+type rejectedJob struct {
+	id     int64
+	reason string
+}
+
+// pushResult says which rows of a batch went to Redis.
+type pushResult struct {
+	pushed      []int64
+	redelivered []int64       // pushed by an earlier push whose delete did not commit: not pushed again
+	rejected    []rejectedJob // poison: no worker could run them, or too big; not sent
+	refused     []rejectedJob // poison: sent, and Redis answered an error waiting cannot fix
+	deferred    []rejectedJob // sent, and Redis answered an error waiting may fix: stay staged
+	queues      []string      // the queues of the immediate jobs, for the log
+	scheduled   int           // how many jobs were scheduled, for the log
+	skipped     int           // how many of pushed a guard skipped (the task was there already), for the log
+	field       string        // the push's field in the handoff record, "" if it pushed nothing
+}
+
 // push pushes a claimed batch to Redis in one atomic step and says what
 // became of each row. Rows that an earlier push delivered, and whose delete
 // did not commit, are not pushed again (res.redelivered): the batch's

@@ -43,25 +43,6 @@ type scheduleGroup struct {
 	pairs []any // score, member, score, member, ...
 }
 
-// rejectedJob is a row that was not pushed, and why.
-type rejectedJob struct {
-	id     int64
-	reason string
-}
-
-// pushResult says which rows of a batch went to Redis.
-type pushResult struct {
-	pushed      []int64
-	redelivered []int64       // pushed by an earlier push whose delete did not commit: not pushed again
-	rejected    []rejectedJob // poison: no worker could run them, or too big; not sent
-	refused     []rejectedJob // poison: sent, and Redis answered an error waiting cannot fix
-	deferred    []rejectedJob // sent, and Redis answered an error waiting may fix: stay staged
-	queues      []string      // the queues of the immediate jobs, for the log
-	scheduled   int           // how many jobs were scheduled, for the log
-	skipped     int           // how many of pushed a guard skipped (the task was there already), for the log
-	field       string        // the push's field in the handoff record, "" if it pushed nothing
-}
-
 func newSidekiqTarget(namespace string, ts TimestampFormat, maxPayload int) *sidekiqTarget {
 	return &sidekiqTarget{keys: newSidekiqKeys(namespace), ts: ts, maxPayload: maxPayload, queueAt: make(map[string]int)}
 }
