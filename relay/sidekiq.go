@@ -47,6 +47,7 @@ type scheduleGroup struct {
 type rejectedJob struct {
 	id     int64
 	reason string
+	held   bool // deferred by backpressure (backpressure.go): logged once, by the pause
 }
 
 // pushResult says which rows of a batch went to Redis.
@@ -85,6 +86,7 @@ func (s *sidekiqTarget) add(u *pushUnit, batch []stagedJob, now time.Time, res *
 	for i := range s.queues {
 		g := &s.queues[i]
 		u.begin(g.ids, "")
+		u.limit(g.name, "LLEN", s.keys.queue(g.name))
 		u.variadic("LPUSH", s.keys.queue(g.name), 1, g.payloads)
 		res.queues = append(res.queues, g.name)
 	}
