@@ -25,9 +25,10 @@ import (
 // the ratio no batch is claimed, and a batch claimed meanwhile is put back
 // whole.
 //
-// A drain skips the rows it left staged, and after at most
-// maxPausedBatches batches that only put rows back it ends; while anything
-// is paused the drain loop drains again every pausedRetry, and the pause
+// A drain skips the rows it left staged, and every drain skips the rows
+// held back for pausedRetry; after at most maxPausedBatches batches that
+// only put rows back a drain ends. While anything is paused the drain loop
+// drains again every pausedRetry, retrying the held rows, and the pause
 // ends by itself when a push to the queue runs (or a drain finds none of
 // its rows held back), or when the memory is below the ratio.
 
@@ -58,13 +59,19 @@ type backpressure struct {
 	ratio  float64
 	gauge  *prometheus.GaugeVec
 	log    *zap.Logger
+	state  *state // Status().Paused
 
 	memChecked time.Time
 	memOver    bool
 	memWhy     string
 
 	paused map[string]string // queue -> reason, while paused
-	held   map[string]bool   // queues whose rows this drain held back
+	// The rows held back since heldSince, and their queues: every drain
+	// skips them for pausedRetry, so that a drain woken meanwhile (by a
+	// commit, or a late one) does not claim them again.
+	heldIDs   []int64
+	held      map[string]bool
+	heldSince time.Time
 	// allHeld counts the batches in a row, in this drain, that put every
 	// row back for backpressure.
 	allHeld int
@@ -121,6 +128,7 @@ func (b *backpressure) pause(queue, reason, why string) {
 		return
 	}
 	b.paused[queue] = reason
+	b.state.setPaused(b.paused)
 	b.gauge.WithLabelValues(queue, reason).Set(1)
 	b.log.Warn("backpressure: pushes paused, jobs wait in PostgreSQL", zap.String("queue", queue),
 		zap.String("reason", reason), zap.String("detail", why))
@@ -133,6 +141,7 @@ func (b *backpressure) resume(queue, why string) {
 		return
 	}
 	delete(b.paused, queue)
+	b.state.setPaused(b.paused)
 	b.gauge.WithLabelValues(queue, reason).Set(0)
 	b.log.Info("backpressure: pushes resumed", zap.String("queue", queue), zap.String("reason", reason), zap.String("detail", why))
 }
@@ -140,10 +149,26 @@ func (b *backpressure) resume(queue, why string) {
 // any reports whether anything is paused.
 func (b *backpressure) any() bool { return len(b.paused) > 0 }
 
-// drainStarts resets what a drain held back.
-func (b *backpressure) drainStarts() {
-	clear(b.held)
+// drainStarts starts a drain: it returns the rows the drain is to skip,
+// those held back less than pausedRetry ago; older ones are retried.
+func (b *backpressure) drainStarts() []int64 {
 	b.allHeld = 0
+	if time.Since(b.heldSince) >= pausedRetry {
+		clear(b.held)
+		b.heldIDs = b.heldIDs[:0]
+	}
+	return b.heldIDs
+}
+
+// hold notes rows a batch held back.
+func (b *backpressure) hold(ids []int64) {
+	if len(ids) == 0 {
+		return
+	}
+	if len(b.heldIDs) == 0 {
+		b.heldSince = time.Now()
+	}
+	b.heldIDs = append(b.heldIDs, ids...)
 }
 
 // batchHeld notes that a batch of n rows put held of them back for
@@ -162,8 +187,9 @@ func (b *backpressure) stop() bool {
 	return b.memOver || b.allHeld >= maxPausedBatches
 }
 
-// drainEnded ends the queue-length pauses of queues whose rows the drain
-// that ended did not hold back: it claimed all there were, and pushed them.
+// drainEnded ends the queue-length pauses of queues whose rows no drain
+// held back since the rows were last retried: the drains claimed all there
+// were, and pushed them.
 func (b *backpressure) drainEnded() {
 	for q, reason := range b.paused {
 		if reason == reasonQueueLength && !b.held[q] {

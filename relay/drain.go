@@ -62,7 +62,6 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 		}
 		listens := r.listens.Load()
 		for attempt := 0; ; {
-			r.bp.drainStarts()
 			err := r.drain(ctx, pool, &bufs, g, log)
 			if err == nil {
 				g.idleAt = time.Now()
@@ -147,7 +146,8 @@ type claimed struct {
 // order, so a lower id can commit later: every claim after a short batch,
 // and at least one a second, scans from the start.
 func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]stagedJob, g *gate, log *zap.Logger) error {
-	skip := slices.Clone(r.poisoned) // poison rows a source left staged
+	// Poison rows a source left staged, and rows backpressure holds back.
+	skip := slices.Concat(r.poisoned, r.bp.drainStarts())
 	fullScan, lastFound := time.Now(), time.Now()
 	var rate flowRate
 	claimFromStart := func(buf *[]stagedJob) (claimed, error) {
@@ -431,16 +431,16 @@ func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (left []
 			r.handoff.uncommitted(res.field, res.pushed)
 		}
 	}()
-	held := 0
+	var held []int64
 	for _, rj := range res.deferred {
 		left = append(left, rj.id)
 		if rj.held {
-			held++ // logged once, by the pause (backpressure.go)
+			held = append(held, rj.id) // logged once, by the pause (backpressure.go)
 			continue
 		}
 		log.Warn("job refused by Redis, left staged", zap.Int64("id", rj.id), zap.String("reason", rj.reason), traceIDOf(b.jobs, rj.id))
 	}
-	r.bp.batchHeld(held, len(b.jobs))
+	r.bp.batchHeld(len(held), len(b.jobs))
 	poison := slices.Concat(res.rejected, res.refused)
 	var dead []stagedJob
 	var reasons []string
@@ -484,6 +484,7 @@ func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (left []
 	b.conn.Release()
 	r.tracer.event(span, "committed")
 	r.handoff.committed(res.field, res.redelivered, wal, flush)
+	r.bp.hold(held) // once put back: a rolled-back batch's rows are not held
 	buried = len(dead)
 	if kept != nil {
 		buried = 0

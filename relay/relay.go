@@ -158,6 +158,7 @@ func New(cfg Config) (*Relay, error) {
 	r.metrics = newMetrics(string(cfg.Target), &r.backlog, &r.summary.mu)
 	r.summary.metrics = r.metrics
 	r.bp = newBackpressure(cfg, r.metrics.backpressure, r.log.Named("drain"))
+	r.bp.state = &r.state
 	r.state.init(r.metrics.leader)
 	return r, nil
 }
