@@ -122,6 +122,9 @@ func (a *asynqTarget) op(u *pushUnit, ids []int64, t *asynqTask, msg []byte, j *
 	m := &t.msg
 	task := a.keys.task(m.queue, m.id)
 	u.begin(ids, task, m.uniqueKey)
+	if !scheduled {
+		u.limit(m.queue, "LLEN", a.keys.pending(m.queue))
+	}
 	if m.uniqueKey != "" {
 		// The guard skipped the op if the lock is held: this SET is
 		// asynq's SET NX EX. A scheduled task's lock lasts until its

@@ -88,6 +88,21 @@ type Config struct {
 	// entries as it is written (XADD MAXLEN ~). Default 0: no trimming.
 	StreamMaxLen int64
 
+	// MaxQueueLength, when positive, is backpressure per destination
+	// queue: the relay pushes no more jobs to a queue that holds this many
+	// or more (Sidekiq's queue:<q> and asynq's pending list by LLEN, a
+	// stream by XLEN; checked in the push script, so a queue overshoots by
+	// at most one batch). Its rows stay staged, other queues flow, and it
+	// resumes once the queue is below the limit. Sidekiq's schedule and
+	// asynq's scheduled sets are not limited. Default 0: off.
+	MaxQueueLength int64
+
+	// RedisMaxMemoryRatio, when positive, pauses every push while Redis's
+	// used_memory / maxmemory (INFO memory, read at most every 500ms) is
+	// at or above it; rows stay staged until it is below. Off when Redis
+	// has no maxmemory. Between 0 and 1; default 0: off.
+	RedisMaxMemoryRatio float64
+
 	// BatchSize is the most rows claimed, pushed and deleted per batch.
 	// Default 1000.
 	BatchSize int
@@ -250,6 +265,12 @@ func (c Config) Validate() error {
 		return fieldErr("RedisWaitReplicas", "needs a single Redis or Sentinel client: with Redis Cluster each slot's primary has replicas of its own, which this relay does not WAIT for")
 	case c.RedisWaitTimeout <= 0:
 		return fieldErr("RedisWaitTimeout", "must be positive, got %s", c.RedisWaitTimeout)
+	case c.MaxQueueLength < 0:
+		return fieldErr("MaxQueueLength", "must not be negative, got %d", c.MaxQueueLength)
+	case !(c.RedisMaxMemoryRatio >= 0 && c.RedisMaxMemoryRatio <= 1):
+		return fieldErr("RedisMaxMemoryRatio", "must be between 0 and 1, got %v", c.RedisMaxMemoryRatio)
+	case c.RedisMaxMemoryRatio > 0 && isCluster(c.Redis):
+		return fieldErr("RedisMaxMemoryRatio", "needs a single Redis or Sentinel client: each Redis Cluster node has a maxmemory of its own")
 	case c.StreamMaxLen < 0:
 		return fieldErr("StreamMaxLen", "must not be negative, got %d", c.StreamMaxLen)
 	case c.StreamMaxLen > 0 && c.Target != TargetStreams:

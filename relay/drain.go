@@ -31,11 +31,18 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 	due.Stop()
 	defer due.Stop()
 	var dueC <-chan time.Time
+	// paused wakes the drain while backpressure holds jobs back.
+	paused := time.NewTimer(time.Hour)
+	paused.Stop()
+	defer paused.Stop()
+	var pausedC <-chan time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-wake:
+		case <-pausedC:
+			pausedC = nil
 		case <-dueC:
 		case <-g.late.C():
 			ended, err := g.checkLate(ctx)
@@ -47,12 +54,19 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 			}
 			r.metrics.wakeLate.Inc()
 		}
+		if over, _ := r.bp.memory(ctx, r); over {
+			// Backpressure: claim nothing while Redis is nearly full.
+			paused.Reset(pausedRetry)
+			pausedC = paused.C
+			continue
+		}
 		listens := r.listens.Load()
 		for attempt := 0; ; {
 			err := r.drain(ctx, pool, &bufs, g, log)
 			if err == nil {
 				g.idleAt = time.Now()
 				r.state.drained()
+				r.bp.drainEnded()
 				if attempt > 0 {
 					log.Info("batch succeeded after retries", zap.Int("attempts", attempt+1))
 				}
@@ -88,6 +102,10 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 		}
 		if r.dueOnly {
 			dueC = r.armDue(ctx, pool, due, log)
+		}
+		if r.bp.any() {
+			paused.Reset(pausedRetry)
+			pausedC = paused.C
 		}
 		if r.hooks.idle != nil {
 			r.hooks.idle(listens)
@@ -128,7 +146,8 @@ type claimed struct {
 // order, so a lower id can commit later: every claim after a short batch,
 // and at least one a second, scans from the start.
 func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]stagedJob, g *gate, log *zap.Logger) error {
-	skip := slices.Clone(r.poisoned) // poison rows a source left staged
+	// Poison rows a source left staged, and rows backpressure holds back.
+	skip := slices.Concat(r.poisoned, r.bp.drainStarts())
 	fullScan, lastFound := time.Now(), time.Now()
 	var rate flowRate
 	claimFromStart := func(buf *[]stagedJob) (claimed, error) {
@@ -202,6 +221,12 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 			return nil
 		}
 		skip = append(skip, left...)
+		if r.bp.stop() {
+			// Backpressure: the rest waits for the next drain
+			// (backpressure.go).
+			next.rollback(ctx)
+			return nil
+		}
 		if !full {
 			// Pace: the more jobs a short batch found, the longer until the
 			// next claim, so that a busy app's commits meet fewer, larger
@@ -322,10 +347,16 @@ func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (left []
 			r.handoff.uncommitted(res.field, res.pushed)
 		}
 	}()
+	var held []int64
 	for _, rj := range res.deferred {
-		log.Warn("job refused by Redis, left staged", zap.Int64("id", rj.id), zap.String("reason", rj.reason), traceIDOf(b.jobs, rj.id))
 		left = append(left, rj.id)
+		if rj.held {
+			held = append(held, rj.id) // logged once, by the pause (backpressure.go)
+			continue
+		}
+		log.Warn("job refused by Redis, left staged", zap.Int64("id", rj.id), zap.String("reason", rj.reason), traceIDOf(b.jobs, rj.id))
 	}
+	r.bp.batchHeld(len(held), len(b.jobs))
 	poison := slices.Concat(res.rejected, res.refused)
 	var dead []stagedJob
 	var reasons []string
@@ -369,6 +400,7 @@ func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (left []
 	b.conn.Release()
 	r.tracer.event(span, "committed")
 	r.handoff.committed(res.field, res.redelivered, wal, flush)
+	r.bp.hold(held) // once put back: a rolled-back batch's rows are not held
 	buried = len(dead)
 	if kept != nil {
 		buried = 0

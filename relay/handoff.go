@@ -74,10 +74,15 @@ import (
 // for each command: its name, its number of keys, its number of arguments,
 // and the arguments.
 //
+// The guard count may instead be the text "<guards> <cmd> <limit>": the
+// key after the guard keys is then a length guard, whose length cmd (LLEN,
+// ZCARD, XLEN) must be below limit for the op to run (backpressure, see
+// backpressure.go); an op it stops runs nothing and delivers nothing.
+//
 // It answers two elements per op: 1 and the last command's reply when the
-// op ran, 2 and the guard key that existed when a guard skipped it, 0 and
-// the error reply of the command that failed (the op's later commands are
-// not run). When the record holds this batch's field already, it runs no
+// op ran, 2 and the guard key that existed when a guard skipped it, 3 and
+// the length when a length guard stopped it, 0 and the error reply of the
+// command that failed (the op's later commands are not run). When the record holds this batch's field already, it runs no
 // op and answers two elements: -1 and the field's value (the ids the first
 // run delivered).
 var handoffScript = redis.NewScript(`
@@ -108,10 +113,25 @@ local out = {}
 local done = {}
 while a <= #ARGV do
   local guard, ncmds, ids = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), ARGV[a + 2]
+  local lencmd, limit
+  if not guard then
+    -- "<guards> <LLEN|ZCARD|XLEN> <limit>": a length guard follows the
+    -- guard keys (backpressure).
+    local g, c, l = string.match(ARGV[a], '^(%d+) (%u+) (%d+)$')
+    guard, lencmd, limit = tonumber(g), c, tonumber(l)
+  end
   a = a + 3
   local status, reply = 1, ''
   for g = 1, guard do
     if status == 1 and redis.call('EXISTS', KEYS[k]) == 1 then status, reply = 2, KEYS[k] end
+    k = k + 1
+  end
+  if lencmd then
+    if status == 1 then
+      -- A key of another type fails the op's own command (WRONGTYPE).
+      local n = redis.pcall(lencmd, KEYS[k])
+      if type(n) == 'number' and n >= limit then status, reply = 3, n end
+    end
     k = k + 1
   end
   for c = 1, ncmds do
@@ -139,7 +159,7 @@ while a <= #ARGV do
     k = k + nkeys
     a = a + nargs
   end
-  if status ~= 0 and ids ~= '' then done[#done + 1] = ids end
+  if (status == 1 or status == 2) and ids ~= '' then done[#done + 1] = ids end
   out[#out + 1] = status
   out[#out + 1] = reply
 end
@@ -557,6 +577,24 @@ type pushUnit struct {
 
 	ncmds int // index in args of the current op's command count
 	ids   []byte
+
+	// maxLen is Config.MaxQueueLength: when positive, limit adds a length
+	// guard to an op.
+	maxLen int64
+}
+
+// limit makes the current op, before any of its commands, run only while
+// key (queue's, measured by cmd: LLEN, ZCARD or XLEN) holds fewer than
+// maxLen entries. Without maxLen it does nothing.
+func (u *pushUnit) limit(queue, cmd, key string) {
+	if u.maxLen <= 0 {
+		return
+	}
+	op := &u.ops[len(u.ops)-1]
+	op.queue, op.lenKey, op.limit = queue, key, u.maxLen
+	u.keys = append(u.keys, key)
+	g := u.ncmds - 1
+	u.args[g] = strconv.Itoa(u.args[g].(int)) + " " + cmd + " " + strconv.FormatInt(u.maxLen, 10)
 }
 
 // unitOp is one op of a pushUnit and, after settle, its outcome.
@@ -565,6 +603,11 @@ type unitOp struct {
 	err     error   // the error reply that refused it, after settle
 	reply   any     // its last command's reply (or the guard key that skipped it), after settle
 	skipped bool    // a guard key existed: the op did not run, and counts as done
+	over    bool    // its length guard stopped it: the queue is full (backpressure)
+
+	// The op's length guard, if limit > 0: the queue it pushes to and its key.
+	queue, lenKey string
+	limit         int64
 
 	k0, a0 int // where its keys and its args start in the unit's
 }
@@ -665,7 +708,7 @@ func (u *pushUnit) settleReplay(n int, at func(int) int, prior string) {
 	}
 	for j := range n {
 		op := &u.ops[at(j)]
-		op.reply, op.err, op.skipped = "", nil, false
+		op.reply, op.err, op.skipped, op.over = "", nil, false, false
 		for _, id := range op.ids {
 			if !got[id] {
 				op.err = errReplayRefused
@@ -685,7 +728,11 @@ func (op *unitOp) settle(i int, status, reply any) error {
 	st, _ := status.(int64)
 	switch st {
 	case 1, 2:
-		op.reply, op.err, op.skipped = reply, nil, st == 2
+		op.reply, op.err, op.skipped, op.over = reply, nil, st == 2, false
+	case 3:
+		n, _ := reply.(int64)
+		op.reply, op.skipped, op.over = reply, false, true
+		op.err = replyError(fmt.Sprintf("BACKPRESSURE %s holds %d >= --max-queue-length %d", op.lenKey, n, op.limit))
 	case 0:
 		msg, _ := reply.(string)
 		op.err = replyError(msg)

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -43,6 +45,30 @@ type Status struct {
 	// "" if none; LastErrorAt is when.
 	LastError   string
 	LastErrorAt time.Time
+
+	// Paused lists what backpressure pauses now (Config.MaxQueueLength,
+	// Config.RedisMaxMemoryRatio), by queue; nil when nothing is. A paused
+	// relay is still ready: its jobs wait in PostgreSQL.
+	Paused []Paused
+}
+
+// Paused is a queue whose pushes backpressure pauses: Queue "*" and Reason
+// "memory" for Redis's memory, which pauses every queue; Reason
+// "queue_length" for a queue that holds Config.MaxQueueLength jobs or more.
+type Paused struct {
+	Queue, Reason string
+}
+
+// setPaused publishes what backpressure pauses, sorted by queue.
+func (s *state) setPaused(paused map[string]string) {
+	var p []Paused
+	for q, reason := range paused {
+		p = append(p, Paused{Queue: q, Reason: reason})
+	}
+	slices.SortFunc(p, func(a, b Paused) int { return strings.Compare(a.Queue, b.Queue) })
+	s.mu.Lock()
+	s.status.Paused = p // a new slice: a copy of Status may hold the old one
+	s.mu.Unlock()
 }
 
 // state is a Relay's Status and the times its connections last answered,

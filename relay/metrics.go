@@ -28,6 +28,8 @@ type metrics struct {
 	latency   latencyHistogram
 	dead      prometheus.Counter
 	leader    prometheus.Gauge
+	// backpressure is 1 for a queue (and reason) whose pushes are paused.
+	backpressure *prometheus.GaugeVec
 
 	wakeNotify, wakePoll, wakeReconnect, wakeLate prometheus.Counter
 
@@ -152,9 +154,13 @@ func newMetrics(target string, b *backlog, mu *sync.Mutex) *metrics {
 	m.errLostLock = errs.WithLabelValues("lost_lock")
 	m.errFenced = errs.WithLabelValues("fenced")
 
+	m.backpressure = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "stagedrain_backpressure",
+		Help: "1 while backpressure pauses pushes to a queue, by reason: queue_length (the queue holds --max-queue-length jobs or more), memory (Redis's used_memory / maxmemory is at or above --redis-max-memory-ratio; queue \"*\", every queue); 0 once resumed.",
+	}, []string{"queue", "reason"})
 	b.errs = m.errPostgres
 	m.reg.MustRegister(m.pushed, m.batches, m.batchSize, m.batchDur, &m.latency, m.dead, m.leader,
-		wakeups, errs, backlogCollector{b})
+		wakeups, errs, m.backpressure, backlogCollector{b})
 	return m
 }
 

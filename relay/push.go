@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -26,6 +27,7 @@ type target interface {
 type rejectedJob struct {
 	id     int64
 	reason string
+	held   bool // deferred by backpressure (backpressure.go): logged once, by the pause
 }
 
 // pushResult says which rows of a batch went to Redis.
@@ -70,7 +72,16 @@ func (r *Relay) push(ctx context.Context, batch []stagedJob, now time.Time) (pus
 			}
 			batch = fresh
 		}
+		if over, why := r.bp.memory(ctx, r); over && !h.mustRun(len(res.redelivered)) {
+			// Backpressure: Redis is nearly full. Nothing is pushed; the
+			// batch's commit deletes only the rows delivered before.
+			for _, j := range batch {
+				res.deferred = append(res.deferred, rejectedJob{id: j.id, reason: why, held: true})
+			}
+			return res, nil
+		}
 		u.reset()
+		u.maxLen = r.cfg.MaxQueueLength
 		r.target.add(u, batch, now, &res)
 		if len(u.ops) == 0 && !h.mustRun(len(res.redelivered)) {
 			return res, nil
@@ -103,16 +114,18 @@ func (r *Relay) push(ctx context.Context, batch []stagedJob, now time.Time) (pus
 			}
 		default:
 			to := &res.refused
-			if !isPermanentReply(op.err) {
+			if op.over || !isPermanentReply(op.err) {
 				to = &res.deferred
 			}
 			for _, id := range op.ids {
-				*to = append(*to, rejectedJob{id: id, reason: op.err.Error()})
+				*to = append(*to, rejectedJob{id: id, reason: op.err.Error(), held: op.over})
 			}
 		}
 	}
+	r.bp.pushed(u.ops)
 	res.field = field
-	if len(res.pushed)+len(res.rejected)+len(res.refused)+len(res.redelivered) == 0 {
+	held := !slices.ContainsFunc(res.deferred, func(rj rejectedJob) bool { return !rj.held })
+	if len(res.pushed)+len(res.rejected)+len(res.refused)+len(res.redelivered) == 0 && !held {
 		// Nothing went anywhere: wait, with backoff, rather than spin.
 		h.abandon(field)
 		return pushResult{}, fmt.Errorf("push batch: Redis refused all %d jobs: %s", len(res.deferred), res.deferred[0].reason)

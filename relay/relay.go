@@ -32,6 +32,7 @@ type Relay struct {
 	// their run_at is due, and the drain loop wakes for the next one.
 	dueOnly bool
 	handoff *handoff
+	bp      *backpressure // what backpressure pauses (backpressure.go)
 	// poisoned lists the poison rows a source that does not bury them
 	// left staged in this leadership: every claim skips them. Read and
 	// written by the drain loop only; reset when leadership starts.
@@ -156,6 +157,8 @@ func New(cfg Config) (*Relay, error) {
 	}
 	r.metrics = newMetrics(string(cfg.Target), &r.backlog, &r.summary.mu)
 	r.summary.metrics = r.metrics
+	r.bp = newBackpressure(cfg, r.metrics.backpressure, r.log.Named("drain"))
+	r.bp.state = &r.state
 	r.state.init(r.metrics.leader)
 	return r, nil
 }

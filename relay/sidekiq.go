@@ -66,6 +66,7 @@ func (s *sidekiqTarget) add(u *pushUnit, batch []stagedJob, now time.Time, res *
 	for i := range s.queues {
 		g := &s.queues[i]
 		u.begin(g.ids, "")
+		u.limit(g.name, "LLEN", s.keys.queue(g.name))
 		u.variadic("LPUSH", s.keys.queue(g.name), 1, g.payloads)
 		res.queues = append(res.queues, g.name)
 	}

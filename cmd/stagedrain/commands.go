@@ -168,6 +168,8 @@ type runFlags struct {
 	target          string
 	redisNamespace  string
 	streamMaxLen    int64
+	maxQueueLength  int64
+	memoryRatio     float64
 	batchSize       int
 	pollInterval    time.Duration
 	timestampFormat string
@@ -186,22 +188,24 @@ type runFlags struct {
 // flagOfField names the run flag behind each relay.Config field, so a
 // Validate error reads as a flag error.
 var flagOfField = map[string]string{
-	"DatabaseURL":       "database-url",
-	"Schema":            "schema",
-	"Source":            "source",
-	"BatchSize":         "batch-size",
-	"PollInterval":      "poll-interval",
-	"TimestampFormat":   "timestamp-format",
-	"LeaderInterval":    "leader-interval",
-	"MaxBackoff":        "max-backoff",
-	"ShutdownTimeout":   "shutdown-timeout",
-	"MaxPayloadBytes":   "max-payload-bytes",
-	"Target":            "target",
-	"RedisNamespace":    "redis-namespace",
-	"StreamMaxLen":      "stream-maxlen",
-	"Queues":            "queues",
-	"RedisWaitReplicas": "redis-wait-replicas",
-	"RedisWaitTimeout":  "redis-wait-timeout",
+	"DatabaseURL":         "database-url",
+	"Schema":              "schema",
+	"Source":              "source",
+	"BatchSize":           "batch-size",
+	"PollInterval":        "poll-interval",
+	"TimestampFormat":     "timestamp-format",
+	"LeaderInterval":      "leader-interval",
+	"MaxBackoff":          "max-backoff",
+	"ShutdownTimeout":     "shutdown-timeout",
+	"MaxPayloadBytes":     "max-payload-bytes",
+	"Target":              "target",
+	"RedisNamespace":      "redis-namespace",
+	"StreamMaxLen":        "stream-maxlen",
+	"MaxQueueLength":      "max-queue-length",
+	"RedisMaxMemoryRatio": "redis-max-memory-ratio",
+	"Queues":              "queues",
+	"RedisWaitReplicas":   "redis-wait-replicas",
+	"RedisWaitTimeout":    "redis-wait-timeout",
 }
 
 // newRunFlags declares run's flags.
@@ -220,6 +224,10 @@ func newRunFlags() (*flagSet, *runFlags) {
 	f.env("redis-namespace", "STAGEDRAIN_REDIS_NAMESPACE")
 	f.fs.Int64Var(&c.streamMaxLen, "stream-maxlen", 0, "with --target streams, trim each stream to about this many `entries` (XADD MAXLEN ~); 0 keeps every entry")
 	f.env("stream-maxlen", "STAGEDRAIN_STREAM_MAXLEN")
+	f.fs.Int64Var(&c.maxQueueLength, "max-queue-length", 0, "backpressure: push no more jobs to a queue that holds this many `jobs` (LLEN of Sidekiq's queue:<q> or asynq's pending list, XLEN of a stream); its jobs stay staged until it is below; 0 is off")
+	f.env("max-queue-length", "STAGEDRAIN_MAX_QUEUE_LENGTH")
+	f.fs.Float64Var(&c.memoryRatio, "redis-max-memory-ratio", 0, "backpressure: pause every push while Redis's used_memory / maxmemory is at or above this `ratio` (0-1, read every 500ms); off when 0 or Redis has no maxmemory")
+	f.env("redis-max-memory-ratio", "STAGEDRAIN_REDIS_MAX_MEMORY_RATIO")
 	f.fs.IntVar(&c.batchSize, "batch-size", 1000, "most jobs claimed, pushed and deleted per batch (1-100000)")
 	f.env("batch-size", "STAGEDRAIN_BATCH_SIZE")
 	f.fs.DurationVar(&c.pollInterval, "poll-interval", time.Second, "mean `interval` of the jittered fallback poll")
@@ -288,23 +296,25 @@ func (c *runFlags) config(f *flagSet) (relay.Config, func() redis.UniversalClien
 		return relay.Config{}, nil, err
 	}
 	cfg := relay.Config{
-		DatabaseURL:       c.databaseURL,
-		Schema:            c.schema,
-		Source:            relay.Source(c.source),
-		Target:            relay.Target(c.target),
-		RedisNamespace:    c.redisNamespace,
-		StreamMaxLen:      c.streamMaxLen,
-		BatchSize:         c.batchSize,
-		PollInterval:      c.pollInterval,
-		TimestampFormat:   relay.TimestampFormat(c.timestampFormat),
-		LeaderInterval:    c.leaderInterval,
-		MaxBackoff:        c.maxBackoff,
-		ShutdownTimeout:   c.shutdownTimeout,
-		MaxPayloadBytes:   c.maxPayloadBytes,
-		RedisWaitReplicas: c.waitReplicas,
-		RedisWaitTimeout:  c.waitTimeout,
-		PollOnly:          c.pollOnly,
-		Queues:            queues,
+		DatabaseURL:         c.databaseURL,
+		Schema:              c.schema,
+		Source:              relay.Source(c.source),
+		Target:              relay.Target(c.target),
+		RedisNamespace:      c.redisNamespace,
+		StreamMaxLen:        c.streamMaxLen,
+		MaxQueueLength:      c.maxQueueLength,
+		RedisMaxMemoryRatio: c.memoryRatio,
+		BatchSize:           c.batchSize,
+		PollInterval:        c.pollInterval,
+		TimestampFormat:     relay.TimestampFormat(c.timestampFormat),
+		LeaderInterval:      c.leaderInterval,
+		MaxBackoff:          c.maxBackoff,
+		ShutdownTimeout:     c.shutdownTimeout,
+		MaxPayloadBytes:     c.maxPayloadBytes,
+		RedisWaitReplicas:   c.waitReplicas,
+		RedisWaitTimeout:    c.waitTimeout,
+		PollOnly:            c.pollOnly,
+		Queues:              queues,
 	}
 	// Validate only checks that a client is set; the caller makes it.
 	check := cfg

@@ -95,6 +95,14 @@ type readyBody struct {
 	Since     time.Time  `json:"since"`
 	LastDrain *time.Time `json:"last_drain,omitempty"`
 	LastError string     `json:"last_error,omitempty"`
+	// Paused lists the queues backpressure pauses ("*": every queue, for
+	// Redis's memory); the relay stays ready.
+	Paused []pausedQueue `json:"paused,omitempty"`
+}
+
+type pausedQueue struct {
+	Queue  string `json:"queue"`
+	Reason string `json:"reason"`
 }
 
 // readyz answers 200 when the relay is ready (relay.CheckReady), 503 when
@@ -105,6 +113,9 @@ func (h healthServer) readyz(w http.ResponseWriter, req *http.Request) {
 	err := h.r.CheckReady(ctx)
 	st := h.r.Status()
 	body := readyBody{Ready: err == nil, Role: st.Role, Since: st.Since.UTC(), LastError: st.LastError}
+	for _, p := range st.Paused {
+		body.Paused = append(body.Paused, pausedQueue{Queue: p.Queue, Reason: p.Reason})
+	}
 	if !st.LastDrain.IsZero() {
 		t := st.LastDrain.UTC()
 		body.LastDrain = &t

@@ -1,0 +1,218 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+)
+
+// Backpressure: jobs wait in PostgreSQL, not in a Redis that is filling up.
+//
+// Config.MaxQueueLength gives each op that pushes to a queue a length guard
+// in the push script (handoff.go): an op whose queue holds the limit or
+// more runs nothing, and its rows are deferred, as rows Redis refused with
+// an error waiting may fix are, and put back. A batch checks each queue
+// once, before it pushes to it, so a queue overshoots the limit by at most
+// one batch.
+//
+// Config.RedisMaxMemoryRatio is checked in Go: INFO memory, read at most
+// every memoryCheckEvery, and while used_memory / maxmemory is at or above
+// the ratio no batch is claimed, and a batch claimed meanwhile is put back
+// whole.
+//
+// A drain skips the rows it left staged, and every drain skips the rows
+// held back for pausedRetry; after at most maxPausedBatches batches that
+// only put rows back a drain ends. While anything is paused the drain loop
+// drains again every pausedRetry, retrying the held rows, and the pause
+// ends by itself when a push to the queue runs (or a drain finds none of
+// its rows held back), or when the memory is below the ratio.
+
+// memoryCheckEvery is how often, at most, INFO memory is read.
+const memoryCheckEvery = 500 * time.Millisecond
+
+// pausedRetry is how long the drain loop waits, while a queue or Redis is
+// paused, before it drains again (a commit's wake-up may come sooner).
+const pausedRetry = 500 * time.Millisecond
+
+// maxPausedBatches is how many batches in a row one drain may put back
+// whole, for backpressure, before it ends: a paused queue's backlog is not
+// claimed and put back all at once, each drain.
+const maxPausedBatches = 4
+
+// memoryQueue is the queue label of the memory pause: it holds every queue.
+const memoryQueue = "*"
+
+const (
+	reasonQueueLength = "queue_length"
+	reasonMemory      = "memory"
+)
+
+// backpressure is the drain's view of what is paused. It is used by the
+// drain goroutine only.
+type backpressure struct {
+	maxLen int64
+	ratio  float64
+	gauge  *prometheus.GaugeVec
+	log    *zap.Logger
+	state  *state // Status().Paused
+
+	memChecked time.Time
+	memOver    bool
+	memWhy     string
+
+	paused map[string]string // queue -> reason, while paused
+	// The rows held back since heldSince, and their queues: every drain
+	// skips them for pausedRetry, so that a drain woken meanwhile (by a
+	// commit, or a late one) does not claim them again.
+	heldIDs   []int64
+	held      map[string]bool
+	heldSince time.Time
+	// allHeld counts the batches in a row, in this drain, that put every
+	// row back for backpressure.
+	allHeld int
+}
+
+func newBackpressure(cfg Config, gauge *prometheus.GaugeVec, log *zap.Logger) *backpressure {
+	return &backpressure{maxLen: cfg.MaxQueueLength, ratio: cfg.RedisMaxMemoryRatio, gauge: gauge, log: log,
+		paused: make(map[string]string), held: make(map[string]bool)}
+}
+
+// memory reports whether the memory ratio pauses pushes now, and why,
+// reading INFO memory at most every memoryCheckEvery. A failed read pauses
+// nothing: the push itself then fails, or succeeds.
+func (b *backpressure) memory(ctx context.Context, r *Relay) (bool, string) {
+	if b.ratio <= 0 {
+		return false, ""
+	}
+	if time.Since(b.memChecked) < memoryCheckEvery {
+		return b.memOver, b.memWhy
+	}
+	b.memChecked = time.Now()
+	info, err := r.cfg.Redis.Info(ctx, "memory").Result()
+	if err != nil {
+		b.log.Debug("could not read INFO memory", zap.Error(err))
+		return b.memOver, b.memWhy
+	}
+	used, max := infoField(info, "used_memory"), infoField(info, "maxmemory")
+	b.memOver = max > 0 && float64(used) >= b.ratio*float64(max)
+	if b.memOver {
+		b.memWhy = fmt.Sprintf("BACKPRESSURE Redis used_memory %d is %.3f of maxmemory %d >= --redis-max-memory-ratio %v",
+			used, float64(used)/float64(max), max, b.ratio)
+		b.pause(memoryQueue, reasonMemory, b.memWhy)
+	} else {
+		b.memWhy = ""
+		b.resume(memoryQueue, fmt.Sprintf("Redis used_memory %d of maxmemory %d is below --redis-max-memory-ratio %v", used, max, b.ratio))
+	}
+	return b.memOver, b.memWhy
+}
+
+// infoField reads an integer field of an INFO reply; 0 if absent.
+func infoField(info, name string) int64 {
+	for line := range strings.SplitSeq(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+// pause marks queue paused for reason, with a warn line when it was not.
+func (b *backpressure) pause(queue, reason, why string) {
+	if _, ok := b.paused[queue]; ok {
+		return
+	}
+	b.paused[queue] = reason
+	b.state.setPaused(b.paused)
+	b.gauge.WithLabelValues(queue, reason).Set(1)
+	b.log.Warn("backpressure: pushes paused, jobs wait in PostgreSQL", zap.String("queue", queue),
+		zap.String("reason", reason), zap.String("detail", why))
+}
+
+// resume ends queue's pause, with an info line, if it was paused.
+func (b *backpressure) resume(queue, why string) {
+	reason, ok := b.paused[queue]
+	if !ok {
+		return
+	}
+	delete(b.paused, queue)
+	b.state.setPaused(b.paused)
+	b.gauge.WithLabelValues(queue, reason).Set(0)
+	b.log.Info("backpressure: pushes resumed", zap.String("queue", queue), zap.String("reason", reason), zap.String("detail", why))
+}
+
+// any reports whether anything is paused.
+func (b *backpressure) any() bool { return len(b.paused) > 0 }
+
+// drainStarts starts a drain: it returns the rows the drain is to skip,
+// those held back less than pausedRetry ago; older ones are retried.
+func (b *backpressure) drainStarts() []int64 {
+	b.allHeld = 0
+	if time.Since(b.heldSince) >= pausedRetry {
+		clear(b.held)
+		b.heldIDs = b.heldIDs[:0]
+	}
+	return b.heldIDs
+}
+
+// hold notes rows a batch held back.
+func (b *backpressure) hold(ids []int64) {
+	if len(ids) == 0 {
+		return
+	}
+	if len(b.heldIDs) == 0 {
+		b.heldSince = time.Now()
+	}
+	b.heldIDs = append(b.heldIDs, ids...)
+}
+
+// batchHeld notes that a batch of n rows put held of them back for
+// backpressure.
+func (b *backpressure) batchHeld(held, n int) {
+	if held > 0 && held == n {
+		b.allHeld++
+	} else {
+		b.allHeld = 0
+	}
+}
+
+// stop reports whether the drain should end here for backpressure: Redis is
+// nearly full, or maxPausedBatches batches in a row held every row back.
+func (b *backpressure) stop() bool {
+	return b.memOver || b.allHeld >= maxPausedBatches
+}
+
+// drainEnded ends the queue-length pauses of queues whose rows no drain
+// held back since the rows were last retried: the drains claimed all there
+// were, and pushed them.
+func (b *backpressure) drainEnded() {
+	for q, reason := range b.paused {
+		if reason == reasonQueueLength && !b.held[q] {
+			b.resume(q, "no job of the queue was held back")
+		}
+	}
+}
+
+// pushed notes the outcome of a batch's ops: those a length guard stopped
+// pause their queue, those that ran resume theirs.
+func (b *backpressure) pushed(ops []unitOp) {
+	if b.maxLen <= 0 {
+		return
+	}
+	for i := range ops {
+		op := &ops[i]
+		switch {
+		case op.limit <= 0 || op.ids == nil:
+		case op.over:
+			b.held[op.queue] = true
+			b.pause(op.queue, reasonQueueLength, op.err.Error())
+		case op.err == nil:
+			b.resume(op.queue, fmt.Sprintf("%s held fewer than --max-queue-length %d", op.lenKey, op.limit))
+		}
+	}
+}

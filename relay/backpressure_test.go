@@ -1,0 +1,242 @@
+package relay_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http/httptest"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/stagedrain/stagedrain/relay"
+	"github.com/stagedrain/stagedrain/relay/internal/testenv"
+)
+
+// jobsTo returns n jobs of queue q, each args [i] and pad (pad may be "").
+func jobsTo(q string, n int, pad string) []relay.Job {
+	jobs := make([]relay.Job, n)
+	for i := range jobs {
+		jobs[i] = relay.Job{Name: "TracedJob", Queue: q, Args: []any{i, pad}}
+	}
+	return jobs
+}
+
+// quietSecond returns how many batches the relay committed over one second:
+// a paused relay must not spin. (A window of measurement, not a wait for
+// anything.)
+func quietSecond(t *testing.T, url string) float64 {
+	t.Helper()
+	before := scrapeMetrics(t, url).value("stagedrain_batches_total")
+	<-time.After(time.Second)
+	return scrapeMetrics(t, url).value("stagedrain_batches_total") - before
+}
+
+// With --max-queue-length, a queue that holds the limit gets no more jobs:
+// its rows stay staged (one batch's overshoot at most) while another
+// queue's flow, without a hot loop; once a consumer takes jobs from it, the
+// relay resumes by itself and delivers each job exactly once.
+func TestBackpressureMaxQueueLength(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	h := newHarness(t)
+	const limit, batch = 100, 30
+	cfg := h.config()
+	cfg.MaxQueueLength, cfg.BatchSize = limit, batch
+	r := h.start(cfg)
+	srv := httptest.NewServer(r.MetricsHandler())
+	t.Cleanup(srv.Close)
+
+	full := h.stageMany(jobsTo("full", 150, "")...)
+	// 0, 30, 60, 90 are below the limit: four batches go, the fifth waits.
+	h.waitLog("backpressure: pushes paused, jobs wait in PostgreSQL", 1)
+	h.waitStaged(150 - 120)
+	if n := h.rdb.LLen(ctx, h.key("queue:full")).Val(); n != 120 {
+		t.Fatalf("queue:full holds %d jobs, want 120 (limit %d, overshoot below one batch of %d)", n, limit, batch)
+	}
+	paused := h.logs.FilterMessage("backpressure: pushes paused, jobs wait in PostgreSQL").All()[0]
+	if d := paused.ContextMap()["detail"]; d != "BACKPRESSURE "+h.key("queue:full")+" holds 120 >= --max-queue-length 100" {
+		t.Fatalf("pause detail %q", d)
+	}
+	// Another queue flows meanwhile.
+	flow := h.stageMany(jobsTo("flow", 50, "")...)
+	h.waitQueueLen("flow", 50, 10*time.Second)
+	h.waitStaged(30)
+	s := scrapeMetrics(t, srv.URL)
+	if v := s.value("stagedrain_backpressure", "queue", "full", "reason", "queue_length"); v != 1 {
+		t.Fatalf("stagedrain_backpressure{queue=full} = %v while paused, want 1", v)
+	}
+	if p := r.Status().Paused; !slices.Equal(p, []relay.Paused{{Queue: "full", Reason: "queue_length"}}) {
+		t.Fatalf("Status().Paused = %v while paused, want full (queue_length)", p)
+	}
+	if err := r.CheckReady(ctx); err != nil {
+		t.Fatalf("CheckReady while paused: %v, want ready", err)
+	}
+	if n := quietSecond(t, srv.URL); n > 8 {
+		t.Fatalf("%v batches committed over a paused second, want a few (no hot loop)", n)
+	}
+	if n := h.rdb.LLen(ctx, h.key("queue:full")).Val(); n != 120 {
+		t.Fatalf("queue:full holds %d jobs while paused, want 120", n)
+	}
+	if got := h.logs.FilterMessage("backpressure: pushes paused, jobs wait in PostgreSQL").Len(); got != 1 {
+		t.Fatalf("%d pause lines, want 1", got)
+	}
+
+	// The consumer takes 100 jobs: 20 left, below the limit.
+	var seen []string
+	for range 100 {
+		v, err := h.rdb.RPop(ctx, h.key("queue:full")).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen = append(seen, decodeJob(t, v).jid())
+	}
+	h.waitLog("backpressure: pushes resumed", 1)
+	h.waitQueueLen("full", 50, 10*time.Second)
+	h.waitStaged(0)
+	seen = append(seen, h.queueJIDs("full")...)
+	slices.Sort(seen)
+	slices.Sort(full)
+	if !slices.Equal(seen, full) {
+		t.Fatalf("queue full delivered %d jids (%d distinct), want each of the %d exactly once", len(seen), len(slices.Compact(slices.Clone(seen))), len(full))
+	}
+	if got := h.queueJIDs("flow"); len(got) != len(flow) {
+		t.Fatalf("queue flow holds %d jobs, want %d", len(got), len(flow))
+	}
+	if v := scrapeMetrics(t, srv.URL).value("stagedrain_backpressure", "queue", "full", "reason", "queue_length"); v != 0 {
+		t.Fatalf("stagedrain_backpressure{queue=full} = %v after resume, want 0", v)
+	}
+	if p := r.Status().Paused; p != nil {
+		t.Fatalf("Status().Paused = %v after resume, want nil", p)
+	}
+	for _, m := range messages(h.logs) {
+		if strings.Contains(m, "job refused by Redis") {
+			t.Fatalf("a held job was logged one by one: %v", messages(h.logs))
+		}
+	}
+}
+
+// With --redis-max-memory-ratio, a Redis with maxmemory (noeviction) that
+// no worker reads pauses the relay before Redis refuses a write: no OOM in
+// the run, the jobs wait staged, and the drain loop does not spin. A real
+// Sidekiq started later drains the queue; the relay resumes by itself and
+// each job runs exactly once.
+func TestBackpressureRedisMemorySidekiq(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	h := newHarness(t)
+	srv := testenv.StartRedis(t, "--maxmemory-policy", "noeviction")
+	opts, _ := redis.ParseURL(srv.URL())
+	rdb := redis.NewClient(testenv.RedisOptions(opts))
+	t.Cleanup(func() { _ = rdb.Close() })
+	info := func(section, field string) int64 {
+		t.Helper()
+		v, err := rdb.Info(ctx, section).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(v, "\n") {
+			if rest, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
+				// used_memory:123, cmdstat_evalsha:calls=4,..., errorstat_OOM:count=2
+				if _, after, ok := strings.Cut(rest, "="); ok {
+					rest, _, _ = strings.Cut(after, ",")
+				}
+				n, err := strconv.ParseInt(rest, 10, 64)
+				if err != nil {
+					t.Fatalf("INFO %s: %s: %v", section, line, err)
+				}
+				return n
+			}
+		}
+		return 0
+	}
+	// The relay reads INFO at most every 500ms: 16MB between the pause and
+	// maxmemory is far more than the test stages in that time.
+	used0 := info("memory", "used_memory")
+	maxmemory := used0 + 18<<20
+	if err := rdb.ConfigSet(ctx, "maxmemory", fmt.Sprint(maxmemory)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	cfg := h.config()
+	cfg.Redis, cfg.RedisNamespace, cfg.BatchSize = rdb, "", 20
+	cfg.RedisMaxMemoryRatio = float64(used0+2<<20) / float64(maxmemory)
+	r := h.start(cfg)
+	msrv := httptest.NewServer(r.MetricsHandler())
+	t.Cleanup(msrv.Close)
+
+	const pauseLine = "backpressure: pushes paused, jobs wait in PostgreSQL"
+	pad := strings.Repeat("x", 5000)
+	var jids []string
+	for len(jids) < 4000 && h.logs.FilterMessage(pauseLine).Len() == 0 {
+		jids = append(jids, h.stageMany(jobsTo("default", 20, pad)...)...)
+		testenv.WaitFor(t, 10*time.Second, "the chunk pushed, or a pause", func() (bool, string) {
+			return h.staged() == 0 || h.logs.FilterMessage(pauseLine).Len() > 0, fmt.Sprintf("%d staged", h.staged())
+		})
+	}
+	t.Logf("paused after %d jobs at used_memory %d of maxmemory %d", len(jids), info("memory", "used_memory"), maxmemory)
+	if h.logs.FilterMessage(pauseLine).Len() == 0 {
+		t.Fatalf("no pause after %d jobs; used_memory %d of %d", len(jids), info("memory", "used_memory"), maxmemory)
+	}
+	// More jobs while paused: they wait in PostgreSQL.
+	jids = append(jids, h.stageMany(jobsTo("default", 60, pad)...)...)
+	testenv.WaitFor(t, 10*time.Second, "jobs held staged", func() (bool, string) {
+		return h.staged() >= 60, fmt.Sprintf("%d staged", h.staged())
+	})
+	if v := scrapeMetrics(t, msrv.URL).value("stagedrain_backpressure", "queue", "*", "reason", "memory"); v != 1 {
+		t.Fatalf("stagedrain_backpressure{reason=memory} = %v while paused, want 1", v)
+	}
+	if p := r.Status().Paused; !slices.Equal(p, []relay.Paused{{Queue: "*", Reason: "memory"}}) {
+		t.Fatalf("Status().Paused = %v while paused, want * (memory)", p)
+	}
+	if err := r.CheckReady(ctx); err != nil {
+		t.Fatalf("CheckReady while paused: %v, want ready", err)
+	}
+	staged, queued := h.staged(), rdb.LLen(ctx, "queue:default").Val()
+	scripts := info("commandstats", "cmdstat_evalsha")
+	if n := quietSecond(t, msrv.URL); n > 3 {
+		t.Fatalf("%v batches committed over a paused second, want at most a few (no hot loop)", n)
+	}
+	if n := info("commandstats", "cmdstat_evalsha") - scripts; n > 0 {
+		t.Fatalf("%d push scripts ran over a paused second, want none", n)
+	}
+	if s, q := h.staged(), rdb.LLen(ctx, "queue:default").Val(); s != staged || q != queued {
+		t.Fatalf("while paused: %d staged, %d queued; before %d, %d", s, q, staged, queued)
+	}
+
+	out := startTraceWorker(t, srv.URL())
+	h.waitLog("backpressure: pushes resumed", 1)
+	testenv.WaitFor(t, 60*time.Second, "Sidekiq to run every job", func() (bool, string) {
+		n := strings.Count(out.String(), "traced ")
+		return n >= len(jids) && h.staged() == 0, fmt.Sprintf("%d of %d ran, %d staged", n, len(jids), h.staged())
+	})
+	ran := map[string]int{}
+	for _, line := range strings.Split(out.String(), "\n") {
+		if _, js, ok := strings.Cut(line, "traced "); ok {
+			var j tracedJob
+			if err := json.Unmarshal([]byte(js), &j); err != nil {
+				t.Fatalf("worker line %q: %v", line, err)
+			}
+			ran[j.JID]++
+		}
+	}
+	for _, jid := range jids {
+		if ran[jid] != 1 {
+			t.Fatalf("job %s ran %d times, want once (%d jobs, %d distinct ran)", jid, ran[jid], len(jids), len(ran))
+		}
+	}
+	if len(ran) != len(jids) {
+		t.Fatalf("%d distinct jobs ran, want %d", len(ran), len(jids))
+	}
+	if n := info("errorstats", "errorstat_OOM"); n != 0 {
+		t.Fatalf("Redis answered OOM %d times", n)
+	}
+	for _, e := range h.logs.All() {
+		if line := fmt.Sprint(e.Message, e.ContextMap()); strings.Contains(line, "OOM") {
+			t.Fatalf("an OOM in the relay's logs: %s", line)
+		}
+	}
+}
