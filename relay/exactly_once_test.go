@@ -49,13 +49,12 @@ func TestStalledRedisRunsThePushOnce(t *testing.T) {
 		if pushes.Add(1) == 2 {
 			testenv.WarmPool(t, rdb, 4)
 			srv.Signal(syscall.SIGSTOP)
-			go func() {
-				defer close(resumed)
-				// The fault: frozen for longer than the client's read
-				// timeouts of all four tries (4 x 300ms).
-				time.Sleep(2 * time.Second)
+			// The fault: frozen for longer than the client's read
+			// timeouts of all four tries (4 x 300ms).
+			time.AfterFunc(2*time.Second, func() {
 				srv.Signal(syscall.SIGCONT)
-			}()
+				close(resumed)
+			})
 		}
 	})
 	h.run(r)

@@ -1,17 +1,10 @@
 package relay_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"slices"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -22,25 +15,6 @@ import (
 	"github.com/stagedrain/stagedrain/relay/internal/testenv"
 )
 
-// lockedBuffer is a bytes.Buffer that a process writes while the test
-// reads.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // tracedJob is what testdata/trace_worker.rb's middleware printed of a job.
 type tracedJob struct {
 	JID         string  `json:"jid"`
@@ -48,31 +22,11 @@ type tracedJob struct {
 	Tracestate  *string `json:"tracestate"`
 }
 
-// startTraceWorker starts a real Sidekiq (Debian's 6.4, as
-// cmd/demoapp/demo_test.go does) on testdata/trace_worker.rb, reading
-// redisURL, in a process group killed when the test ends.
-func startTraceWorker(t *testing.T, redisURL string) *lockedBuffer {
+// startTraceWorker starts a real Sidekiq on testdata/trace_worker.rb,
+// reading redisURL.
+func startTraceWorker(t *testing.T, redisURL string) *testenv.Sidekiq {
 	t.Helper()
-	file, err := filepath.Abs("testdata/trace_worker.rb")
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := &lockedBuffer{}
-	cmd := exec.Command("sidekiq", "--require", file, "--queue", "default", "--concurrency", "1")
-	cmd.Env = append(slices.DeleteFunc(os.Environ(), func(kv string) bool {
-		return strings.HasPrefix(kv, "REDIS_URL=") || strings.HasPrefix(kv, "REDIS_PROVIDER=")
-	}), "REDIS_URL="+redisURL, "RUBYOPT=-W0")
-	cmd.Stdout, cmd.Stderr = out, out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.WaitDelay = 5 * time.Second
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start sidekiq (Debian: apt-get install ruby-sidekiq): %v", err)
-	}
-	t.Cleanup(func() {
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		_ = cmd.Wait()
-	})
-	return out
+	return testenv.StartSidekiq(t, "testdata/trace_worker.rb", redisURL)
 }
 
 func tracedJobs(t *testing.T, out string) map[string]tracedJob {

@@ -5,15 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -185,7 +180,7 @@ func TestDemoCommittedUsersReachTheWorker(t *testing.T) {
 
 // worker is a running `sidekiq -r cmd/demoworker/worker.rb`.
 type worker struct {
-	out syncBuffer
+	out *relaytest.Sidekiq
 }
 
 // welcomed returns the jids of the WelcomeJobs the worker logged, by user id.
@@ -198,48 +193,10 @@ func (w *worker) welcomed() map[int64][]string {
 	return got
 }
 
-// startWorker starts Sidekiq on the demo's worker file, reading redisURL,
-// in a process group of its own that is killed when the test ends.
+// startWorker starts Sidekiq on the demo's worker file, reading redisURL.
 func startWorker(t *testing.T, redisURL string) *worker {
 	t.Helper()
-	file, err := filepath.Abs("../demoworker/worker.rb")
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := &worker{}
-	cmd := exec.Command("sidekiq", "--require", file, "--queue", "default", "--concurrency", "1")
-	cmd.Env = append(slices.DeleteFunc(os.Environ(), func(kv string) bool {
-		return strings.HasPrefix(kv, "REDIS_URL=") || strings.HasPrefix(kv, "REDIS_PROVIDER=")
-	}), "REDIS_URL="+redisURL, "RUBYOPT=-W0") // -W0: Debian's redis gem warns of deprecations on every BRPOP
-	cmd.Stdout, cmd.Stderr = &w.out, &w.out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.WaitDelay = 5 * time.Second
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start sidekiq (Debian: apt-get install ruby-sidekiq): %v", err)
-	}
-	t.Cleanup(func() {
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		_ = cmd.Wait()
-	})
-	return w
-}
-
-// syncBuffer is a bytes.Buffer that a process writes while the test reads.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
+	return &worker{out: relaytest.StartSidekiq(t, "../demoworker/worker.rb", redisURL)}
 }
 
 // TestFlags: the environment sets every flag, the command line wins, and

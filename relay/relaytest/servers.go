@@ -103,3 +103,15 @@ func StartRedisSentinel(t testing.TB, primaryPort int, conf ...string) *RedisSen
 	t.Helper()
 	return testenv.StartRedisSentinel(t, primaryPort, conf...)
 }
+
+// Sidekiq is a running real Sidekiq (Debian's ruby-sidekiq); String is
+// its output so far.
+type Sidekiq = testenv.Sidekiq
+
+// StartSidekiq starts `sidekiq --require file --queue default
+// --concurrency 1` reading redisURL, killed (with its process group) when
+// the test ends.
+func StartSidekiq(t testing.TB, file, redisURL string) *Sidekiq {
+	t.Helper()
+	return testenv.StartSidekiq(t, file, redisURL)
+}
