@@ -412,8 +412,8 @@ func RetryDead(ctx context.Context, db DB, p RetryDeadParams) (*RetryDeadResult,
 			return err
 		}
 		tag, err := tx.Exec(ctx, `WITH moved AS (DELETE FROM `+dead+` WHERE $1::bigint[] IS NULL OR id = ANY($1)
-			RETURNING `+stagedColumns+`)
-			INSERT INTO `+staged+` (`+stagedColumns+`) SELECT `+stagedColumns+` FROM moved`, nilIfEmpty(ids))
+			RETURNING `+claimColumns+`)
+			INSERT INTO `+staged+` (`+claimColumns+`) SELECT `+claimColumns+` FROM moved`, nilIfEmpty(ids))
 		if err != nil {
 			return fmt.Errorf("move dead rows back: %w", err)
 		}
@@ -425,9 +425,6 @@ func RetryDead(ctx context.Context, db DB, p RetryDeadParams) (*RetryDeadResult,
 	}
 	return &RetryDeadResult{Moved: n}, nil
 }
-
-// stagedColumns are staged_jobs' columns, which staged_jobs_dead keeps too.
-const stagedColumns = `id, job_name, job_args, queue, run_at, jid, created_at, options`
 
 // PurgeDeadParams says which dead rows PurgeDead deletes: IDs, All, or
 // those that died more than OlderThan ago (exactly one).
