@@ -66,6 +66,18 @@ type Config struct {
 	// SourceSidekiqStagedPush, the gem's table). Default "public".
 	Schema string
 
+	// Schemas, when set, makes one relay drain many schemas instead of
+	// Schema (which must then be empty): each item a schema name or a
+	// pattern with '*' (ParseSchemas), such as "tenant_*". The relay
+	// drains every schema they name that holds the source's table, looks
+	// again every PollInterval (a new schema is picked up, a dropped one
+	// let go), and shares among them one lock connection, one listener
+	// and a drain pool of 4 connections. Each schema keeps its own leader
+	// lock, fence and handoff record, wake gate and dead letters; relays
+	// with the same Schemas (and Queues) split the schemas between them,
+	// each leading its share (fleet.go). Default none: Schema.
+	Schemas []string
+
 	// Source is the table drained: SourceStagedJobs (<Schema>.staged_jobs,
 	// made by Migrate) or SourceSidekiqStagedPush (the sidekiq-staged_push
 	// gem's <Schema>.sidekiq_staged_push_jobs, given its wake trigger by
@@ -198,7 +210,9 @@ const (
 
 // WithDefaults returns a copy of c with every unset field set to its default.
 func (c Config) WithDefaults() Config {
-	c.Schema = cmp.Or(c.Schema, defaultSchema)
+	if len(c.Schemas) == 0 {
+		c.Schema = cmp.Or(c.Schema, defaultSchema)
+	}
 	c.Source = cmp.Or(c.Source, SourceStagedJobs)
 	c.Target = cmp.Or(c.Target, TargetSidekiq)
 	c.BatchSize = cmp.Or(c.BatchSize, defaultBatchSize)
@@ -276,7 +290,14 @@ func (c Config) Validate() error {
 	case c.StreamMaxLen > 0 && c.Target != TargetStreams:
 		return fieldErr("StreamMaxLen", "applies to the streams target only, got %d with the %s target", c.StreamMaxLen, c.Target)
 	}
-	if err := validateSchemaName(c.Schema); err != nil {
+	if len(c.Schemas) > 0 {
+		if c.Schema != "" {
+			return fieldErr("Schemas", "and Schema are exclusive: name the one schema in Schemas, or set Schema alone")
+		}
+		if err := validateSchemas(c.Schemas); err != nil {
+			return err
+		}
+	} else if err := validateSchemaName(c.Schema); err != nil {
 		return err
 	}
 	if err := CheckSource(c.Source); err != nil {

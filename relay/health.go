@@ -50,6 +50,12 @@ type Status struct {
 	// Config.RedisMaxMemoryRatio), by queue; nil when nothing is. A paused
 	// relay is still ready: its jobs wait in PostgreSQL.
 	Paused []Paused
+
+	// Schemas, for a relay with Config.Schemas, is every schema it has
+	// found, in byte order, with its own Status; Role above is the
+	// process's: RoleLeader while it leads any of them. Nil for a relay
+	// of one schema.
+	Schemas []SchemaRole
 }
 
 // Paused is a queue whose pushes backpressure pauses: Queue "*" and Reason
@@ -160,8 +166,12 @@ func redisNotReady(desc string, err error) error {
 // time, from any goroutine, also before and after Run.
 func (r *Relay) Status() Status {
 	r.state.mu.Lock()
-	defer r.state.mu.Unlock()
-	return r.state.status
+	st := r.state.status
+	r.state.mu.Unlock()
+	if r.fleet != nil {
+		st.Schemas = r.fleet.statuses()
+	}
+	return st
 }
 
 // CheckReady reports whether r can do its part, nil if so: it is the leader

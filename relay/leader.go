@@ -37,22 +37,8 @@ var errLostLock = errors.New("lock connection lost")
 // connection was established (zero if it never was), so the caller can tell
 // a session that stayed healthy for a while from one that failed at once.
 func (r *Relay) campaign(ctx context.Context, pool *pgxpool.Pool) (connected time.Time, err error) {
-	cc := r.connConfig("leader")
-	// The gate's lock waits (wake.go) give up after this; no other
-	// statement on this connection waits for a lock.
-	cc.RuntimeParams["lock_timeout"] = millis(r.gateTimeout)
-	cc.RuntimeParams["idle_session_timeout"] = millis(lockIdleTimeout(r.cfg.LeaderInterval))
-	// The statement that meets PostgreSQL's word on why it ended the
-	// session may be the summary's, not keepLock's ping, which then sees
-	// only "conn closed": keep that word for the step-down line.
 	var ended atomic.Pointer[pgconn.PgError]
-	cc.OnPgError = func(_ *pgconn.PgConn, pgErr *pgconn.PgError) bool {
-		if strings.EqualFold(pgErr.Severity, "FATAL") {
-			ended.CompareAndSwap(nil, pgErr)
-			return false // close the connection, as pgx does by default
-		}
-		return true
-	}
+	cc := r.lockConnConfig(&ended)
 	conn, err := pgx.ConnectConfig(ctx, cc)
 	if err != nil {
 		return time.Time{}, fmt.Errorf("connect: %w", err)
@@ -135,6 +121,26 @@ func (r *Relay) campaign(ctx context.Context, pool *pgxpool.Pool) (connected tim
 	}
 	r.log.Warn("stepped down", zap.String("reason", stepDownReason(err)), zap.Error(err))
 	return connected, err
+}
+
+// lockConnConfig is the lock connection's config. ended keeps
+// PostgreSQL's word on why it ended the session: the statement that meets
+// it may be the summary's, not keepLock's ping, which then sees only "conn
+// closed"; the step-down line gives it.
+func (r *Relay) lockConnConfig(ended *atomic.Pointer[pgconn.PgError]) *pgx.ConnConfig {
+	cc := r.connConfig("leader")
+	// The gate's lock waits (wake.go) give up after this; no other
+	// statement on this connection waits for a lock.
+	cc.RuntimeParams["lock_timeout"] = millis(r.gateTimeout)
+	cc.RuntimeParams["idle_session_timeout"] = millis(lockIdleTimeout(r.cfg.LeaderInterval))
+	cc.OnPgError = func(_ *pgconn.PgConn, pgErr *pgconn.PgError) bool {
+		if strings.EqualFold(pgErr.Severity, "FATAL") {
+			ended.CompareAndSwap(nil, pgErr)
+			return false // close the connection, as pgx does by default
+		}
+		return true
+	}
+	return cc
 }
 
 // checkVersion checks, through the source, that the table is ready for

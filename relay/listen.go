@@ -5,7 +5,9 @@ import (
 	"crypto/md5"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -67,7 +69,23 @@ const heartbeatSQL = "SELECT pg_notify($1, $2)"
 // NOTIFY queue never backs up. Beside it, watch sends the heartbeats
 // (see listenerHeartbeat) on pool.
 func (r *Relay) listen(ctx context.Context, wake chan<- struct{}, pool *pgxpool.Pool) error {
-	l := &listener{r: r, log: r.log.Named("listener"), wake: wake, channel: ChannelName(r.cfg.Schema),
+	return r.listenAll(ctx, map[string]route{ChannelName(r.cfg.Schema): {r: r, wake: wake}}, pool)
+}
+
+// route is where a channel's notifications go: the relay of its schema
+// (for its counters) and that relay's drain loop.
+type route struct {
+	r    *Relay
+	wake chan<- struct{}
+}
+
+// listenAll is listen for many channels on one session (a relay with
+// Config.Schemas): each routed to its schema's drain loop. r is the relay
+// that owns the session: its config, hooks and error counter. The
+// heartbeat goes to the first channel in byte order.
+func (r *Relay) listenAll(ctx context.Context, routes map[string]route, pool *pgxpool.Pool) error {
+	channels := slices.Sorted(maps.Keys(routes))
+	l := &listener{r: r, log: r.log.Named("listener"), routes: routes, channel: channels[0],
 		seen: make(chan struct{}, 1), timeout: lockQueryTimeout(r.cfg.LeaderInterval)}
 	pl := &pgxlisten.Listener{
 		Connect:  l.connect,
@@ -76,7 +94,9 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}, pool *pgxpool.
 		// a fixed delay (its zero value a minute), is off.
 		ReconnectDelay: -1,
 	}
-	pl.Handle(l.channel, l)
+	for _, ch := range channels {
+		pl.Handle(ch, l)
+	}
 	wctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { l.watch(wctx, pool) })
@@ -93,11 +113,11 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}, pool *pgxpool.
 // LogError keep. Connect, LogError and the handler's methods run on
 // pgxlisten's goroutine, watch on its own; mu guards what they share.
 type listener struct {
-	r       *Relay
+	r       *Relay // the session's owner
 	log     *zap.Logger
-	wake    chan<- struct{}
-	channel string
-	timeout time.Duration // bounds the LISTEN, and a heartbeat's arrival
+	routes  map[string]route // by channel
+	channel string           // the heartbeat's
+	timeout time.Duration    // bounds each LISTEN, and a heartbeat's arrival
 
 	// seen gets a token for every notification and every LISTEN: the
 	// session delivers. Capacity 1; sends never block.
@@ -109,7 +129,8 @@ type listener struct {
 	closed error    // why watch closed sock, for logError
 
 	// pgxlisten's goroutine only.
-	listened bool          // the current session LISTENed
+	listened bool          // the current session LISTENed on every channel
+	backlogs int           // channels the current session LISTENed on
 	attempt  int           // failures since the last session that LISTENed
 	wait     time.Duration // before the next connect
 	connects int64         // sessions that LISTENed
@@ -140,7 +161,7 @@ func (l *listener) connect(ctx context.Context) (*pgx.Conn, error) {
 	l.mu.Lock()
 	l.sock, l.live, l.closed = sock, false, nil
 	l.mu.Unlock()
-	l.listened = false
+	l.listened, l.backlogs = false, 0
 	return conn, nil
 }
 
@@ -183,9 +204,21 @@ func (l *listener) logError(ctx context.Context, err error) {
 	l.log.Warn("listener error, reconnecting", zap.Error(err), zap.Int("attempt", l.attempt), zap.Duration("wait", l.wait))
 }
 
-// HandleBacklog runs after each LISTEN: it wakes the drain for what was
-// committed while nobody listened.
-func (l *listener) HandleBacklog(_ context.Context, _ string, conn *pgx.Conn) error {
+// HandleBacklog runs after each LISTEN: it wakes the channel's drain for
+// what was committed while nobody listened. After the session's last
+// channel it lifts the LISTENs' deadline and counts the session as live;
+// until then each LISTEN gets l.timeout more.
+func (l *listener) HandleBacklog(_ context.Context, channel string, conn *pgx.Conn) error {
+	rt := l.routes[channel]
+	rt.r.listens.Add(1)
+	rt.r.metrics.wakeReconnect.Inc()
+	trySendWakeup(rt.wake)
+	if l.backlogs++; l.backlogs < len(l.routes) {
+		if err := conn.PgConn().Conn().SetDeadline(time.Now().Add(l.timeout)); err != nil {
+			l.log.Warn("could not extend the LISTENs' deadline", zap.Error(err))
+		}
+		return nil
+	}
 	if err := conn.PgConn().Conn().SetDeadline(time.Time{}); err != nil {
 		// The connection is unusable; the wait that follows fails.
 		l.log.Warn("could not lift the LISTEN's deadline", zap.Error(err))
@@ -194,25 +227,31 @@ func (l *listener) HandleBacklog(_ context.Context, _ string, conn *pgx.Conn) er
 	l.live = true
 	l.mu.Unlock()
 	l.listened = true
-	l.r.listens.Add(1)
-	l.r.metrics.wakeReconnect.Inc()
+	if l.r != rt.r {
+		l.r.listens.Add(1)
+	}
+	channel = l.channel
+	var extra []zap.Field
+	if len(l.routes) > 1 {
+		channel, extra = "", []zap.Field{zap.Int("channels", len(l.routes))}
+	}
 	if l.connects++; l.connects == 1 {
-		l.log.Info("listening", zap.String("channel", l.channel))
+		l.log.Info("listening", append(extra, zap.String("channel", channel))...)
 	} else {
-		l.log.Info("listener reconnected", zap.String("channel", l.channel), zap.Int64("reconnects", l.connects-1))
+		l.log.Info("listener reconnected", append(extra, zap.String("channel", channel), zap.Int64("reconnects", l.connects-1))...)
 	}
 	trySendWakeup(l.seen)
-	trySendWakeup(l.wake)
 	return nil
 }
 
 // HandleNotification only signals: watch that the session delivers, and,
-// for a commit's notification, the drain.
+// for a commit's notification, the channel's drain.
 func (l *listener) HandleNotification(_ context.Context, n *pgconn.Notification, _ *pgx.Conn) error {
 	trySendWakeup(l.seen)
 	if n.Payload != heartbeatPayload {
-		l.r.metrics.wakeNotify.Inc()
-		trySendWakeup(l.wake)
+		rt := l.routes[n.Channel]
+		rt.r.metrics.wakeNotify.Inc()
+		trySendWakeup(rt.wake)
 	}
 	return nil
 }

@@ -33,6 +33,7 @@ type metrics struct {
 
 	wakeNotify, wakePoll, wakeReconnect, wakeLate prometheus.Counter
 
+	errs                                          *prometheus.CounterVec
 	errRedis, errPostgres, errLostLock, errFenced prometheus.Counter
 
 	// The per-queue counters of jobs_pushed_total and one batch's counts,
@@ -108,7 +109,10 @@ var (
 // newMetrics returns the metrics of a relay pushing to target, with the
 // backlog gauges sampled by b; mu is the mutex that job and batch are
 // called under (the summary's).
-func newMetrics(target string, b *backlog, mu *sync.Mutex) *metrics {
+//
+// Every metric has the label schema (the relay's Config.Schema), so that
+// the metrics of many schemas (Config.Schemas) can be served together.
+func newMetrics(target, schema string, b *backlog, mu *sync.Mutex) *metrics {
 	m := &metrics{reg: prometheus.NewRegistry(), target: target, queues: make(map[string]*queueCount)}
 	m.pushed = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "stagedrain_jobs_pushed_total",
@@ -145,22 +149,23 @@ func newMetrics(target string, b *backlog, mu *sync.Mutex) *metrics {
 	m.wakePoll = wakeups.WithLabelValues("poll")
 	m.wakeReconnect = wakeups.WithLabelValues("reconnect")
 	m.wakeLate = wakeups.WithLabelValues("late_commit")
-	errs := prometheus.NewCounterVec(prometheus.CounterOpts{
+	m.errs = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "stagedrain_errors_total",
 		Help: "Failures by kind: redis (a batch's push, or a PING), postgres (a batch, a database session, the listener, the backlog query), lost_lock (the leader lost its lock connection), fenced (the fence refused a push: another relay leads).",
 	}, []string{"kind"})
-	m.errRedis = errs.WithLabelValues("redis")
-	m.errPostgres = errs.WithLabelValues("postgres")
-	m.errLostLock = errs.WithLabelValues("lost_lock")
-	m.errFenced = errs.WithLabelValues("fenced")
+	m.errRedis = m.errs.WithLabelValues("redis")
+	m.errPostgres = m.errs.WithLabelValues("postgres")
+	m.errLostLock = m.errs.WithLabelValues("lost_lock")
+	m.errFenced = m.errs.WithLabelValues("fenced")
 
 	m.backpressure = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "stagedrain_backpressure",
 		Help: "1 while backpressure pauses pushes to a queue, by reason: queue_length (the queue holds --max-queue-length jobs or more), memory (Redis's used_memory / maxmemory is at or above --redis-max-memory-ratio; queue \"*\", every queue); 0 once resumed.",
 	}, []string{"queue", "reason"})
 	b.errs = m.errPostgres
-	m.reg.MustRegister(m.pushed, m.batches, m.batchSize, m.batchDur, &m.latency, m.dead, m.leader,
-		wakeups, errs, m.backpressure, backlogCollector{b})
+	prometheus.WrapRegistererWith(prometheus.Labels{"schema": schema}, m.reg).MustRegister(
+		m.pushed, m.batches, m.batchSize, m.batchDur, &m.latency, m.dead, m.leader,
+		wakeups, m.errs, m.backpressure, backlogCollector{b})
 	return m
 }
 
@@ -241,13 +246,18 @@ func (m *metrics) sessionFailed(err error) {
 // same metrics through MetricsGatherer. The backlog gauges cost a query on
 // the leader's lock connection at most every 5s (see backlog).
 func (r *Relay) MetricsHandler() http.Handler {
-	return promhttp.HandlerFor(r.metrics.reg, promhttp.HandlerOpts{})
+	return promhttp.HandlerFor(r.MetricsGatherer(), promhttp.HandlerOpts{})
 }
 
 // MetricsGatherer gathers r's metrics: to serve them with others
 // (prometheus.Gatherers{r.MetricsGatherer(), myRegistry}) or to read them in
 // a test. Each Relay has a registry of its own.
-func (r *Relay) MetricsGatherer() prometheus.Gatherer { return r.metrics.reg }
+func (r *Relay) MetricsGatherer() prometheus.Gatherer {
+	if r.fleet != nil {
+		return fleetGatherer{r.fleet}
+	}
+	return r.metrics.reg
+}
 
 // backlog is the leader's sample of the backlog: staged rows, counted up to
 // backlogCap, and the age of the oldest of the 100 lowest ids. It is taken

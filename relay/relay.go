@@ -46,6 +46,10 @@ type Relay struct {
 	claimArgs []any
 	version   int // the schema version this binary needs: its latest migration
 
+	// fleet, for a relay with Config.Schemas, runs a Relay per schema
+	// (fleet.go); nil for a relay of one schema.
+	fleet *fleet
+
 	// Test hooks (export_test.go); nil outside tests.
 	hooks testHooks
 	// listens counts the listener's completed LISTENs, for hooks.idle.
@@ -112,6 +116,9 @@ func New(cfg Config) (*Relay, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read migrations: %w", err)
 	}
+	if len(cfg.Schemas) > 0 {
+		return newFleet(cfg, pgCfg, version)
+	}
 	queues := slices.Sorted(slices.Values(cfg.Queues))
 	group := strings.Join(queues, ",")
 	r := &Relay{
@@ -155,7 +162,7 @@ func New(cfg Config) (*Relay, error) {
 	if group != "" {
 		r.backlog.args = []any{queues}
 	}
-	r.metrics = newMetrics(string(cfg.Target), &r.backlog, &r.summary.mu)
+	r.metrics = newMetrics(string(cfg.Target), cfg.Schema, &r.backlog, &r.summary.mu)
 	r.summary.metrics = r.metrics
 	r.bp = newBackpressure(cfg, r.metrics.backpressure, r.log.Named("drain"))
 	r.bp.state = &r.state
@@ -177,6 +184,9 @@ func New(cfg Config) (*Relay, error) {
 // A Relay runs one Run at a time; to run standbys, create more Relays (in
 // other processes, normally).
 func (r *Relay) Run(ctx context.Context) error {
+	if r.fleet != nil {
+		return r.fleet.run(ctx)
+	}
 	r.state.setRole(RoleStarting)
 	defer r.state.setRole(RoleStopped)
 	r.log.Info("starting",
@@ -297,12 +307,22 @@ const healthySession = 10 * time.Second
 // fails (an error): the listener, the fallback poll, the drain loop, and a
 // watch on the lock connection. lockMu guards lockConn, which they share.
 func (r *Relay) lead(ctx context.Context, lockConn *pgx.Conn, lockMu *sync.Mutex, pool *pgxpool.Pool) error {
+	return r.leadWith(ctx, lockConn, lockMu, pool, nil)
+}
+
+// leadWith is lead; for a schema of a relay with Config.Schemas, shared is
+// its wake channel, signalled by the listener and poll the schemas share,
+// and the lock connection's watch is theirs too (fleet.go).
+func (r *Relay) leadWith(ctx context.Context, lockConn *pgx.Conn, lockMu *sync.Mutex, pool *pgxpool.Pool, shared chan struct{}) error {
 	r.handoff.reset() // a new leadership takes the fence at its first push
 	r.poisoned = nil  // and looks at every row again
 	r.summary.poisonKept(0, 0)
 	g, ctx := errgroup.WithContext(ctx)
-	wake := make(chan struct{}, 1)
-	wake <- struct{}{} // drain at start
+	wake := shared
+	if wake == nil {
+		wake = make(chan struct{}, 1)
+	}
+	trySendWakeup(wake) // drain at start
 	gt := &gate{mu: lockMu, conn: lockConn,
 		timeout: r.gateTimeout + lockQueryTimeout(r.cfg.LeaderInterval),
 		late:    lateCommits{window: r.cfg.PollInterval}}
@@ -313,12 +333,14 @@ func (r *Relay) lead(ctx context.Context, lockConn *pgx.Conn, lockMu *sync.Mutex
 			return err
 		}
 		gt.pinned = true
-	} else {
+	} else if shared == nil {
 		g.Go(func() error { return r.listen(ctx, wake, pool) })
 	}
-	g.Go(func() error { poll(ctx, r.cfg.PollInterval, wake, r.metrics.wakePoll); return nil })
+	if shared == nil {
+		g.Go(func() error { poll(ctx, r.cfg.PollInterval, wake, r.metrics.wakePoll); return nil })
+		g.Go(func() error { return r.keepLock(ctx, lockConn, lockMu) })
+	}
 	g.Go(func() error { return r.drainLoop(ctx, pool, wake, gt) })
-	g.Go(func() error { return r.keepLock(ctx, lockConn, lockMu) })
 	g.Go(func() error { r.summarize(ctx, r.summaryEvery); return nil })
 	return g.Wait()
 }

@@ -266,6 +266,7 @@ func TestHelp(t *testing.T) {
 		"redis-wait-replicas":    "STAGEDRAIN_REDIS_WAIT_REPLICAS",
 		"redis-wait-timeout":     "STAGEDRAIN_REDIS_WAIT_TIMEOUT",
 		"queues":                 "STAGEDRAIN_QUEUES",
+		"schemas":                "STAGEDRAIN_SCHEMAS",
 		"migrate":                "STAGEDRAIN_MIGRATE",
 		"metrics-addr":           "STAGEDRAIN_METRICS_ADDR",
 	}

@@ -106,6 +106,14 @@ func (c *commonFlags) logger(cmd string, stdout io.Writer) (*zap.Logger, error) 
 	return zap.New(oneLineErrors{core}).Named("stagedrain").With(zap.String("host", host), zap.Int("pid", os.Getpid())), nil
 }
 
+// fieldReason is the Reason of a *relay.FieldError, else err's text.
+func fieldReason(err error) string {
+	if fe := (*relay.FieldError)(nil); errors.As(err, &fe) {
+		return fe.Reason
+	}
+	return err.Error()
+}
+
 // newMigrateFlags declares migrate's flags.
 func newMigrateFlags() (*flagSet, *commonFlags) {
 	f := newFlagSet("migrate", "Create the schema (if missing), the staged_jobs table and its NOTIFY trigger,\n"+
@@ -181,6 +189,7 @@ type runFlags struct {
 	waitTimeout     time.Duration
 	pollOnly        bool
 	queues          string
+	schemas         string
 	migrate         bool
 	metricsAddr     string
 }
@@ -204,6 +213,7 @@ var flagOfField = map[string]string{
 	"MaxQueueLength":      "max-queue-length",
 	"RedisMaxMemoryRatio": "redis-max-memory-ratio",
 	"Queues":              "queues",
+	"Schemas":             "schemas",
 	"RedisWaitReplicas":   "redis-wait-replicas",
 	"RedisWaitTimeout":    "redis-wait-timeout",
 }
@@ -250,6 +260,8 @@ func newRunFlags() (*flagSet, *runFlags) {
 	f.env("poll-only", "STAGEDRAIN_POLL_ONLY")
 	f.fs.StringVar(&c.queues, "queues", "", "drain only these `queues` (comma list), as a group with a leader lock of its own; relays of a schema must have equal or disjoint lists (default: all queues)")
 	f.env("queues", "STAGEDRAIN_QUEUES")
+	f.fs.StringVar(&c.schemas, "schemas", "", "drain many schemas from one process: a comma `list` of schema names and patterns such as tenant_* (a schema is drained once it holds the table; new ones are found within --poll-interval); instead of --schema")
+	f.env("schemas", "STAGEDRAIN_SCHEMAS")
 	f.fs.BoolVar(&c.migrate, "migrate", false, "run migrate before draining (retried until PostgreSQL answers)")
 	f.env("migrate", "STAGEDRAIN_MIGRATE")
 	registerMetricsAddr(f, &c.metricsAddr)
@@ -291,6 +303,16 @@ func (c *runFlags) config(f *flagSet) (relay.Config, func() redis.UniversalClien
 			queues[i] = strings.TrimSpace(q)
 		}
 	}
+	var schemas []string
+	if c.schemas != "" {
+		if f.isSet("schema") {
+			return relay.Config{}, nil, usagef("run: %s and %s are exclusive: name the one schema in --schemas, or give --schema alone", f.source("schema"), f.source("schemas"))
+		}
+		var err error
+		if schemas, err = relay.ParseSchemas(c.schemas); err != nil {
+			return relay.Config{}, nil, usagef("run: %s %s", f.source("schemas"), fieldReason(err))
+		}
+	}
 	newRedis, err := c.redisClient(f)
 	if err != nil {
 		return relay.Config{}, nil, err
@@ -315,6 +337,10 @@ func (c *runFlags) config(f *flagSet) (relay.Config, func() redis.UniversalClien
 		RedisWaitTimeout:    c.waitTimeout,
 		PollOnly:            c.pollOnly,
 		Queues:              queues,
+		Schemas:             schemas,
+	}
+	if len(schemas) > 0 {
+		cfg.Schema = ""
 	}
 	// Validate only checks that a client is set; the caller makes it.
 	check := cfg

@@ -141,6 +141,14 @@ func (f *flagSet) required(names ...string) {
 	}
 }
 
+// isSet reports whether flag name was given, on the command line or by
+// its environment variable.
+func (f *flagSet) isSet(name string) bool {
+	set := false
+	f.fs.Visit(func(fl *flag.Flag) { set = set || fl.Name == name })
+	return set || f.fromEnv[name]
+}
+
 // source names where flag name's value came from, for a message:
 // "--name", or "$ENV (--name)" when it came from the environment.
 func (f *flagSet) source(name string) string {

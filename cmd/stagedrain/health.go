@@ -98,6 +98,18 @@ type readyBody struct {
 	// Paused lists the queues backpressure pauses ("*": every queue, for
 	// Redis's memory); the relay stays ready.
 	Paused []pausedQueue `json:"paused,omitempty"`
+	// Schemas, for run --schemas, is each schema found with its own role
+	// (role above is the process's: leader while it leads any).
+	Schemas []schemaReady `json:"schemas,omitempty"`
+}
+
+type schemaReady struct {
+	Schema    string        `json:"schema"`
+	Role      relay.Role    `json:"role"`
+	Since     time.Time     `json:"since"`
+	LastDrain *time.Time    `json:"last_drain,omitempty"`
+	LastError string        `json:"last_error,omitempty"`
+	Paused    []pausedQueue `json:"paused,omitempty"`
 }
 
 type pausedQueue struct {
@@ -116,9 +128,13 @@ func (h healthServer) readyz(w http.ResponseWriter, req *http.Request) {
 	for _, p := range st.Paused {
 		body.Paused = append(body.Paused, pausedQueue{Queue: p.Queue, Reason: p.Reason})
 	}
-	if !st.LastDrain.IsZero() {
-		t := st.LastDrain.UTC()
-		body.LastDrain = &t
+	body.LastDrain = utcOrNil(st.LastDrain)
+	for _, s := range st.Schemas {
+		sr := schemaReady{Schema: s.Schema, Role: s.Role, Since: s.Since.UTC(), LastDrain: utcOrNil(s.LastDrain), LastError: s.LastError}
+		for _, p := range s.Paused {
+			sr.Paused = append(sr.Paused, pausedQueue{Queue: p.Queue, Reason: p.Reason})
+		}
+		body.Schemas = append(body.Schemas, sr)
 	}
 	code := http.StatusOK
 	if err != nil {
@@ -128,6 +144,15 @@ func (h healthServer) readyz(w http.ResponseWriter, req *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(body)
+}
+
+// utcOrNil is t in UTC, or nil for the zero time.
+func utcOrNil(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	t = t.UTC()
+	return &t
 }
 
 // runRelay runs r until ctx ends, with the HTTP listener on l when l is not

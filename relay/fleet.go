@@ -1,0 +1,760 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"go.uber.org/zap"
+)
+
+// A relay with Config.Schemas drains many schemas from one process: a
+// fleet. Each schema it finds gets a Relay of its own (a tenant), with the
+// schema's leader lock, fence and handoff record, wake gate, dead letters,
+// source and metrics, exactly as a relay of that one schema. What they
+// share is the process's connections:
+//
+//   - one lock connection, which holds every leader lock the process has
+//     and each schema's gate locks, pinged by one keepLock: if it fails,
+//     every schema it led is let go at once, as PostgreSQL releases its
+//     locks;
+//   - one listener, LISTENing on every schema's channel;
+//   - one drain pool of fleetDrainConns connections, from which each
+//     leading schema claims and commits its batches (at most two at a time,
+//     one pushed while the next is claimed), so a schema with a long
+//     backlog holds at most two and the others' claims wait for at most
+//     one batch;
+//   - one fallback poll: a statement that asks which led schemas have rows
+//     staged, and wakes only those.
+//
+// Relays with the same Schemas and Queues are members of one fleet: each
+// holds a shared advisory lock on the fleet's name, and counts the
+// members in pg_locks every LeaderInterval. Each leads at most its share,
+// ceil(schemas / members): one that leads more lets the rest go (it
+// finishes their batches in flight and unlocks them), and one that leads
+// fewer tries the locks of the schemas nobody leads, in one statement. So
+// a second process takes half the schemas within a few LeaderIntervals of
+// starting, and when one dies the others take its share as soon as its
+// lock connection closes (at most 2.5 LeaderIntervals for a frozen one).
+
+// fleetDrainConns is the size of the drain pool that a fleet's schemas
+// share.
+const fleetDrainConns = 4
+
+type fleet struct {
+	r     *Relay // the process's: its config, logger, state and counters
+	table string // the source's table, which a schema must hold
+
+	mu      sync.Mutex // guards tenants for Status and the metrics
+	tenants map[string]*tenant
+
+	memberKey string // the fleet's lock name (fleetLockName)
+	system    string // PostgreSQL's system_identifier, for every fence
+	missing   map[string]bool
+}
+
+// tenant is one schema of a fleet.
+type tenant struct {
+	schema string
+	r      *Relay
+	wake   chan struct{}
+
+	// The session loop's alone.
+	leading  bool
+	joined   bool // took its group locks on this session's lock connection
+	cancel   context.CancelFunc
+	done     chan struct{} // closed when its lead has returned
+	err      error         // lead's, once done
+	released bool          // let go on purpose: balance, or the schema went away
+	gone     bool          // the schema no longer holds the table
+	attempt  int           // failures in a row
+	retryAt  time.Time
+}
+
+// fleetLockName names a fleet: its members have the same Schemas and
+// group.
+func fleetLockName(items []string, group string) string {
+	return "stagedrain-fleet:" + strings.Join(slices.Sorted(slices.Values(items)), ",") + ":queues=" + group
+}
+
+const (
+	// memberLockSQL joins the fleet named $1 (a one-key lock, taken
+	// shared: it never waits).
+	memberLockSQL = `SELECT pg_advisory_lock_shared(` + lockKeySQL + `)`
+	// membersSQL counts the fleet's members. A one-key advisory lock
+	// shows in pg_locks as classid (high half) and objid (low half) with
+	// objsubid 1.
+	membersSQL = `WITH k AS (SELECT ` + lockKeySQL + ` AS key)
+		SELECT count(*) FROM pg_locks l, k
+		WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted AND l.mode = 'ShareLock'
+			AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+			AND l.classid::bigint = (k.key >> 32) & 4294967295 AND l.objid::bigint = k.key & 4294967295`
+	// tryLocksSQL tries the leader locks $1 in order and stops after
+	// taking $2 of them (the scan under LIMIT stops pulling rows); it
+	// returns the names it took.
+	tryLocksSQL = `SELECT k FROM unnest($1::text[]) WITH ORDINALITY AS t(k, i)
+		WHERE pg_try_advisory_lock(hashtextextended(k, 0)) LIMIT $2`
+)
+
+// newFleet returns the Relay of a fleet for cfg (defaults filled in,
+// valid).
+func newFleet(cfg Config, pgCfg *pgx.ConnConfig, version int) (*Relay, error) {
+	queues := slices.Sorted(slices.Values(cfg.Queues))
+	group := strings.Join(queues, ",")
+	r := &Relay{
+		cfg:     cfg,
+		log:     cfg.Logger,
+		pgCfg:   pgCfg,
+		version: version,
+		group:   group,
+		holder:  applicationName("leader"),
+
+		gateTimeout:       defaultGateTimeout,
+		summaryEvery:      summaryEvery,
+		drainIdleInTx:     drainIdleInTx,
+		listenerHeartbeat: listenerHeartbeat,
+	}
+	// The process's own counters: the Redis PING at start, the lock
+	// session and the listener. Served without a schema label.
+	r.metrics = newMetrics(string(cfg.Target), "", &r.backlog, &r.summary.mu)
+	r.metrics.reg = prometheus.NewRegistry()
+	r.metrics.reg.MustRegister(r.metrics.errs)
+	r.state.init(prometheus.NewGauge(prometheus.GaugeOpts{Name: "unused"}))
+	f := &fleet{r: r, tenants: map[string]*tenant{}, missing: map[string]bool{},
+		memberKey: fleetLockName(cfg.Schemas, group), table: "staged_jobs"}
+	if cfg.Source == SourceSidekiqStagedPush {
+		f.table = "sidekiq_staged_push_jobs"
+	}
+	r.fleet = f
+	return r, nil
+}
+
+// tenantConfig is the config of a fleet's Relay for schema.
+func (f *fleet) tenantConfig(schema string) Config {
+	c := f.r.cfg
+	c.Schemas, c.Schema = nil, schema
+	c.Logger = f.r.log.With(zap.String("schema", schema))
+	return c
+}
+
+// run is Run for a fleet.
+func (f *fleet) run(ctx context.Context) error {
+	r := f.r
+	r.state.setRole(RoleStarting)
+	defer r.state.setRole(RoleStopped)
+	r.log.Info("starting",
+		zap.Strings("schemas", r.cfg.Schemas),
+		zap.String("database", DescribeDatabase(r.cfg.DatabaseURL)),
+		zap.String("redis", DescribeRedis(r.cfg.Redis)),
+		zap.String("source", string(r.cfg.Source)),
+		zap.String("target", string(r.cfg.Target)),
+		zap.Int("batch_size", r.cfg.BatchSize),
+		zap.Duration("poll_interval", r.cfg.PollInterval),
+		zap.Bool("poll_only", r.cfg.PollOnly),
+		zap.Int("drain_conns", fleetDrainConns),
+	)
+	defer f.forgetAll()
+	if err := r.checkRedis(ctx); err != nil {
+		return err
+	}
+	if ctx.Err() != nil {
+		r.log.Info("stopped")
+		return nil
+	}
+	poolCfg, err := r.drainPoolConfig()
+	if err != nil {
+		return err
+	}
+	poolCfg.MaxConns = fleetDrainConns
+	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
+	if err != nil {
+		return fmt.Errorf("pool: %w", err)
+	}
+	defer pool.Close()
+
+	attempt := 0
+	for {
+		connected, err := f.session(ctx, pool)
+		if ctx.Err() != nil {
+			r.log.Info("stopped")
+			return nil
+		}
+		r.state.setRole(RoleStarting)
+		r.state.failed(err)
+		r.metrics.sessionFailed(err)
+		if isFatal(err) {
+			return explainPermission(err)
+		}
+		if !connected.IsZero() && time.Since(connected) >= healthySession {
+			attempt = 0
+		}
+		attempt++
+		wait := backoff(attempt, r.cfg.MaxBackoff)
+		r.log.Warn("database session failed, retrying", zap.Error(err),
+			zap.Int("attempt", attempt), zap.Duration("wait", wait))
+		if !sleep(ctx, wait) {
+			r.log.Info("stopped")
+			return nil
+		}
+	}
+}
+
+// session connects the lock connection and runs the fleet on it until ctx
+// ends or it fails: it finds the schemas, leads its share of them, and
+// lets them all go before it returns.
+func (f *fleet) session(ctx context.Context, pool *pgxpool.Pool) (connected time.Time, err error) {
+	r := f.r
+	var ended atomic.Pointer[pgconn.PgError]
+	conn, err := pgx.ConnectConfig(ctx, r.lockConnConfig(&ended))
+	if err != nil {
+		return time.Time{}, fmt.Errorf("connect: %w", err)
+	}
+	connected = time.Now()
+	r.state.pgAnswered()
+	defer func() { _ = withTimeout(ctx, time.Second, conn.Close) }()
+	defer func() {
+		var pgErr *pgconn.PgError
+		if why := ended.Load(); why != nil && err != nil && !errors.As(err, &pgErr) {
+			err = fmt.Errorf("%w (%w)", err, why)
+		}
+	}()
+
+	var mu sync.Mutex // guards conn
+	if f.system == "" {
+		if err := conn.QueryRow(ctx, `SELECT system_identifier::text FROM pg_control_system()`).Scan(&f.system); err != nil {
+			return connected, fmt.Errorf("read system_identifier: %w", err)
+		}
+	}
+	if _, err := conn.Exec(ctx, memberLockSQL, f.memberKey); err != nil {
+		return connected, fmt.Errorf("join the fleet: %w", err)
+	}
+	s := &fleetSession{f: f, conn: conn, mu: &mu, pool: pool,
+		ended: make(chan *tenant), stop: make(chan struct{})}
+	defer s.letAllGo()
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	lost := make(chan error, 1)
+	go func() { lost <- r.keepLock(sctx, conn, &mu) }()
+	defer func() { cancel(); <-lost }()
+	for _, t := range f.tenants {
+		t.joined = false
+	}
+	r.state.setRole(RoleStandby)
+
+	if err := s.discover(sctx); err != nil {
+		return connected, err
+	}
+	discover := time.NewTimer(jitter(r.cfg.PollInterval))
+	defer discover.Stop()
+	balance := time.NewTimer(0)
+	defer balance.Stop()
+	polls := time.NewTimer(jitter(r.cfg.PollInterval))
+	defer polls.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return connected, ctx.Err()
+		case err := <-lost:
+			lost <- nil // for the deferred wait
+			if err == nil {
+				return connected, ctx.Err()
+			}
+			return connected, err
+		case t := <-s.ended:
+			if err := s.after(sctx, t); err != nil {
+				return connected, err
+			}
+		case <-discover.C:
+			if err := s.discover(sctx); err != nil {
+				return connected, err
+			}
+			discover.Reset(jitter(r.cfg.PollInterval))
+		case <-balance.C:
+			if err := s.balance(sctx); err != nil {
+				return connected, err
+			}
+			balance.Reset(jitter(r.cfg.LeaderInterval))
+		case <-polls.C:
+			s.poll(sctx)
+			polls.Reset(jitter(r.cfg.PollInterval))
+		}
+	}
+}
+
+// fleetSession is one lock connection's run of a fleet.
+type fleetSession struct {
+	f    *fleet
+	conn *pgx.Conn
+	mu   *sync.Mutex
+	pool *pgxpool.Pool
+
+	ended chan *tenant  // a tenant's lead returned
+	stop  chan struct{} // closed when the session ends: no more ended sends
+
+	listenStop context.CancelFunc
+	listenDone chan struct{}
+}
+
+// exec runs f on the lock connection, under its mutex, within the lock
+// connection's query timeout.
+func (s *fleetSession) exec(ctx context.Context, f func(ctx context.Context, conn *pgx.Conn) error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return withDeadline(ctx, lockQueryTimeout(s.f.r.cfg.LeaderInterval), func(ctx context.Context) error {
+		return f(ctx, s.conn)
+	})
+}
+
+// discover lists the schemas; new ones become tenants (not yet led), and
+// the tenants of schemas gone are let go. The listener follows the set.
+func (s *fleetSession) discover(ctx context.Context) error {
+	f, r := s.f, s.f.r
+	var found []string
+	err := s.exec(ctx, func(ctx context.Context, conn *pgx.Conn) error {
+		var err error
+		found, err = ListSchemas(ctx, conn, r.cfg.Schemas, f.table)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	r.state.pgAnswered()
+	for _, name := range schemaNames(r.cfg.Schemas) {
+		_, ok := slices.BinarySearch(found, name)
+		if !ok && !f.missing[name] {
+			r.log.Warn("a schema named by Schemas has no table to drain yet: waiting for it (stagedrain migrate --schemas)",
+				zap.String("schema", name), zap.String("table", f.table))
+		}
+		f.missing[name] = !ok
+	}
+	changed := false
+	for _, name := range found {
+		if f.tenants[name] != nil {
+			continue
+		}
+		c, err := New(f.tenantConfig(name))
+		if err != nil {
+			return fmt.Errorf("schema %q: %w", name, err)
+		}
+		c.hooks = r.hooks
+		c.gateTimeout, c.summaryEvery, c.drainIdleInTx = r.gateTimeout, r.summaryEvery, r.drainIdleInTx
+		c.handoff.system = f.system
+		c.state.setRole(RoleStandby)
+		f.mu.Lock()
+		f.tenants[name] = &tenant{schema: name, r: c, wake: make(chan struct{}, 1)}
+		f.mu.Unlock()
+		r.log.Info("schema found", zap.String("schema", name))
+		changed = true
+	}
+	for name, t := range f.tenants {
+		if _, ok := slices.BinarySearch(found, name); ok || t.gone {
+			continue
+		}
+		t.gone, changed = true, true
+		if t.leading {
+			t.released = true
+			t.cancel()
+			continue // forgotten once its lead has returned (after)
+		}
+		s.forget(t)
+	}
+	if changed {
+		s.relisten(ctx)
+	}
+	return nil
+}
+
+// forget drops a tenant whose schema is gone, which the session does not
+// lead.
+func (s *fleetSession) forget(t *tenant) {
+	f := s.f
+	f.mu.Lock()
+	delete(f.tenants, t.schema)
+	f.mu.Unlock()
+	t.r.state.setRole(RoleStopped)
+	f.r.log.Info("schema gone: let go", zap.String("schema", t.schema), zap.String("table", f.table))
+}
+
+// forgetAll drops every tenant, when Run returns.
+func (f *fleet) forgetAll() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, t := range f.tenants {
+		t.r.state.setRole(RoleStopped)
+	}
+}
+
+// relisten replaces the listener with one for the current schemas (none
+// with PollOnly, or while no schema is found). Its first LISTEN wakes
+// every schema led, which drains what came in between.
+func (s *fleetSession) relisten(ctx context.Context) {
+	s.stopListening()
+	f := s.f
+	if f.r.cfg.PollOnly {
+		return
+	}
+	routes := map[string]route{}
+	for name, t := range f.tenants {
+		if !t.gone {
+			routes[ChannelName(name)] = route{r: t.r, wake: t.wake}
+		}
+	}
+	if len(routes) == 0 {
+		return
+	}
+	lctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	s.listenStop, s.listenDone = cancel, done
+	go func() {
+		defer close(done)
+		_ = f.r.listenAll(lctx, routes, s.pool)
+	}()
+}
+
+func (s *fleetSession) stopListening() {
+	if s.listenStop != nil {
+		s.listenStop()
+		<-s.listenDone
+		s.listenStop, s.listenDone = nil, nil
+	}
+}
+
+// balance counts the fleet's members, lets go of the schemas led past this
+// process's share, and tries for the schemas nobody leads, up to it.
+func (s *fleetSession) balance(ctx context.Context) error {
+	f, r := s.f, s.f.r
+	var members int
+	err := s.exec(ctx, func(ctx context.Context, conn *pgx.Conn) error {
+		return conn.QueryRow(ctx, membersSQL, f.memberKey).Scan(&members)
+	})
+	if err != nil {
+		return fmt.Errorf("count the fleet's members: %w", err)
+	}
+	r.state.pgAnswered()
+	members = max(members, 1)
+	var leading, idle []*tenant
+	for _, name := range slices.Sorted(maps.Keys(f.tenants)) {
+		t := f.tenants[name]
+		switch {
+		case t.gone:
+		case t.leading:
+			if !t.released {
+				leading = append(leading, t)
+			}
+		case time.Now().After(t.retryAt):
+			idle = append(idle, t)
+		}
+	}
+	live := 0
+	for _, t := range f.tenants {
+		if !t.gone {
+			live++
+		}
+	}
+	share := (live + members - 1) / members
+	if len(leading) > share {
+		// Let go of the last ones by name: the members agree on nothing
+		// else, and need not.
+		for _, t := range leading[share:] {
+			t.released = true
+			t.cancel()
+			r.log.Info("letting a schema go to another member of the fleet", zap.String("schema", t.schema),
+				zap.Int("members", members), zap.Int("share", share))
+		}
+		return nil
+	}
+	want := share - len(leading)
+	if want == 0 || len(idle) == 0 {
+		return nil
+	}
+	// Start the tries at a place of this process's own, so that members
+	// starting together do not all try the same schemas first.
+	off := int(hash(r.holder) % uint32(len(idle)))
+	idle = append(idle[off:], idle[:off]...)
+	keys := make([]string, len(idle))
+	byKey := make(map[string]*tenant, len(idle))
+	for i, t := range idle {
+		keys[i] = t.r.lockKey
+		byKey[t.r.lockKey] = t
+	}
+	var got []string
+	err = s.exec(ctx, func(ctx context.Context, conn *pgx.Conn) error {
+		rows, err := conn.Query(ctx, tryLocksSQL, keys, want)
+		if err != nil {
+			return err
+		}
+		got, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("try leader locks: %w", err)
+	}
+	for _, k := range got {
+		if err := s.start(ctx, byKey[k]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// hash is FNV-1a of s.
+func hash(s string) uint32 {
+	h := uint32(2166136261)
+	for i := 0; i < len(s); i++ {
+		h = (h ^ uint32(s[i])) * 16777619
+	}
+	return h
+}
+
+// start leads t, whose leader lock the session has just taken: the checks
+// a relay makes before it leads, then its lead, on a goroutine. A check
+// that fails unlocks it and sets it aside for a backoff. An error is the
+// lock connection's.
+func (s *fleetSession) start(ctx context.Context, t *tenant) error {
+	c := t.r
+	err := s.exec(ctx, func(ctx context.Context, conn *pgx.Conn) error {
+		if err := c.checkPrivileges(ctx, conn); err != nil {
+			return err
+		}
+		if err := c.src.check(ctx, conn); err != nil {
+			return err
+		}
+		if !t.joined {
+			if err := c.joinGroup(ctx, conn); err != nil {
+				return err
+			}
+			t.joined = true
+			return nil
+		}
+		return c.checkGroup(ctx, conn)
+	})
+	if err != nil {
+		if uerr := s.unlock(ctx, t); uerr != nil {
+			return uerr
+		}
+		s.failed(t, err)
+		return nil
+	}
+	c.backlog.attach(s.conn, s.mu)
+	c.state.setRole(RoleLeader)
+	s.f.r.state.setRole(RoleLeader)
+	c.log.Info("became leader", zap.String("schema", t.schema), zap.Strings("queues", c.cfg.Queues))
+	tctx, cancel := context.WithCancel(ctx)
+	t.leading, t.released, t.cancel, t.done = true, false, cancel, make(chan struct{})
+	go func() {
+		t.err = c.leadWith(tctx, s.conn, s.mu, s.pool, t.wake)
+		c.backlog.detach()
+		close(t.done)
+		select {
+		case s.ended <- t:
+		case <-s.stop:
+		}
+	}()
+	return nil
+}
+
+// after handles the end of t's lead: it unlocks t's leader lock, and
+// says why it stopped. An error is the lock connection's.
+func (s *fleetSession) after(ctx context.Context, t *tenant) error {
+	c := t.r
+	t.leading = false
+	t.cancel()
+	if s.closed() {
+		return fmt.Errorf("%w: schema %q: %w", errLostLock, t.schema, t.err)
+	}
+	if err := s.unlock(ctx, t); err != nil {
+		return err
+	}
+	c.state.setRole(RoleStandby)
+	s.roleFromTenants()
+	switch {
+	case t.gone:
+		s.forget(t)
+	case t.released:
+		c.log.Info("released leadership", zap.String("schema", t.schema))
+		// Not right back: another member is to take it.
+		t.retryAt = time.Now().Add(2 * c.cfg.LeaderInterval)
+	case t.err == nil:
+		// Ended without an error while the session goes on: only the
+		// session's own context ends a lead that way.
+	default:
+		c.log.Warn("stepped down", zap.String("schema", t.schema), zap.String("reason", stepDownReason(t.err)), zap.Error(t.err))
+		s.failed(t, t.err)
+	}
+	return nil
+}
+
+// failed sets t aside after a failure, for a capped exponential backoff;
+// a failure waiting cannot fix (a schema not migrated, a missing GRANT) is
+// logged at error, as it needs an operator, and retried at the cap.
+func (s *fleetSession) failed(t *tenant, err error) {
+	c := t.r
+	c.state.failed(err)
+	c.metrics.sessionFailed(err)
+	t.attempt++
+	wait := backoff(t.attempt, c.cfg.MaxBackoff)
+	if isFatal(err) {
+		wait = c.cfg.MaxBackoff
+		c.log.Error("cannot drain this schema; retrying later", zap.String("schema", t.schema),
+			zap.Error(explainPermission(err)), zap.Duration("wait", wait))
+	}
+	t.retryAt = time.Now().Add(wait)
+}
+
+// closed reports whether the lock connection is closed.
+func (s *fleetSession) closed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.conn.IsClosed()
+}
+
+// unlock releases t's leader lock on the lock connection.
+func (s *fleetSession) unlock(ctx context.Context, t *tenant) error {
+	err := s.exec(context.WithoutCancel(ctx), func(ctx context.Context, conn *pgx.Conn) error {
+		_, err := conn.Exec(ctx, unlockSQL, t.r.lockKey)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("%w: unlock schema %q: %w", errLostLock, t.schema, err)
+	}
+	return nil
+}
+
+// roleFromTenants sets the process's role: leader while it leads a
+// schema, else standby.
+func (s *fleetSession) roleFromTenants() {
+	for _, t := range s.f.tenants {
+		if t.leading {
+			s.f.r.state.setRole(RoleLeader)
+			return
+		}
+	}
+	s.f.r.state.setRole(RoleStandby)
+}
+
+// letAllGo ends every lead of the session (each finishes or rolls back its
+// batch in flight) and the listener, and unlocks what it can: the lock
+// connection may be gone, which released the locks anyway.
+func (s *fleetSession) letAllGo() {
+	s.stopListening()
+	close(s.stop)
+	released := 0
+	for _, t := range s.f.tenants {
+		if !t.leading {
+			continue
+		}
+		t.cancel()
+		<-t.done
+		t.leading = false
+		t.r.state.setRole(RoleStandby)
+		if !s.closed() {
+			_ = withTimeout(context.Background(), time.Second, func(ctx context.Context) error {
+				s.mu.Lock()
+				defer s.mu.Unlock()
+				_, err := s.conn.Exec(ctx, unlockSQL, t.r.lockKey)
+				return err
+			})
+		}
+		released++
+	}
+	if released > 0 {
+		s.f.r.log.Info("released leadership", zap.Int("schemas", released))
+	}
+}
+
+// poll is the fleet's fallback poll: one statement asks which of the
+// schemas led have rows staged, and wakes their drains.
+func (s *fleetSession) poll(ctx context.Context) {
+	var led []*tenant
+	for _, t := range s.f.tenants {
+		if t.leading && !t.released {
+			led = append(led, t)
+		}
+	}
+	if len(led) == 0 {
+		return
+	}
+	var sql strings.Builder
+	for i, t := range led {
+		if i > 0 {
+			sql.WriteString(" UNION ALL ")
+		}
+		fmt.Fprintf(&sql, "SELECT %d WHERE EXISTS (SELECT FROM %s", i, pgx.Identifier{t.schema, s.f.table}.Sanitize())
+		if len(t.r.cfg.Queues) > 0 {
+			sql.WriteString(" WHERE queue = ANY($1::text[])")
+		}
+		sql.WriteString(")")
+	}
+	var args []any
+	if len(s.f.r.cfg.Queues) > 0 {
+		args = []any{s.f.r.cfg.Queues}
+	}
+	err := withDeadline(ctx, lockQueryTimeout(s.f.r.cfg.LeaderInterval), func(ctx context.Context) error {
+		// The statement changes with the schemas led: not prepared.
+		rows, err := s.pool.Query(ctx, sql.String(), append([]any{pgx.QueryExecModeSimpleProtocol}, args...)...)
+		if err != nil {
+			return err
+		}
+		staged, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+		if err != nil {
+			return err
+		}
+		for _, i := range staged {
+			led[i].r.metrics.wakePoll.Inc()
+			trySendWakeup(led[i].wake)
+		}
+		return nil
+	})
+	if err != nil && ctx.Err() == nil {
+		// A table dropped between discover and now, or the pool's
+		// sessions failing, which the drains report: wake them all, as
+		// the poll of one schema does.
+		s.f.r.log.Debug("fleet poll failed; waking every schema led", zap.Error(err))
+		for _, t := range led {
+			t.r.metrics.wakePoll.Inc()
+			trySendWakeup(t.wake)
+		}
+	}
+}
+
+// fleetStatus is Status for a fleet: the process's role, and each
+// schema's.
+func (f *fleet) statuses() []SchemaRole {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make([]SchemaRole, 0, len(f.tenants))
+	for _, name := range slices.Sorted(maps.Keys(f.tenants)) {
+		out = append(out, SchemaRole{Schema: name, Status: f.tenants[name].r.Status()})
+	}
+	return out
+}
+
+// SchemaRole is one schema's Status, of a relay with Config.Schemas.
+type SchemaRole struct {
+	Schema string
+	Status
+}
+
+// gatherer serves the metrics of the process and of every schema.
+type fleetGatherer struct{ f *fleet }
+
+func (g fleetGatherer) Gather() ([]*dto.MetricFamily, error) {
+	g.f.mu.Lock()
+	gs := prometheus.Gatherers{g.f.r.metrics.reg}
+	for _, t := range g.f.tenants {
+		gs = append(gs, t.r.metrics.reg)
+	}
+	g.f.mu.Unlock()
+	return gs.Gather()
+}

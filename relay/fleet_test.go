@@ -1,0 +1,208 @@
+package relay_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/stagedrain/stagedrain/relay"
+	"github.com/stagedrain/stagedrain/relay/internal/testenv"
+)
+
+// fleetHarness is a harness with several migrated schemas named
+// <base>_<i>, for relays with Schemas: [<base>_*].
+type fleetHarness struct {
+	*harness
+	base    string
+	schemas []string
+}
+
+func newFleetHarness(t *testing.T, n int) *fleetHarness {
+	t.Helper()
+	h := newHarness(t) // its own schema stays out of the pattern
+	fh := &fleetHarness{harness: h, base: testenv.Name("sdfleet")}
+	for i := range n {
+		fh.addSchema(fmt.Sprintf("%s_%d", fh.base, i))
+	}
+	return fh
+}
+
+func (fh *fleetHarness) addSchema(name string) {
+	fh.t.Helper()
+	testenv.SchemaNamed(fh.t, name)
+	if _, err := relay.Migrate(context.Background(), fh.conn, name); err != nil {
+		fh.t.Fatalf("migrate %s: %v", name, err)
+	}
+	fh.schemas = append(fh.schemas, name)
+}
+
+func (fh *fleetHarness) fleetConfig() relay.Config {
+	cfg := fh.config()
+	cfg.Schema = ""
+	cfg.Schemas = []string{fh.base + "_*"}
+	cfg.PollInterval = 200 * time.Millisecond
+	cfg.LeaderInterval = 100 * time.Millisecond
+	return cfg
+}
+
+// stageIn commits one job to queue q of schema and returns its jid.
+func (fh *fleetHarness) stageIn(schema, q string) string {
+	fh.t.Helper()
+	var jid string
+	err := pgx.BeginFunc(context.Background(), fh.conn, func(tx pgx.Tx) error {
+		var err error
+		jid, err = relay.NewStager(schema).Stage(context.Background(), tx, relay.Job{Name: "W", Queue: q, Args: []any{schema}})
+		return err
+	})
+	if err != nil {
+		fh.t.Fatalf("stage in %s: %v", schema, err)
+	}
+	return jid
+}
+
+// waitJIDs waits until queue q holds exactly the jids want, in any order.
+func (fh *fleetHarness) waitJIDs(q string, want []string) {
+	fh.t.Helper()
+	want = slices.Sorted(slices.Values(want))
+	testenv.WaitFor(fh.t, 15*time.Second, fmt.Sprintf("%d jobs in queue:%s", len(want), q), func() (bool, string) {
+		got := slices.Sorted(slices.Values(fh.queueJIDs(q)))
+		return slices.Equal(got, want), fmt.Sprintf("got %d: %v", len(got), got)
+	})
+}
+
+// leads returns the schemas r leads, by its Status.
+func leads(r *relay.Relay) []string {
+	var out []string
+	for _, s := range r.Status().Schemas {
+		if s.Role == relay.RoleLeader {
+			out = append(out, s.Schema)
+		}
+	}
+	return out
+}
+
+// TestFleetDrainsEverySchema runs one relay for a pattern: it drains every
+// matching schema, picks up a schema migrated after it started, lets go of
+// one dropped, and keeps draining the rest.
+func TestFleetDrainsEverySchema(t *testing.T) {
+	fh := newFleetHarness(t, 3)
+	r := fh.start(fh.fleetConfig())
+	var want []string
+	for _, s := range fh.schemas {
+		want = append(want, fh.stageIn(s, "default"))
+	}
+	// A schema outside the pattern is not drained.
+	outside := fh.stage(relay.Job{Name: "W", Queue: "default"})
+	fh.waitJIDs("default", want)
+	testenv.WaitFor(t, 10*time.Second, "every schema led", func() (bool, string) {
+		got := leads(r)
+		return len(got) == 3, fmt.Sprintf("leads %q", got)
+	})
+	if st := r.Status(); st.Role != relay.RoleLeader || len(st.Schemas) != 3 {
+		t.Errorf("Status: role %s, %d schemas; want leader of 3", st.Role, len(st.Schemas))
+	}
+
+	// A new schema is found within a poll interval, without a restart.
+	late := fmt.Sprintf("%s_late", fh.base)
+	fh.addSchema(late)
+	want = append(want, fh.stageIn(late, "default"))
+	fh.waitJIDs("default", want)
+	fh.waitLog("schema found", 4)
+
+	// A dropped schema is let go, with a line; the others drain on.
+	if _, err := fh.conn.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{fh.schemas[0]}.Sanitize()+" CASCADE"); err != nil {
+		t.Fatal(err)
+	}
+	fh.waitLog("schema gone: let go", 1)
+	want = append(want, fh.stageIn(fh.schemas[1], "default"), fh.stageIn(late, "default"))
+	fh.waitJIDs("default", want)
+	if slices.Contains(fh.queueJIDs("default"), outside) {
+		t.Errorf("the job of a schema outside the pattern was pushed")
+	}
+	if n := fh.staged(); n != 1 {
+		t.Errorf("the schema outside the pattern holds %d rows, want 1", n)
+	}
+	testenv.WaitFor(t, 10*time.Second, "3 schemas known", func() (bool, string) {
+		st := r.Status()
+		return len(st.Schemas) == 3, fmt.Sprintf("%d", len(st.Schemas))
+	})
+
+	// Metrics carry the schema label.
+	mfs, err := r.MetricsGatherer().Gather()
+	if err != nil {
+		t.Fatalf("gather: %v", err)
+	}
+	labelled := map[string]bool{}
+	for _, mf := range mfs {
+		if mf.GetName() != "stagedrain_jobs_pushed_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "schema" {
+					labelled[l.GetValue()] = true
+				}
+			}
+		}
+	}
+	if !labelled[fh.schemas[1]] || !labelled[late] {
+		t.Errorf("stagedrain_jobs_pushed_total schema labels %v, want %s and %s among them", labelled, fh.schemas[1], late)
+	}
+}
+
+// TestFleetMembersSplitSchemas runs two relays with the same Schemas: they
+// split the schemas between them, and when one stops the other takes them
+// all; every job is delivered once.
+func TestFleetMembersSplitSchemas(t *testing.T) {
+	fh := newFleetHarness(t, 6)
+	a := fh.start(fh.fleetConfig())
+	testenv.WaitFor(t, 10*time.Second, "the first relay leads all 6", func() (bool, string) {
+		got := leads(a)
+		return len(got) == 6, fmt.Sprintf("leads %q", got)
+	})
+	bctx, stopB := context.WithCancel(context.Background())
+	b, err := relay.New(fh.fleetConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	bdone := make(chan error, 1)
+	go func() { bdone <- b.Run(bctx) }()
+	defer func() { stopB(); <-bdone }()
+	testenv.WaitFor(t, 15*time.Second, "3 schemas each", func() (bool, string) {
+		la, lb := leads(a), leads(b)
+		return len(la) == 3 && len(lb) == 3, fmt.Sprintf("a leads %q, b leads %q", la, lb)
+	})
+	la, lb := leads(a), leads(b)
+	for _, s := range la {
+		if slices.Contains(lb, s) {
+			t.Fatalf("schema %s led by both: a %q, b %q", s, la, lb)
+		}
+	}
+	var want []string
+	for _, s := range fh.schemas {
+		want = append(want, fh.stageIn(s, "default"))
+	}
+	fh.waitJIDs("default", want)
+
+	stopB()
+	if err := <-bdone; err != nil {
+		t.Fatalf("b's Run: %v", err)
+	}
+	bdone <- nil
+	testenv.WaitFor(t, 15*time.Second, "a leads all 6 again", func() (bool, string) {
+		got := leads(a)
+		return len(got) == 6, fmt.Sprintf("leads %q", got)
+	})
+	for _, s := range fh.schemas {
+		want = append(want, fh.stageIn(s, "default"))
+	}
+	fh.waitJIDs("default", want)
+	if got := strings.Join(messages(fh.logs), "\n"); strings.Contains(got, "stepped down") {
+		t.Errorf("a relay stepped down (a release must not look like a failure):\n%s", got)
+	}
+}
