@@ -90,7 +90,14 @@ func leads(r *relay.Relay) []string {
 // matching schema, picks up a schema migrated after it started, lets go of
 // one dropped, and keeps draining the rest.
 func TestFleetDrainsEverySchema(t *testing.T) {
-	fh := newFleetHarness(t, 3)
+	fh := newFleetHarness(t, 2)
+	// Names apps do write: quotes, spaces, capitals, and one so long that
+	// its channel is the md5 form.
+	fh.addSchema(fh.base + `_Ten "ant"`)
+	fh.addSchema(fh.base + "_" + strings.Repeat("x", 63-len(fh.base)-1))
+	if len(fh.schemas) != 4 || len(relay.ChannelName(fh.schemas[3])) != 43 {
+		t.Fatalf("the long schema %q (%d bytes) does not get the md5 channel %q", fh.schemas[3], len(fh.schemas[3]), relay.ChannelName(fh.schemas[3]))
+	}
 	r := fh.start(fh.fleetConfig())
 	var want []string
 	for _, s := range fh.schemas {
@@ -101,10 +108,10 @@ func TestFleetDrainsEverySchema(t *testing.T) {
 	fh.waitJIDs("default", want)
 	testenv.WaitFor(t, 10*time.Second, "every schema led", func() (bool, string) {
 		got := leads(r)
-		return len(got) == 3, fmt.Sprintf("leads %q", got)
+		return len(got) == 4, fmt.Sprintf("leads %q", got)
 	})
-	if st := r.Status(); st.Role != relay.RoleLeader || len(st.Schemas) != 3 {
-		t.Errorf("Status: role %s, %d schemas; want leader of 3", st.Role, len(st.Schemas))
+	if st := r.Status(); st.Role != relay.RoleLeader || len(st.Schemas) != 4 {
+		t.Errorf("Status: role %s, %d schemas; want leader of 4", st.Role, len(st.Schemas))
 	}
 
 	// A new schema is found within a poll interval, without a restart.
@@ -112,7 +119,7 @@ func TestFleetDrainsEverySchema(t *testing.T) {
 	fh.addSchema(late)
 	want = append(want, fh.stageIn(late, "default"))
 	fh.waitJIDs("default", want)
-	fh.waitLog("schema found", 4)
+	fh.waitLog("schema found", 5)
 
 	// A dropped schema is let go, with a line; the others drain on.
 	if _, err := fh.conn.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{fh.schemas[0]}.Sanitize()+" CASCADE"); err != nil {
@@ -127,16 +134,49 @@ func TestFleetDrainsEverySchema(t *testing.T) {
 	if n := fh.staged(); n != 1 {
 		t.Errorf("the schema outside the pattern holds %d rows, want 1", n)
 	}
-	testenv.WaitFor(t, 10*time.Second, "3 schemas known", func() (bool, string) {
+	testenv.WaitFor(t, 10*time.Second, "4 schemas known", func() (bool, string) {
 		st := r.Status()
-		return len(st.Schemas) == 3, fmt.Sprintf("%d", len(st.Schemas))
+		return len(st.Schemas) == 4, fmt.Sprintf("%d", len(st.Schemas))
 	})
-
-	// Metrics carry the schema label.
+	// Each schema's drain is woken by its own channel's notifications,
+	// not only by the poll: the listener routes them. Its third session
+	// (after the late schema and the drop) LISTENs on the four left.
+	fh.waitLog("listening", 3)
+	for _, s := range append(fh.schemas[1:], late) {
+		want = append(want, fh.stageIn(s, "default"))
+	}
+	fh.waitJIDs("default", want)
+	notified := map[string]float64{}
 	mfs, err := r.MetricsGatherer().Gather()
 	if err != nil {
 		t.Fatalf("gather: %v", err)
 	}
+	for _, mf := range mfs {
+		if mf.GetName() != "stagedrain_wakeups_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			var schema, cause string
+			for _, l := range m.GetLabel() {
+				switch l.GetName() {
+				case "schema":
+					schema = l.GetValue()
+				case "cause":
+					cause = l.GetValue()
+				}
+			}
+			if cause == "notify" {
+				notified[schema] = m.GetCounter().GetValue()
+			}
+		}
+	}
+	for _, s := range append(fh.schemas[1:], late) {
+		if notified[s] < 1 {
+			t.Errorf("schema %q: %v notify wake-ups, want at least 1 (all: %v)", s, notified[s], notified)
+		}
+	}
+
+	// Metrics carry the schema label.
 	labelled := map[string]bool{}
 	for _, mf := range mfs {
 		if mf.GetName() != "stagedrain_jobs_pushed_total" {
@@ -205,4 +245,43 @@ func TestFleetMembersSplitSchemas(t *testing.T) {
 	if got := strings.Join(messages(fh.logs), "\n"); strings.Contains(got, "stepped down") {
 		t.Errorf("a relay stepped down (a release must not look like a failure):\n%s", got)
 	}
+}
+
+// TestFleetSetsAsideASchemaItCannotDrain: a schema that holds a
+// staged_jobs table stagedrain did not migrate, and one whose table the
+// relay's role may not touch, are each logged at error and retried; the
+// other schemas drain meanwhile.
+func TestFleetSetsAsideASchemaItCannotDrain(t *testing.T) {
+	fh := newFleetHarness(t, 1)
+	ctx := context.Background()
+	bare := fh.base + "_bare"
+	testenv.SchemaNamed(t, bare)
+	if _, err := fh.conn.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{bare}.Sanitize()+"; CREATE TABLE "+pgx.Identifier{bare, "staged_jobs"}.Sanitize()+" (id bigint)"); err != nil {
+		t.Fatal(err)
+	}
+	r := fh.start(fh.fleetConfig())
+	fh.waitLog("cannot drain this schema; retrying later", 1)
+	want := []string{fh.stageIn(fh.schemas[0], "default")}
+	fh.waitJIDs("default", want)
+	var bareErr string
+	for _, s := range r.Status().Schemas {
+		if s.Schema == bare {
+			bareErr = s.LastError
+			if s.Role == relay.RoleLeader {
+				t.Errorf("the unmigrated schema is led")
+			}
+		}
+	}
+	if !strings.Contains(bareErr, "not migrated") {
+		t.Errorf("the unmigrated schema's last error is %q, want it to say not migrated", bareErr)
+	}
+	// Migrated later, it is drained without a restart.
+	if _, err := fh.conn.Exec(ctx, "DROP TABLE "+pgx.Identifier{bare, "staged_jobs"}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := relay.Migrate(ctx, fh.conn, bare); err != nil {
+		t.Fatal(err)
+	}
+	want = append(want, fh.stageIn(bare, "default"))
+	fh.waitJIDs("default", want)
 }
