@@ -216,3 +216,18 @@ func (b *backpressure) pushed(ops []unitOp) {
 		}
 	}
 }
+
+// reset forgets every pause when leadership ends: pauses are the leader's
+// view of Redis, and a relay that does not lead pauses nothing (its
+// gauges go to 0, Status().Paused to nil). The next leader, this relay
+// again or another, finds them anew at its first push.
+func (b *backpressure) reset() {
+	for q, reason := range b.paused {
+		b.gauge.WithLabelValues(q, reason).Set(0)
+	}
+	clear(b.paused)
+	clear(b.held)
+	b.heldIDs = b.heldIDs[:0]
+	b.memChecked, b.memOver, b.memWhy, b.allHeld = time.Time{}, false, "", 0
+	b.state.setPaused(nil)
+}

@@ -240,3 +240,44 @@ func TestBackpressureRedisMemorySidekiq(t *testing.T) {
 		}
 	}
 }
+
+// A relay that loses leadership while it pauses a queue pauses nothing
+// any more: its stagedrain_backpressure goes to 0 and Status().Paused to
+// nil, and the new leader finds the pause anew at its first push.
+func TestBackpressureEndsWithLeadership(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	h := newHarness(t)
+	cfg := h.config()
+	cfg.MaxQueueLength, cfg.BatchSize, cfg.LeaderInterval = 1, 1, 100*time.Millisecond
+	a := h.start(cfg)
+	srvA := httptest.NewServer(a.MetricsHandler())
+	t.Cleanup(srvA.Close)
+	h.stageMany(jobsTo("full", 2, "")...)
+	testenv.WaitFor(t, 10*time.Second, "the leader pauses queue full", func() (bool, string) {
+		p := a.Status().Paused
+		return len(p) == 1, fmt.Sprintf("paused %v", p)
+	})
+	b := h.start(cfg)
+	testenv.WaitFor(t, 10*time.Second, "a standby", func() (bool, string) {
+		return b.Status().Role == relay.RoleStandby, string(b.Status().Role)
+	})
+	st, err := relay.ReadStatus(ctx, h.conn, relay.StatusParams{Schema: h.schema})
+	if err != nil || st.Leader == nil {
+		t.Fatalf("ReadStatus: %+v, %v; want a leader", st, err)
+	}
+	var ok bool
+	if err := h.conn.QueryRow(ctx, `SELECT pg_terminate_backend($1)`, st.Leader.BackendPID).Scan(&ok); err != nil || !ok {
+		t.Fatalf("pg_terminate_backend(%d) = %v, %v", st.Leader.BackendPID, ok, err)
+	}
+	testenv.WaitFor(t, 10*time.Second, "the standby leads and pauses queue full", func() (bool, string) {
+		return b.Status().Role == relay.RoleLeader && len(b.Status().Paused) == 1,
+			fmt.Sprintf("b: %s, paused %v; a: %s", b.Status().Role, b.Status().Paused, a.Status().Role)
+	})
+	if p := a.Status().Paused; a.Status().Role == relay.RoleLeader || p != nil {
+		t.Fatalf("the old leader: role %s, Status().Paused %v; want no leader, nil", a.Status().Role, p)
+	}
+	if v := scrapeMetrics(t, srvA.URL).value("stagedrain_backpressure", "queue", "full", "reason", "queue_length"); v != 0 {
+		t.Fatalf("the old leader's stagedrain_backpressure{queue=full} = %v, want 0", v)
+	}
+}

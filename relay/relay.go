@@ -342,7 +342,9 @@ func (r *Relay) leadWith(ctx context.Context, lockConn *pgx.Conn, lockMu *sync.M
 	}
 	g.Go(func() error { return r.drainLoop(ctx, pool, wake, gt) })
 	g.Go(func() error { r.summarize(ctx, r.summaryEvery); return nil })
-	return g.Wait()
+	err := g.Wait()
+	r.bp.reset() // the drain has returned
+	return err
 }
 
 // drainPoolConfig is the configuration of the drain's connection pool.
