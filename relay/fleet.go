@@ -571,7 +571,9 @@ func (s *fleetSession) after(ctx context.Context, t *tenant) error {
 	t.leading = false
 	t.cancel()
 	if s.closed() {
-		return fmt.Errorf("%w: schema %q: %w", errLostLock, t.schema, t.err)
+		// Not %w of t.err: a schema's failure (its table dropped, say)
+		// must not read as the whole process's (isFatal).
+		return fmt.Errorf("%w (schema %q stopped: %v)", errLostLock, t.schema, t.err)
 	}
 	if err := s.unlock(ctx, t); err != nil {
 		return err
