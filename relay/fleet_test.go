@@ -285,3 +285,33 @@ func TestFleetSetsAsideASchemaItCannotDrain(t *testing.T) {
 	want = append(want, fh.stageIn(bare, "default"))
 	fh.waitJIDs("default", want)
 }
+
+// TestFleetPollOnlyWithQueues: with PollOnly a fleet has no listener, so
+// its one poll statement is what wakes each schema; with Queues it asks
+// only for the group's queues, and a queue outside the group stays staged.
+func TestFleetPollOnlyWithQueues(t *testing.T) {
+	fh := newFleetHarness(t, 2)
+	cfg := fh.fleetConfig()
+	cfg.PollOnly, cfg.Queues = true, []string{"a"}
+	r := fh.start(cfg)
+	testenv.WaitFor(t, 10*time.Second, "both schemas led", func() (bool, string) {
+		got := leads(r)
+		return len(got) == 2, fmt.Sprintf("leads %q", got)
+	})
+	want := []string{fh.stageIn(fh.schemas[0], "a"), fh.stageIn(fh.schemas[1], "a")}
+	other := fh.stageIn(fh.schemas[1], "b")
+	fh.waitJIDs("a", want)
+	if got := fh.queueJIDs("b"); len(got) != 0 {
+		t.Fatalf("queue b, outside the group, got %v", got)
+	}
+	var n int
+	if err := fh.conn.QueryRow(context.Background(), "SELECT count(*) FROM "+pgx.Identifier{fh.schemas[1], "staged_jobs"}.Sanitize()+" WHERE jid = $1", other).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("the queue-b row: %d staged, %v; want 1", n, err)
+	}
+	if got := fh.logs.FilterMessage("listening").Len(); got != 0 {
+		t.Errorf("a PollOnly fleet listened (%d lines)", got)
+	}
+	if got := fh.logs.FilterMessage("fleet poll failed; waking every schema led").Len(); got != 0 {
+		t.Errorf("the fleet poll failed %d times: %v", got, messages(fh.logs))
+	}
+}
