@@ -87,6 +87,18 @@
 // or the DB. Run as many Relays per schema as you like, in other processes:
 // one leads and drains, the others stand by and take over.
 //
+// # Many schemas
+//
+// With Config.Schemas (names and '*' patterns, as [ParseSchemas] reads
+// them) instead of Config.Schema, one Relay drains every schema that holds
+// the source's table, finds new ones and lets dropped ones go without a
+// restart, and shares one lock connection, one listener and a drain pool
+// of four connections among them; each schema keeps its own leader lock,
+// fence, wake gate and dead letters, and its own error when it cannot be
+// drained (Status().Schemas). Relays with the same Schemas split the
+// schemas between them. [ListSchemas] lists the schemas a list names, for
+// admin tools.
+//
 // # Health and metrics
 //
 // [Relay.Status] is a snapshot of what the relay is doing (a [Role], since
