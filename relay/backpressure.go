@@ -75,11 +75,16 @@ type backpressure struct {
 	// allHeld counts the batches in a row, in this drain, that put every
 	// row back for backpressure.
 	allHeld int
+	// lookedAt is when a drain last claimed the rows of the queues paused
+	// for their length, to see whether their queues had room again; the
+	// drains in between leave them out (excluded).
+	lookedAt    time.Time
+	excludedNow map[string]bool
 }
 
 func newBackpressure(cfg Config, gauge *prometheus.GaugeVec, log *zap.Logger) *backpressure {
 	return &backpressure{maxLen: cfg.MaxQueueLength, ratio: cfg.RedisMaxMemoryRatio, gauge: gauge, log: log,
-		paused: make(map[string]string), held: make(map[string]bool)}
+		paused: make(map[string]string), held: make(map[string]bool), excludedNow: make(map[string]bool)}
 }
 
 // memory reports whether the memory ratio pauses pushes now, and why,
@@ -187,12 +192,34 @@ func (b *backpressure) stop() bool {
 	return b.memOver || b.allHeld >= maxPausedBatches
 }
 
+// excluded starts a drain's claims: it returns the queues paused for their
+// length, which the drain's claims leave out, so that the rows of other
+// queues behind a long paused backlog flow (a claim by id would otherwise
+// take the paused rows first, batch after batch, and put them back). Every
+// pausedRetry one drain leaves none out: its push finds whether a paused
+// queue has room again. Never nil (the claims' text[] argument).
+func (b *backpressure) excluded() []string {
+	clear(b.excludedNow)
+	out := []string{}
+	if time.Since(b.lookedAt) >= pausedRetry {
+		b.lookedAt = time.Now()
+		return out
+	}
+	for q, reason := range b.paused {
+		if reason == reasonQueueLength {
+			out = append(out, q)
+			b.excludedNow[q] = true
+		}
+	}
+	return out
+}
+
 // drainEnded ends the queue-length pauses of queues whose rows no drain
 // held back since the rows were last retried: the drains claimed all there
-// were, and pushed them.
+// were, and pushed them. A queue this drain left out stays paused.
 func (b *backpressure) drainEnded() {
 	for q, reason := range b.paused {
-		if reason == reasonQueueLength && !b.held[q] {
+		if reason == reasonQueueLength && !b.held[q] && !b.excludedNow[q] {
 			b.resume(q, "no job of the queue was held back")
 		}
 	}
@@ -227,6 +254,8 @@ func (b *backpressure) reset() {
 	}
 	clear(b.paused)
 	clear(b.held)
+	clear(b.excludedNow)
+	b.lookedAt = time.Time{}
 	b.heldIDs = b.heldIDs[:0]
 	b.memChecked, b.memOver, b.memWhy, b.allHeld = time.Time{}, false, "", 0
 	b.state.setPaused(nil)

@@ -281,3 +281,33 @@ func TestBackpressureEndsWithLeadership(t *testing.T) {
 		t.Fatalf("the old leader's stagedrain_backpressure{queue=full} = %v, want 0", v)
 	}
 }
+
+// A long backlog of a paused queue does not hold up the queues behind it:
+// the claims leave the paused queue's rows out (but for one look every
+// 500ms), so the other queue's jobs, staged after 3,000 paused ones, are
+// delivered at once rather than after the relay has claimed and put back
+// every paused row ahead of them, 40 every 500ms.
+func TestBackpressureLongPausedBacklogLetsOthersFlow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	h := newHarness(t)
+	const limit, batch = 10, 10
+	cfg := h.config()
+	cfg.MaxQueueLength, cfg.BatchSize = limit, batch
+	h.start(cfg)
+	h.stageMany(jobsTo("full", 3000, "")...)
+	h.waitLog("backpressure: pushes paused, jobs wait in PostgreSQL", 1)
+	flow := h.stageMany(jobsTo("flow", 5, "")...)
+	h.waitQueueLen("flow", 5, 5*time.Second)
+	if got := h.queueJIDs("flow"); len(got) != len(flow) {
+		t.Fatalf("queue flow holds %v, want %v", got, flow)
+	}
+	if n := h.rdb.LLen(ctx, h.key("queue:full")).Val(); n > limit+batch {
+		t.Fatalf("queue:full holds %d jobs, want at most %d", n, limit+batch)
+	}
+	// And the paused queue resumes once it has room.
+	if err := h.rdb.Del(ctx, h.key("queue:full")).Err(); err != nil {
+		t.Fatal(err)
+	}
+	h.waitLog("backpressure: pushes resumed", 1)
+}

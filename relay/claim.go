@@ -66,6 +66,9 @@ type tableSQL struct {
 	bury     string
 	version  string
 	staged   string
+	// excludes: the claims take a last argument, the queues whose rows
+	// they leave out (a text[], never NULL).
+	excludes bool
 }
 
 // claimColumns are the columns a batch reads, in stagedJob's scan order:
@@ -75,12 +78,16 @@ const claimColumns = `id, job_name, job_args, queue, run_at, jid, created_at, op
 
 // byQueue makes the claims take rows of the queues in $4 only (a relay with
 // Config.Queues): the scan by id steps over other queues' rows, a heap
-// fetch each (see README, "Several groups of queues").
+// fetch each (see README, "Several groups of queues"). The claims' last
+// argument ($4, or $5 with byQueue) lists queues they leave out
+// (tableSQL.excludes).
 func newTableSQL(schema string, byQueue bool) tableSQL {
 	table := pgx.Identifier{schema, "staged_jobs"}.Sanitize()
-	where, backlogWhere := "", ""
+	// The last argument of the claims: the queues backpressure pauses for
+	// their length, left out of the claims (see backpressure.excluded).
+	where, backlogWhere := ` AND queue <> ALL($4::text[])`, ""
 	if byQueue {
-		where, backlogWhere = ` AND queue = ANY($4::text[])`, ` WHERE queue = ANY($2::text[])`
+		where, backlogWhere = ` AND queue = ANY($4::text[]) AND queue <> ALL($5::text[])`, ` WHERE queue = ANY($2::text[])`
 	}
 	dead := pgx.Identifier{schema, "staged_jobs_dead"}.Sanitize()
 	migrations := pgx.Identifier{schema, "stagedrain_migrations"}.Sanitize()
@@ -142,7 +149,8 @@ func newTableSQL(schema string, byQueue bool) tableSQL {
 				options = excluded.options, reason = excluded.reason, failed_at = excluded.failed_at, attempts = d.attempts + 1`,
 		// The schema version Migrate recorded; NULL when it recorded none,
 		// and an undefined_table error when it never ran.
-		version: `SELECT max(version) FROM ` + migrations,
+		version:  `SELECT max(version) FROM ` + migrations,
+		excludes: true,
 	}
 }
 

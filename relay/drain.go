@@ -148,6 +148,7 @@ type claimed struct {
 func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]stagedJob, g *gate, log *zap.Logger) error {
 	// Poison rows a source left staged, and rows backpressure holds back.
 	skip := slices.Concat(r.poisoned, r.bp.drainStarts())
+	r.excluded = r.bp.excluded()
 	fullScan, lastFound := time.Now(), time.Now()
 	var rate flowRate
 	claimFromStart := func(buf *[]stagedJob) (claimed, error) {
@@ -261,7 +262,11 @@ func (r *Relay) claim(ctx context.Context, pool *pgxpool.Pool, buf *[]stagedJob,
 	if err != nil {
 		return c, fmt.Errorf("claim batch: %w", err)
 	}
-	*buf, err = claimBatch(ctx, conn.Conn(), r.sql.claim, r.src.scanner(), r.cfg.BatchSize, skip, from, *buf, r.claimArgs...)
+	args := r.claimArgs
+	if r.sql.excludes {
+		args = append(slices.Clip(args), r.excluded)
+	}
+	*buf, err = claimBatch(ctx, conn.Conn(), r.sql.claim, r.src.scanner(), r.cfg.BatchSize, skip, from, *buf, args...)
 	if err != nil {
 		claimed{conn: conn}.rollback(ctx)
 		return c, err

@@ -71,7 +71,7 @@ func BenchmarkClaim(b *testing.B) {
 	for b.Loop() {
 		if n%1000 == 0 {
 			var err error
-			if buf, err = claimBatch(ctx, conn, sql, nil, 1000, nil, fromStart, buf); err != nil {
+			if buf, err = claimBatch(ctx, conn, sql, nil, 1000, nil, fromStart, buf, []string{}); err != nil {
 				b.Fatal(err)
 			}
 			if len(buf) != 1000 {

@@ -112,7 +112,7 @@ func (e *privilegeEnv) statements(ctx context.Context) error {
 		{"claim, then put back", func(tx pgx.Tx) error {
 			// claimBatch begins a transaction of its own: nested in tx, a
 			// BEGIN only warns, and tx's rollback ends it.
-			jobs, err := claimBatch(ctx, tx.Conn(), r.sql.claim, nil, 10, nil, math.MinInt64, nil)
+			jobs, err := claimBatch(ctx, tx.Conn(), r.sql.claim, nil, 10, nil, math.MinInt64, nil, []string{})
 			if err != nil {
 				return err
 			}

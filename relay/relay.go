@@ -37,6 +37,10 @@ type Relay struct {
 	// left staged in this leadership: every claim skips them. Read and
 	// written by the drain loop only; reset when leadership starts.
 	poisoned []int64
+	// excluded are the queues the drain in progress leaves out of its
+	// claims (backpressure.excluded); set by the drain loop at each
+	// drain's start, read by its claims.
+	excluded []string
 	holder   string // names this relay in the fence hash
 	lockKey  string
 	// group is the sorted, comma-joined Config.Queues; "" for all queues.
