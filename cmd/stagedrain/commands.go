@@ -106,13 +106,20 @@ func (c *commonFlags) logger(cmd string, stdout io.Writer) (*zap.Logger, error) 
 	return zap.New(oneLineErrors{core}).Named("stagedrain").With(zap.String("host", host), zap.Int("pid", os.Getpid())), nil
 }
 
+// migrateFlags are migrate's flags.
+type migrateFlags struct {
+	commonFlags
+	schemas string
+}
+
 // newMigrateFlags declares migrate's flags.
-func newMigrateFlags() (*flagSet, *commonFlags) {
+func newMigrateFlags() (*flagSet, *migrateFlags) {
 	f := newFlagSet("migrate", "Create the schema (if missing), the staged_jobs table and its NOTIFY trigger,\n"+
 		"or upgrade them; with --source sidekiq_staged_push, add only the trigger to the\n"+
 		"gem's table. Safe to run again, and from several processes at once.")
-	c := new(commonFlags)
+	c := new(migrateFlags)
 	c.register(f)
+	registerSchemas(f, &c.schemas, "migrate these `schemas` instead of --schema: a comma list of names (created if missing) and patterns with '*' (tenant_*), which match the schemas that exist (with --source sidekiq_staged_push, those holding the gem's table)")
 	return f, c
 }
 
@@ -124,11 +131,18 @@ func migrateCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	if err := c.check(f); err != nil {
 		return err
 	}
+	items, err := schemasFlag(f, c.schemas)
+	if err != nil {
+		return err
+	}
 	log, err := c.logger("migrate", stdout)
 	if err != nil {
 		return err
 	}
 	warnUnknownEnv(log)
+	if items != nil {
+		return migrateSchemas(ctx, c.databaseURL, items, relay.Source(c.source), log)
+	}
 	return migrate(ctx, c.databaseURL, c.schema, relay.Source(c.source), log)
 }
 
@@ -142,13 +156,18 @@ func migrate(ctx context.Context, databaseURL, schema string, src relay.Source, 
 	if err != nil {
 		return err
 	}
+	logMigrated(log, schema, src, res)
+	return nil
+}
+
+// logMigrated writes migrate's line for a schema it migrated.
+func logMigrated(log *zap.Logger, schema string, src relay.Source, res relay.MigrateResult) {
 	if src == relay.SourceSidekiqStagedPush {
 		log.Info("migrated", zap.String("schema", schema), zap.String("source", string(src)),
 			zap.Strings("applied", res.Applied), zap.Int("version", res.Current))
-		return nil
+		return
 	}
 	log.Info("migrated", zap.String("schema", schema), zap.Strings("applied", res.Applied), zap.Int("version", res.Current))
-	return nil
 }
 
 // warnUnknownEnv logs, at warn, each STAGEDRAIN_* variable of the

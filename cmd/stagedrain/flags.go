@@ -150,6 +150,14 @@ func (f *flagSet) source(name string) string {
 	return "--" + name
 }
 
+// isSet reports whether flag name was given, on the command line or by its
+// environment variable, after parse.
+func (f *flagSet) isSet(name string) bool {
+	set := f.fromEnv[name]
+	f.fs.Visit(func(fl *flag.Flag) { set = set || fl.Name == name })
+	return set
+}
+
 // singleDash matches the "-name" the flag package writes in its errors.
 var singleDash = regexp.MustCompile(`(^|[\s:])-([a-zA-Z])`)
 
