@@ -287,6 +287,7 @@ func TestHelp(t *testing.T) {
 			"source":          "STAGEDRAIN_SOURCE",
 			"json":            "STAGEDRAIN_STATUS_JSON",
 			"redis-url":       "REDIS_URL",
+			"redis-mode":      "STAGEDRAIN_REDIS_MODE",
 			"redis-namespace": "STAGEDRAIN_REDIS_NAMESPACE",
 		}},
 		{"health", map[string]string{"metrics-addr": "STAGEDRAIN_METRICS_ADDR"}},

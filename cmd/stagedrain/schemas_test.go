@@ -6,6 +6,7 @@ import (
 	"errors"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -351,5 +352,70 @@ func TestStatusPaused(t *testing.T) {
 	})
 	if r := runCLI(args...); !regexp.MustCompile(`(?m)^paused +none$`).MatchString(r.stdout) {
 		t.Errorf("status after the pause ended:\n%s\nwant paused none", r.stdout)
+	}
+}
+
+// status's Redis flags are checked before it connects to anything: a URL
+// that cannot be parsed (never echoed) and an unknown mode are usage errors.
+func TestStatusRedisUsage(t *testing.T) {
+	t.Parallel()
+	db := relaytest.DatabaseURL()
+	for _, tt := range []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"bad url", []string{"--redis-url", "http://:s3cretpw@h"}, []string{"status: --redis-url cannot be parsed"}},
+		{"bad cluster url", []string{"--redis-mode", "cluster", "--redis-url", "http://:s3cretpw@h:1"}, []string{"status: --redis-url cannot be parsed as a cluster URL"}},
+		{"sentinel without master", []string{"--redis-mode", "sentinel", "--redis-url", "redis://:s3cretpw@h:26379/0"}, []string{"status: --redis-url cannot be parsed as a sentinel URL"}},
+		{"unknown mode", []string{"--redis-mode", "ring", "--redis-url", "redis://h:1/0"}, []string{"status: --redis-mode must be single, cluster or sentinel", `"ring"`}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			r := runCLI(append([]string{"status", "--database-url", db}, tt.args...)...)
+			checkUsageError(t, r, tt.want...)
+			if strings.Contains(r.stderr, "s3cretpw") {
+				t.Errorf("the password shows: %q", r.stderr)
+			}
+		})
+	}
+}
+
+// status --redis-mode cluster reads the paused queues from a Redis
+// Cluster, where the leader writes them as anywhere else: one hash, in the
+// slot of its key.
+func TestStatusPausedOnRedisCluster(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const password = "cluster-s3cret"
+	cluster := relaytest.StartRedisCluster(t, "--requirepass", password, "--masterauth", password)
+	var addrs []string
+	for _, n := range cluster.Nodes {
+		addrs = append(addrs, "127.0.0.1:"+strconv.Itoa(n.Port))
+	}
+	url := "redis://:" + password + "@" + addrs[0] + "?addr=" + addrs[1] + "&addr=" + addrs[2]
+	o, err := redis.ParseClusterURL(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.DisableIdentity = true
+	rdb := redis.NewClusterClient(o)
+	defer rdb.Close()
+	e := newRelayEnv(t)
+	db := e.conn.Config().Database
+	// The hash a leader writes (relay's TestBackpressurePublished checks
+	// its name).
+	key := e.ns + ":stagedrain:" + db + ":" + e.schema + ":paused"
+	if err := rdb.HSet(ctx, key, "*", "memory", "mail", "queue_length").Err(); err != nil {
+		t.Fatal(err)
+	}
+	r := runCLI("status", "--database-url", relaytest.DatabaseURL(), "--schema", e.schema,
+		"--redis-mode", "cluster", "--redis-url", url, "--redis-namespace", e.ns)
+	if r.code != 0 || r.stderr != "" ||
+		!regexp.MustCompile(`(?m)^paused +\* \(every queue\) \(memory\)\npaused +mail \(queue_length\)$`).MatchString(r.stdout) {
+		t.Errorf("status --redis-mode cluster: exit %d, stderr %q, stdout:\n%s\nwant * (memory) and mail paused", r.code, r.stderr, r.stdout)
+	}
+	if strings.Contains(r.stdout+r.stderr, password) {
+		t.Errorf("the password shows")
 	}
 }

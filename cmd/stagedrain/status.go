@@ -25,6 +25,7 @@ type statusFlags struct {
 	source         string
 	json           bool
 	redisURL       string
+	redisMode      string
 	redisNamespace string
 }
 
@@ -43,12 +44,48 @@ func newStatusFlags() (*flagSet, *statusFlags) {
 	f.env("source", "STAGEDRAIN_SOURCE")
 	f.fs.BoolVar(&c.json, "json", false, "print one JSON object instead of a table (with --schemas, an array of them)")
 	f.env("json", "STAGEDRAIN_STATUS_JSON")
-	f.fs.StringVar(&c.redisURL, "redis-url", "", "the relays' Redis `URL`, to show the queues their leader pauses for backpressure (single Redis; password never logged); none: pauses are not shown")
+	f.fs.StringVar(&c.redisURL, "redis-url", "", "the relays' Redis `URL`, to show the queues their leader pauses for backpressure (password never logged); none: pauses are not shown")
 	f.env("redis-url", "REDIS_URL")
+	f.fs.StringVar(&c.redisMode, "redis-mode", "single", "the `mode` of --redis-url, as run's: single, cluster or sentinel")
+	f.env("redis-mode", "STAGEDRAIN_REDIS_MODE")
 	f.fs.StringVar(&c.redisNamespace, "redis-namespace", "", "the relays' --redis-namespace, with --redis-url")
 	f.env("redis-namespace", "STAGEDRAIN_REDIS_NAMESPACE")
-	f.required("database-url", "schema", "source")
+	f.required("database-url", "schema", "source", "redis-mode")
 	return f, c
+}
+
+// redisClient returns status's Redis client for --redis-url and
+// --redis-mode, nil without --redis-url.
+func (c *statusFlags) redisClient(f *flagSet) (redis.UniversalClient, error) {
+	if c.redisURL == "" {
+		return nil, nil
+	}
+	const name = "stagedrain-status"
+	switch c.redisMode {
+	case "single":
+		o, err := redis.ParseURL(c.redisURL)
+		if err != nil {
+			return nil, usagef("status: %s cannot be parsed (want redis://[user:password@]host:port/db, or rediss:// for TLS)", f.source("redis-url"))
+		}
+		o.ClientName, o.DisableIdentity, o.Dialer = name, true, redisDialer(o.DialTimeout, o.TLSConfig)
+		return redis.NewClient(o), nil
+	case "cluster":
+		o, err := redis.ParseClusterURL(c.redisURL)
+		if err != nil {
+			return nil, usagef("status: %s cannot be parsed as a cluster URL (want redis://[user:password@]host1:port1?addr=host2:port2&addr=host3:port3)", f.source("redis-url"))
+		}
+		o.ClientName, o.DisableIdentity, o.Dialer = name, true, redisDialer(o.DialTimeout, o.TLSConfig)
+		return redis.NewClusterClient(o), nil
+	case "sentinel":
+		o, err := redis.ParseFailoverURL(c.redisURL)
+		if err != nil || o.MasterName == "" {
+			return nil, usagef("status: %s cannot be parsed as a sentinel URL (want redis://[user:password@]sentinel1:26379/db?master_name=mymaster&addr=sentinel2:26379[&password=...])", f.source("redis-url"))
+		}
+		o.ClientName, o.DisableIdentity, o.Dialer = name, true, redisDialer(o.DialTimeout, o.TLSConfig)
+		return redis.NewFailoverClient(o), nil
+	default:
+		return nil, usagef("status: %s must be single, cluster or sentinel, got %q", f.source("redis-mode"), c.redisMode)
+	}
 }
 
 // schemaStatus is what status shows; its JSON is status --json's output.
@@ -98,15 +135,11 @@ func statusCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 		return usagef("status: %s %s", f.source("source"), reason)
 	}
-	var rdb *redis.Client
-	if c.redisURL != "" {
-		ropts, err := redis.ParseURL(c.redisURL)
-		if err != nil {
-			return usagef("status: %s cannot be parsed (want redis://[user:password@]host:port/db, or rediss:// for TLS)", f.source("redis-url"))
-		}
-		ropts.ClientName, ropts.DisableIdentity = "stagedrain-status", true
-		ropts.Dialer = redisDialer(ropts.DialTimeout, ropts.TLSConfig)
-		rdb = redis.NewClient(ropts)
+	rdb, err := c.redisClient(f)
+	if err != nil {
+		return err
+	}
+	if rdb != nil {
 		defer rdb.Close()
 	}
 	cfg, err := pgx.ParseConfig(c.databaseURL)
