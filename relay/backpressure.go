@@ -3,11 +3,13 @@ package relay
 import (
 	"context"
 	"fmt"
+	"maps"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 )
 
@@ -31,6 +33,21 @@ import (
 // drains again every pausedRetry, retrying the held rows, and the pause
 // ends by itself when a push to the queue runs (or a drain finds none of
 // its rows held back), or when the memory is below the ratio.
+
+// The leader publishes what it pauses in Redis, in the hash of pausedKey,
+// for stagedrain status (ReadPaused) to show: a relay's own Status and
+// /readyz answer only where it runs. The hash expires pausedTTL after its
+// last write, and is written again every pausedRefresh while anything is
+// paused, so the entries of a relay that died or stopped leading vanish by
+// themselves; a pause that ends deletes its field. It is written at the
+// start of each drain and before each push (with the memory check), only
+// when the pauses changed or a refresh is due: while anything is paused
+// the drain loop drains every pausedRetry. A failed write is logged at
+// debug and retried after pausedRefresh: the pause itself goes on.
+const (
+	pausedTTL     = 10 * time.Second
+	pausedRefresh = time.Second
+)
 
 // memoryCheckEvery is how often, at most, INFO memory is read.
 const memoryCheckEvery = 500 * time.Millisecond
@@ -80,6 +97,16 @@ type backpressure struct {
 	// drains in between leave them out (excluded).
 	lookedAt    time.Time
 	excludedNow map[string]bool
+
+	// What pausedKey holds of this relay's pauses (pub.fields), when it
+	// was last written, and whether the pauses changed since.
+	pub struct {
+		key     string // "" until the first write
+		fields  map[string]string
+		at      time.Time
+		retryAt time.Time // after a failed write
+		dirty   bool
+	}
 }
 
 func newBackpressure(cfg Config, gauge *prometheus.GaugeVec, log *zap.Logger) *backpressure {
@@ -89,8 +116,57 @@ func newBackpressure(cfg Config, gauge *prometheus.GaugeVec, log *zap.Logger) *b
 
 // memory reports whether the memory ratio pauses pushes now, and why,
 // reading INFO memory at most every memoryCheckEvery. A failed read pauses
-// nothing: the push itself then fails, or succeeds.
+// nothing: the push itself then fails, or succeeds. Then it publishes the
+// pauses, if they changed or a refresh is due.
 func (b *backpressure) memory(ctx context.Context, r *Relay) (bool, string) {
+	over, why := b.checkMemory(ctx, r)
+	b.publish(ctx, r)
+	return over, why
+}
+
+// publish writes the pauses to pausedKey if they changed since the last
+// write, or the last was pausedRefresh ago and something is paused.
+func (b *backpressure) publish(ctx context.Context, r *Relay) {
+	p := &b.pub
+	now := time.Now()
+	if now.Before(p.retryAt) || !p.dirty && (len(b.paused) == 0 || now.Sub(p.at) < pausedRefresh) {
+		return
+	}
+	if p.key == "" {
+		p.key = pausedKey(r.cfg.RedisNamespace, r.pgCfg.Database, r.cfg.Schema)
+	}
+	var gone []string
+	for q := range p.fields {
+		if _, ok := b.paused[q]; !ok {
+			gone = append(gone, q)
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	_, err := r.cfg.Redis.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
+		if len(gone) > 0 {
+			pipe.HDel(ctx, p.key, gone...)
+		}
+		if len(b.paused) > 0 {
+			args := make([]any, 0, 2*len(b.paused))
+			for q, reason := range b.paused {
+				args = append(args, q, reason)
+			}
+			pipe.HSet(ctx, p.key, args...)
+			pipe.PExpire(ctx, p.key, pausedTTL)
+		}
+		return nil
+	})
+	if err != nil {
+		b.log.Debug("could not publish the paused queues", zap.String("key", p.key), zap.Error(err))
+		p.retryAt = now.Add(pausedRefresh)
+		return
+	}
+	p.fields, p.at, p.dirty = maps.Clone(b.paused), now, false
+}
+
+// checkMemory is memory's check of the memory ratio.
+func (b *backpressure) checkMemory(ctx context.Context, r *Relay) (bool, string) {
 	if b.ratio <= 0 {
 		return false, ""
 	}
@@ -133,6 +209,7 @@ func (b *backpressure) pause(queue, reason, why string) {
 		return
 	}
 	b.paused[queue] = reason
+	b.pub.dirty = true
 	b.state.setPaused(b.paused)
 	b.gauge.WithLabelValues(queue, reason).Set(1)
 	b.log.Warn("backpressure: pushes paused, jobs wait in PostgreSQL", zap.String("queue", queue),
@@ -146,6 +223,7 @@ func (b *backpressure) resume(queue, why string) {
 		return
 	}
 	delete(b.paused, queue)
+	b.pub.dirty = true
 	b.state.setPaused(b.paused)
 	b.gauge.WithLabelValues(queue, reason).Set(0)
 	b.log.Info("backpressure: pushes resumed", zap.String("queue", queue), zap.String("reason", reason), zap.String("detail", why))

@@ -192,6 +192,18 @@ func TestBackpressureRedisMemorySidekiq(t *testing.T) {
 	if p := r.Status().Paused; !slices.Equal(p, []relay.Paused{{Queue: "*", Reason: "memory"}}) {
 		t.Fatalf("Status().Paused = %v while paused, want * (memory)", p)
 	}
+	// Published for stagedrain status too (below maxmemory, Redis takes it).
+	published := func() []relay.Paused {
+		p, err := relay.ReadPaused(ctx, rdb, "", h.conn.Config().Database, h.schema)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	testenv.WaitFor(t, 10*time.Second, "ReadPaused to show * (memory)", func() (bool, string) {
+		p := published()
+		return slices.Equal(p, []relay.Paused{{Queue: "*", Reason: "memory"}}), fmt.Sprint(p)
+	})
 	if err := r.CheckReady(ctx); err != nil {
 		t.Fatalf("CheckReady while paused: %v, want ready", err)
 	}
@@ -209,6 +221,10 @@ func TestBackpressureRedisMemorySidekiq(t *testing.T) {
 
 	out := startTraceWorker(t, srv.URL())
 	h.waitLog("backpressure: pushes resumed", 1)
+	testenv.WaitFor(t, 10*time.Second, "ReadPaused to show nothing", func() (bool, string) {
+		p := published()
+		return p == nil, fmt.Sprint(p)
+	})
 	testenv.WaitFor(t, 60*time.Second, "Sidekiq to run every job", func() (bool, string) {
 		n := strings.Count(out.String(), "traced ")
 		return n >= len(jids) && h.staged() == 0, fmt.Sprintf("%d of %d ran, %d staged", n, len(jids), h.staged())

@@ -270,20 +270,26 @@ func TestHelp(t *testing.T) {
 		"migrate":                "STAGEDRAIN_MIGRATE",
 		"metrics-addr":           "STAGEDRAIN_METRICS_ADDR",
 	}
+	migrateFlags := map[string]string{"schemas": "STAGEDRAIN_SCHEMAS"}
 	for k, v := range common {
 		runFlags[k] = v
+		migrateFlags[k] = v
 	}
 	tests := []struct {
 		cmd   string
 		flags map[string]string // flag -> environment variable
 	}{
-		{"migrate", common},
+		{"migrate", migrateFlags},
 		{"run", runFlags},
 		{"status", map[string]string{
-			"database-url": "DATABASE_URL",
-			"schema":       "STAGEDRAIN_SCHEMA",
-			"source":       "STAGEDRAIN_SOURCE",
-			"json":         "STAGEDRAIN_STATUS_JSON",
+			"database-url":    "DATABASE_URL",
+			"schema":          "STAGEDRAIN_SCHEMA",
+			"schemas":         "STAGEDRAIN_SCHEMAS",
+			"source":          "STAGEDRAIN_SOURCE",
+			"json":            "STAGEDRAIN_STATUS_JSON",
+			"redis-url":       "REDIS_URL",
+			"redis-mode":      "STAGEDRAIN_REDIS_MODE",
+			"redis-namespace": "STAGEDRAIN_REDIS_NAMESPACE",
 		}},
 		{"health", map[string]string{"metrics-addr": "STAGEDRAIN_METRICS_ADDR"}},
 		{"bench", map[string]string{

@@ -106,21 +106,20 @@ func (c *commonFlags) logger(cmd string, stdout io.Writer) (*zap.Logger, error) 
 	return zap.New(oneLineErrors{core}).Named("stagedrain").With(zap.String("host", host), zap.Int("pid", os.Getpid())), nil
 }
 
-// fieldReason is the Reason of a *relay.FieldError, else err's text.
-func fieldReason(err error) string {
-	if fe := (*relay.FieldError)(nil); errors.As(err, &fe) {
-		return fe.Reason
-	}
-	return err.Error()
+// migrateFlags are migrate's flags.
+type migrateFlags struct {
+	commonFlags
+	schemas string
 }
 
 // newMigrateFlags declares migrate's flags.
-func newMigrateFlags() (*flagSet, *commonFlags) {
+func newMigrateFlags() (*flagSet, *migrateFlags) {
 	f := newFlagSet("migrate", "Create the schema (if missing), the staged_jobs table and its NOTIFY trigger,\n"+
 		"or upgrade them; with --source sidekiq_staged_push, add only the trigger to the\n"+
 		"gem's table. Safe to run again, and from several processes at once.")
-	c := new(commonFlags)
+	c := new(migrateFlags)
 	c.register(f)
+	registerSchemas(f, &c.schemas, "migrate these `schemas` instead of --schema: a comma list of names (created if missing) and patterns with '*' (tenant_*), which match the schemas that exist (with --source sidekiq_staged_push, those holding the gem's table)")
 	return f, c
 }
 
@@ -132,11 +131,18 @@ func migrateCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	if err := c.check(f); err != nil {
 		return err
 	}
+	items, err := schemasFlag(f, c.schemas)
+	if err != nil {
+		return err
+	}
 	log, err := c.logger("migrate", stdout)
 	if err != nil {
 		return err
 	}
 	warnUnknownEnv(log)
+	if items != nil {
+		return migrateSchemas(ctx, c.databaseURL, items, relay.Source(c.source), log)
+	}
 	return migrate(ctx, c.databaseURL, c.schema, relay.Source(c.source), log)
 }
 
@@ -150,13 +156,18 @@ func migrate(ctx context.Context, databaseURL, schema string, src relay.Source, 
 	if err != nil {
 		return err
 	}
+	logMigrated(log, schema, src, res)
+	return nil
+}
+
+// logMigrated writes migrate's line for a schema it migrated.
+func logMigrated(log *zap.Logger, schema string, src relay.Source, res relay.MigrateResult) {
 	if src == relay.SourceSidekiqStagedPush {
 		log.Info("migrated", zap.String("schema", schema), zap.String("source", string(src)),
 			zap.Strings("applied", res.Applied), zap.Int("version", res.Current))
-		return nil
+		return
 	}
 	log.Info("migrated", zap.String("schema", schema), zap.Strings("applied", res.Applied), zap.Int("version", res.Current))
-	return nil
 }
 
 // warnUnknownEnv logs, at warn, each STAGEDRAIN_* variable of the
@@ -260,8 +271,7 @@ func newRunFlags() (*flagSet, *runFlags) {
 	f.env("poll-only", "STAGEDRAIN_POLL_ONLY")
 	f.fs.StringVar(&c.queues, "queues", "", "drain only these `queues` (comma list), as a group with a leader lock of its own; relays of a schema must have equal or disjoint lists (default: all queues)")
 	f.env("queues", "STAGEDRAIN_QUEUES")
-	f.fs.StringVar(&c.schemas, "schemas", "", "drain many schemas from one process: a comma `list` of schema names and patterns such as tenant_* (a schema is drained once it holds the table; new ones are found within --poll-interval); instead of --schema")
-	f.env("schemas", "STAGEDRAIN_SCHEMAS")
+	registerSchemas(f, &c.schemas, "drain many schemas from one process: a comma `list` of schema names and patterns such as tenant_* (a schema is drained once it holds the table; new ones are found within --poll-interval); instead of --schema")
 	f.fs.BoolVar(&c.migrate, "migrate", false, "run migrate before draining (retried until PostgreSQL answers)")
 	f.env("migrate", "STAGEDRAIN_MIGRATE")
 	registerMetricsAddr(f, &c.metricsAddr)
@@ -303,15 +313,9 @@ func (c *runFlags) config(f *flagSet) (relay.Config, func() redis.UniversalClien
 			queues[i] = strings.TrimSpace(q)
 		}
 	}
-	var schemas []string
-	if c.schemas != "" {
-		if f.isSet("schema") {
-			return relay.Config{}, nil, usagef("run: %s and %s are exclusive: name the one schema in --schemas, or give --schema alone", f.source("schema"), f.source("schemas"))
-		}
-		var err error
-		if schemas, err = relay.ParseSchemas(c.schemas); err != nil {
-			return relay.Config{}, nil, usagef("run: %s %s", f.source("schemas"), fieldReason(err))
-		}
+	schemas, err := schemasFlag(f, c.schemas)
+	if err != nil {
+		return relay.Config{}, nil, err
 	}
 	newRedis, err := c.redisClient(f)
 	if err != nil {
@@ -395,7 +399,22 @@ func runCmd(ctx context.Context, args []string, stdout io.Writer) error {
 		}
 		defer l.Close() // after Serve, a no-op; it closes it too
 	}
-	if c.migrate {
+	if c.migrate && len(cfg.Schemas) > 0 {
+		// A schema that fails to migrate is logged, and the relay drains
+		// the others (it sets that one aside, with its error, until it is
+		// migrated); so is a list that matches no schema yet.
+		err := retryMigrate(ctx, c.maxBackoff, log, func() error {
+			return migrateSchemas(ctx, c.databaseURL, cfg.Schemas, relay.Source(c.source), log)
+		})
+		if se := (*schemasError)(nil); errors.As(err, &se) {
+			log.Warn("migrate did not migrate every schema; draining those that are", zap.Error(err))
+		} else if err != nil {
+			return err
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+	} else if c.migrate {
 		if err := migrateWithRetry(ctx, c.databaseURL, c.schema, relay.Source(c.source), c.maxBackoff, log); err != nil {
 			return err
 		}
@@ -409,13 +428,19 @@ func runCmd(ctx context.Context, args []string, stdout io.Writer) error {
 // migrateWithRetry runs migrate until it succeeds, ctx ends, or it fails for
 // a reason other than an unreachable server.
 func migrateWithRetry(ctx context.Context, databaseURL, schema string, src relay.Source, maxBackoff time.Duration, log *zap.Logger) error {
+	return retryMigrate(ctx, maxBackoff, log, func() error { return migrate(ctx, databaseURL, schema, src, log) })
+}
+
+// retryMigrate runs migrate until it succeeds, ctx ends (nil), or it fails
+// for a reason other than an unreachable server.
+func retryMigrate(ctx context.Context, maxBackoff time.Duration, log *zap.Logger, migrate func() error) error {
 	wait := 100 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		err := migrate(ctx, databaseURL, schema, src, log)
+		err := migrate()
 		if err == nil || ctx.Err() != nil {
 			return nil
 		}
-		if !transient(err) {
+		if se := (*schemasError)(nil); errors.As(err, &se) || !transient(err) {
 			return err // the server answered and said no: waiting will not help
 		}
 		log.Warn("migrate failed, retrying", zap.Error(err), zap.Int("attempt", attempt), zap.Duration("wait", wait))

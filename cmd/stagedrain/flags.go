@@ -141,14 +141,6 @@ func (f *flagSet) required(names ...string) {
 	}
 }
 
-// isSet reports whether flag name was given, on the command line or by
-// its environment variable.
-func (f *flagSet) isSet(name string) bool {
-	set := false
-	f.fs.Visit(func(fl *flag.Flag) { set = set || fl.Name == name })
-	return set || f.fromEnv[name]
-}
-
 // source names where flag name's value came from, for a message:
 // "--name", or "$ENV (--name)" when it came from the environment.
 func (f *flagSet) source(name string) string {
@@ -156,6 +148,14 @@ func (f *flagSet) source(name string) string {
 		return "$" + f.envs[name] + " (--" + name + ")"
 	}
 	return "--" + name
+}
+
+// isSet reports whether flag name was given, on the command line or by its
+// environment variable, after parse.
+func (f *flagSet) isSet(name string) bool {
+	set := f.fromEnv[name]
+	f.fs.Visit(func(fl *flag.Flag) { set = set || fl.Name == name })
+	return set
 }
 
 // singleDash matches the "-name" the flag package writes in its errors.

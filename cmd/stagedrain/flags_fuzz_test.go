@@ -37,6 +37,9 @@ func fuzzCommands() []fuzzCommand {
 			if err := c.check(f); err != nil {
 				return err
 			}
+			if _, err := schemasFlag(f, c.schemas); err != nil {
+				return err
+			}
 			_, err := c.logger("migrate", io.Discard)
 			return err
 		}},
@@ -60,8 +63,12 @@ func fuzzCommands() []fuzzCommand {
 			return err
 		}},
 		{"status", func(args []string) error {
-			f, _ := newStatusFlags()
-			return f.parse(args, io.Discard)
+			f, c := newStatusFlags()
+			if err := f.parse(args, io.Discard); err != nil {
+				return err
+			}
+			_, err := schemasFlag(f, c.schemas)
+			return err
 		}},
 		{"health", func(args []string) error {
 			f, _ := newHealthFlags()

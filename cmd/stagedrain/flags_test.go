@@ -16,7 +16,11 @@ const readmeFlagHeader = "| flag | environment | default | commands | meaning |"
 // flagRow is one row of README.md's flag table.
 type flagRow struct {
 	env, def string
-	cmds     []string
+	// defs are the defaults of the commands whose default is not def: the
+	// default cell "`x`; status: (none)" has def `x` and defs[status]
+	// (none).
+	defs map[string]string
+	cmds []string
 }
 
 // readmeFlags parses README.md's flag table: flag name -> row.
@@ -52,7 +56,21 @@ func readmeFlags(t *testing.T) map[string]flagRow {
 		for _, c := range strings.Split(cells[3], ",") {
 			cmds = append(cmds, strings.TrimSpace(c))
 		}
-		rows[name] = flagRow{env: strings.Trim(cells[1], "`"), def: cells[2], cmds: cmds}
+		row := flagRow{env: strings.Trim(cells[1], "`"), cmds: cmds}
+		defs := strings.Split(cells[2], "; ")
+		row.def = defs[0]
+		for _, d := range defs[1:] {
+			cmd, def, ok := strings.Cut(d, ": ")
+			if !ok {
+				t.Errorf("README.md flag table: --%s's default %q, want `x` or `x`; command: `y`", name, cells[2])
+				continue
+			}
+			if row.defs == nil {
+				row.defs = make(map[string]string)
+			}
+			row.defs[cmd] = def
+		}
+		rows[name] = row
 	}
 	if len(rows) == 0 {
 		t.Fatal("README.md's flag table has no rows")
@@ -81,13 +99,17 @@ func TestREADMEFlagTable(t *testing.T) {
 			if row.env != env {
 				t.Errorf("README.md: --%s reads %q, but %s reads $%s", fl.Name, row.env, f.cmd, env)
 			}
+			def := row.def
+			if d, ok := row.defs[f.cmd]; ok {
+				def = d
+			}
 			want := "`" + fl.DefValue + "`"
 			if fl.DefValue == "" {
-				if row.def != "(required)" && row.def != "(none)" {
-					t.Errorf("README.md: --%s defaults to %s, but %s's default is empty: want (required) or (none)", fl.Name, row.def, f.cmd)
+				if def != "(required)" && def != "(none)" {
+					t.Errorf("README.md: --%s defaults to %s, but %s's default is empty: want (required) or (none)", fl.Name, def, f.cmd)
 				}
-			} else if row.def != want {
-				t.Errorf("README.md: --%s defaults to %s, but %s's default is %s", fl.Name, row.def, f.cmd, want)
+			} else if def != want {
+				t.Errorf("README.md: --%s defaults to %s, but %s's default is %s", fl.Name, def, f.cmd, want)
 			}
 		})
 	}

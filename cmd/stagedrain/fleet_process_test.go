@@ -83,7 +83,7 @@ func TestRunSchemasFlag(t *testing.T) {
 	t.Parallel()
 	url := relaytest.DatabaseURL()
 	checkUsageError(t, runCLI("run", "--database-url", url, "--schema", "a", "--schemas", "b"),
-		"run: --schema and --schemas are exclusive")
+		"run: --schema and --schemas cannot be used together")
 	checkUsageError(t, runCLI("run", "--database-url", url, "--schemas", "a,,b"),
 		"run: --schemas must not hold an empty item")
 	checkUsageError(t, runCLI("run", "--database-url", url, "--schemas", "a,a"),

@@ -124,7 +124,7 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	case "run":
 		return runCmd(ctx, rest, stdout)
 	case "status":
-		return statusCmd(ctx, rest, stdout)
+		return statusCmd(ctx, rest, stdout, stderr)
 	case "health":
 		return healthCmd(ctx, rest, stdout)
 	case "dead":

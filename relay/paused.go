@@ -1,0 +1,30 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// ReadPaused returns what the leaders of a schema's relays pause now for
+// backpressure, sorted by queue (nil when nothing is), as they publish it
+// in Redis (backpressure.go): the relays' namespace (Config.RedisNamespace),
+// the database they drain (its name, as in the database URL) and the
+// schema. A relay that died or stopped leading drops out within about ten
+// seconds. stagedrain status --redis-url shows it.
+func ReadPaused(ctx context.Context, rdb redis.Cmdable, namespace, database, schema string) ([]Paused, error) {
+	key := pausedKey(namespace, database, schema)
+	m, err := rdb.HGetAll(ctx, key).Result()
+	if err != nil {
+		return nil, fmt.Errorf("read the paused queues (%s): %w", key, err)
+	}
+	var p []Paused
+	for q, reason := range m {
+		p = append(p, Paused{Queue: q, Reason: reason})
+	}
+	slices.SortFunc(p, func(a, b Paused) int { return strings.Compare(a.Queue, b.Queue) })
+	return p, nil
+}
