@@ -89,3 +89,30 @@ func TestRunSchemasFlag(t *testing.T) {
 	checkUsageError(t, runCLI("run", "--database-url", url, "--schemas", "a,a"),
 		`run: --schemas names "a" twice`)
 }
+
+// run --migrate --schemas migrates the schemas the list names (created
+// empty by the app, as a tenant's signup does) and drains them; one that
+// cannot be migrated is logged, and the others drain.
+func TestRunMigrateSchemas(t *testing.T) {
+	t.Parallel()
+	d := newDefaultsEnv(t)
+	ctx := context.Background()
+	for _, s := range []string{"tenant_a", "tenant_b"} {
+		if _, err := d.conn.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{s}.Sanitize()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A table of the same name that is not stagedrain's: its migration
+	// fails, and the relay goes on with the others.
+	if _, err := d.conn.Exec(ctx, `CREATE SCHEMA tenant_odd; CREATE TABLE tenant_odd.staged_jobs (id text)`); err != nil {
+		t.Fatal(err)
+	}
+	p := d.start("relay", "--migrate", "--schemas", "tenant_*")
+	waitLines(t, p, "became leader", 2)
+	d.waitDelivered("default", d.stageIn("tenant_a"), d.stageIn("tenant_b"))
+	if n := p.count(rootLogger, "migrate failed"); n != 1 {
+		t.Errorf("%d lines \"migrate failed\", want 1 (tenant_odd); output:\n%s", n, p.output())
+	}
+	p.waitLog(rootLogger, "migrate did not migrate every schema; draining those that are", 5*time.Second)
+	checkUp(t, p)
+}
