@@ -26,9 +26,10 @@ import (
 // share is the process's connections:
 //
 //   - one lock connection, which holds every leader lock the process has
-//     and each schema's gate locks, pinged by one keepLock: if it fails,
-//     every schema it led is let go at once, as PostgreSQL releases its
-//     locks;
+//     and each schema's gate locks; the count of the fleet's members every
+//     LeaderInterval/2 is its keepalive (as keepLock's ping is a single
+//     relay's): if it fails, every schema it led is let go at once, as
+//     PostgreSQL releases its locks;
 //   - one listener, LISTENing on every schema's channel;
 //   - one drain pool of fleetDrainConns connections, from which each
 //     leading schema claims and commits its batches (at most two at a time,
@@ -244,9 +245,6 @@ func (f *fleet) session(ctx context.Context, pool *pgxpool.Pool) (connected time
 	defer s.letAllGo()
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	lost := make(chan error, 1)
-	go func() { lost <- r.keepLock(sctx, conn, &mu) }()
-	defer func() { cancel(); <-lost }()
 	for _, t := range f.tenants {
 		t.joined = false
 	}
@@ -265,12 +263,6 @@ func (f *fleet) session(ctx context.Context, pool *pgxpool.Pool) (connected time
 		select {
 		case <-ctx.Done():
 			return connected, ctx.Err()
-		case err := <-lost:
-			lost <- nil // for the deferred wait
-			if err == nil {
-				return connected, ctx.Err()
-			}
-			return connected, err
 		case t := <-s.ended:
 			if err := s.after(sctx, t); err != nil {
 				return connected, err
@@ -284,7 +276,9 @@ func (f *fleet) session(ctx context.Context, pool *pgxpool.Pool) (connected time
 			if err := s.balance(sctx); err != nil {
 				return connected, err
 			}
-			balance.Reset(jitter(r.cfg.LeaderInterval))
+			// Also the lock connection's keepalive: at keepLock's pace,
+			// so that idle_session_timeout never ends it.
+			balance.Reset(jitter(r.cfg.LeaderInterval / 2))
 		case <-polls.C:
 			s.poll(sctx)
 			polls.Reset(jitter(r.cfg.PollInterval))
@@ -430,7 +424,8 @@ func (s *fleetSession) stopListening() {
 	}
 }
 
-// balance counts the fleet's members, lets go of the schemas led past this
+// balance counts the fleet's members (which keeps the lock connection from
+// going idle), lets go of the schemas led past this
 // process's share, and tries for the schemas nobody leads, up to it.
 func (s *fleetSession) balance(ctx context.Context) error {
 	f, r := s.f, s.f.r
@@ -439,7 +434,7 @@ func (s *fleetSession) balance(ctx context.Context) error {
 		return conn.QueryRow(ctx, membersSQL, f.memberKey).Scan(&members)
 	})
 	if err != nil {
-		return fmt.Errorf("count the fleet's members: %w", err)
+		return fmt.Errorf("%w: count the fleet's members: %w", errLostLock, err)
 	}
 	r.state.pgAnswered()
 	members = max(members, 1)

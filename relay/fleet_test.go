@@ -315,3 +315,39 @@ func TestFleetPollOnlyWithQueues(t *testing.T) {
 		t.Errorf("the fleet poll failed %d times: %v", got, messages(fh.logs))
 	}
 }
+
+// TestFleetLockConnectionLost: when PostgreSQL ends the lock connection
+// (here pg_terminate_backend; a freeze past idle_session_timeout does the
+// same), every schema it led is let go at once, and the relay reconnects
+// and leads them all again.
+func TestFleetLockConnectionLost(t *testing.T) {
+	fh := newFleetHarness(t, 3)
+	ctx := context.Background()
+	r := fh.start(fh.fleetConfig())
+	testenv.WaitFor(t, 10*time.Second, "every schema led", func() (bool, string) {
+		got := leads(r)
+		return len(got) == 3, fmt.Sprintf("leads %q", got)
+	})
+	st, err := relay.ReadStatus(ctx, fh.conn, relay.StatusParams{Schema: fh.schemas[0]})
+	if err != nil || st.Leader == nil {
+		t.Fatalf("ReadStatus: %+v, %v; want a leader", st, err)
+	}
+	// One connection holds every schema's leader lock.
+	for _, s := range fh.schemas[1:] {
+		other, err := relay.ReadStatus(ctx, fh.conn, relay.StatusParams{Schema: s})
+		if err != nil || other.Leader == nil || other.Leader.BackendPID != st.Leader.BackendPID {
+			t.Fatalf("schema %s: leader %+v, %v; want the lock connection of %s's (pid %d)", s, other.Leader, err, fh.schemas[0], st.Leader.BackendPID)
+		}
+	}
+	var ok bool
+	if err := fh.conn.QueryRow(ctx, `SELECT pg_terminate_backend($1)`, st.Leader.BackendPID).Scan(&ok); err != nil || !ok {
+		t.Fatalf("pg_terminate_backend(%d) = %v, %v", st.Leader.BackendPID, ok, err)
+	}
+	fh.waitLog("database session failed, retrying", 1)
+	fh.waitLog("became leader", 6)
+	var want []string
+	for _, s := range fh.schemas {
+		want = append(want, fh.stageIn(s, "default"))
+	}
+	fh.waitJIDs("default", want)
+}
