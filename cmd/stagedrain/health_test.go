@@ -80,8 +80,9 @@ func waitReady(t *testing.T, addr string, code int, role string) readyBody {
 // checkMetrics GETs addr's /metrics and checks that it is Prometheus's
 // text format, with the relay's metrics, Go's and the process's, and that
 // each series in want has the value given ("" for a series that must be
-// absent).
-func checkMetrics(t *testing.T, addr string, want map[string]string) {
+// absent). Every stagedrain_ series must carry the label schema="<schema>",
+// which want leaves out.
+func checkMetrics(t *testing.T, addr, schema string, want map[string]string) {
 	t.Helper()
 	c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
 	resp, err := c.Get("http://" + addr + "/metrics")
@@ -95,9 +96,19 @@ func checkMetrics(t *testing.T, addr string, want map[string]string) {
 	}
 	values := make(map[string]string) // series -> value
 	for _, l := range strings.Split(string(raw), "\n") {
-		if series, value, ok := strings.Cut(l, " "); ok && !strings.HasPrefix(l, "#") {
-			values[series] = value
+		series, value, ok := strings.Cut(l, " ")
+		if !ok || strings.HasPrefix(l, "#") {
+			continue
 		}
+		if strings.HasPrefix(series, "stagedrain_") {
+			label := `schema="` + schema + `"`
+			stripped := strings.NewReplacer("{"+label+"}", "", ","+label, "", "{"+label+",", "{").Replace(series)
+			if stripped == series {
+				t.Errorf("/metrics of %s: %s has no label %s", addr, series, label)
+			}
+			series = stripped
+		}
+		values[series] = value
 	}
 	for _, series := range []string{"go_goroutines", "process_resident_memory_bytes",
 		`stagedrain_wakeups_total{cause="reconnect"}`, `stagedrain_errors_total{kind="redis"}`, "stagedrain_batches_total"} {
@@ -137,7 +148,7 @@ func TestHealthEndpoints(t *testing.T) {
 	if err != nil || code != http.StatusOK || raw != "ok\n" {
 		t.Errorf("/healthz = %d %q, %v; want 200 \"ok\\n\"", code, raw, err)
 	}
-	checkMetrics(t, leaderAddr, map[string]string{"stagedrain_leader": "1", "stagedrain_backlog_jobs": "0"})
+	checkMetrics(t, leaderAddr, e.schema, map[string]string{"stagedrain_leader": "1", "stagedrain_backlog_jobs": "0"})
 	if r := runCLI("health", "--metrics-addr", leaderAddr); r.code != 0 || r.stdout != "ready: leader\n" || r.stderr != "" {
 		t.Errorf("health against the leader: exit %d, stdout %q, stderr %q; want 0, \"ready: leader\\n\"", r.code, r.stdout, r.stderr)
 	}
@@ -150,7 +161,7 @@ func TestHealthEndpoints(t *testing.T) {
 	inProcessRelay(t, args(standbyAddr)...)
 	waitReady(t, standbyAddr, http.StatusOK, "standby")
 	// Only the leader reports the backlog.
-	checkMetrics(t, standbyAddr, map[string]string{"stagedrain_leader": "0", "stagedrain_backlog_jobs": ""})
+	checkMetrics(t, standbyAddr, e.schema, map[string]string{"stagedrain_leader": "0", "stagedrain_backlog_jobs": ""})
 	if r := runCLI("health", "--metrics-addr", standbyAddr); r.code != 0 || r.stdout != "ready: standby\n" {
 		t.Errorf("health against the standby: exit %d, stdout %q, stderr %q; want 0, \"ready: standby\\n\"", r.code, r.stdout, r.stderr)
 	}

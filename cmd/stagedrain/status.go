@@ -48,7 +48,7 @@ func newStatusFlags() (*flagSet, *statusFlags) {
 	f.env("redis-url", "REDIS_URL")
 	f.fs.StringVar(&c.redisMode, "redis-mode", "single", "the `mode` of --redis-url, as run's: single, cluster or sentinel")
 	f.env("redis-mode", "STAGEDRAIN_REDIS_MODE")
-	f.fs.StringVar(&c.redisNamespace, "redis-namespace", "", "the relays' --redis-namespace, with --redis-url")
+	f.fs.StringVar(&c.redisNamespace, "redis-namespace", "", "the relays' `namespace` (their --redis-namespace), with --redis-url")
 	f.env("redis-namespace", "STAGEDRAIN_REDIS_NAMESPACE")
 	f.required("database-url", "schema", "source", "redis-mode")
 	return f, c
