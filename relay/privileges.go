@@ -109,8 +109,10 @@ const privilegesSQL = `SELECT priv, tbl, current_user::text FROM (
 	UNION ALL
 	SELECT min(p.ord), p.priv, p.tbl
 	FROM unnest($2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS p(tbl, priv, col, ord)
-	JOIN pg_namespace n ON n.nspname = $1
-	JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = p.tbl
+	-- The schema's oid as a scalar: a join on pg_namespace made the planner
+	-- find the tables by relname alone, every schema's staged_jobs, then
+	-- filter (52ms a check with 1,000 tenant schemas, against 0.8ms).
+	JOIN pg_class c ON c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = $1) AND c.relname = p.tbl
 	LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = p.col AND NOT a.attisdropped
 	WHERE NOT CASE p.col
 		WHEN '' THEN has_table_privilege(c.oid, p.priv)
