@@ -321,14 +321,14 @@ func benchRows(t *testing.T, p *proc) (map[string][]string, string) {
 }
 
 // benchNumber reads the figure at the start of a cell: 1,234 or 1.5ms or
-// 7.2/s or 26.0 MiB.
+// 7.2/s or 26.0 MiB or 1.02s.
 func benchNumber(cell string) (float64, bool) {
 	f := strings.Fields(cell)
 	if len(f) == 0 {
 		return 0, false
 	}
 	s := strings.ReplaceAll(f[0], ",", "")
-	s = strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(s, "/s"), "ms"), "%")
+	s = strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(s, "/s"), "ms"), "s"), "%")
 	v, err := strconv.ParseFloat(s, 64)
 	return v, err == nil
 }
@@ -396,6 +396,9 @@ func TestBenchQuickSchemas(t *testing.T) {
 			}
 		}
 		if cells := row(name + ": relay peak RSS"); cells != nil {
+			positive(cells, 2)
+		}
+		if cells := row(name + ": time to lead every schema"); cells != nil {
 			positive(cells, 2)
 		}
 		if cells := row(name + ": latency at 100 jobs/s"); cells != nil {
