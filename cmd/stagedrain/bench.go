@@ -27,7 +27,12 @@ import (
 )
 
 // benchScenarios are the scenario groups of bench, in the order they run.
-var benchScenarios = []string{"tps", "latency", "idle", "backlog"}
+var benchScenarios = []string{"tps", "latency", "idle", "backlog", "schemas", "scale"}
+
+// benchDefaultScenarios are those a run without --scenarios runs: all but
+// scale, which migrates 1,000 schemas and runs three relays for each of
+// its four sizes (several minutes).
+var benchDefaultScenarios = []string{"tps", "latency", "idle", "backlog", "schemas"}
 
 // benchFlags are bench's flags.
 type benchFlags struct {
@@ -46,7 +51,10 @@ type benchConfig struct {
 	latencyDuration time.Duration // per latency rate
 	idleWarmup      time.Duration // relay running before the idle window opens
 	idleWindow      time.Duration // the idle measurement window
-	backlog         int           // jobs staged before the backlog drain
+	backlog         int           // jobs staged before the backlog drain, and in the schemas scenario's one schema
+	scaleSteps      []int         // the scale scenario's numbers of schemas
+	scaleWarmup     time.Duration // the scale scenario's idleWarmup
+	scaleWindow     time.Duration // and idleWindow
 	writers         int           // app writers of the TPS and the 5,000/s scenarios
 	quick           bool          // figures too short for their targets are not judged
 	run             map[string]bool
@@ -71,9 +79,9 @@ func newBenchFlags() (*flagSet, *benchFlags) {
 	f.env("backlog", "STAGEDRAIN_BENCH_BACKLOG")
 	f.fs.IntVar(&c.writers, "writers", 16, "concurrent app writers of the TPS and 5,000 jobs/s scenarios")
 	f.env("writers", "STAGEDRAIN_BENCH_WRITERS")
-	f.fs.StringVar(&c.scenarios, "scenarios", strings.Join(benchScenarios, ","), "comma-separated `list` of scenarios to run: tps, latency, idle, backlog")
+	f.fs.StringVar(&c.scenarios, "scenarios", strings.Join(benchDefaultScenarios, ","), "comma-separated `list` of scenarios to run: tps, latency, idle, backlog, schemas (one relay --schemas of 10 schemas: the others' latency while one drains the --backlog), scale (1, 10, 100 and 1,000 schemas: connections, idle statements, RSS, latency; not run by default: several minutes)")
 	f.env("scenarios", "STAGEDRAIN_BENCH_SCENARIOS")
-	f.fs.BoolVar(&c.quick, "quick", false, "a smoke run: 500ms scenarios, a 1s idle window (its figures not judged), a 10,000-job backlog (an explicit --duration or --backlog wins)")
+	f.fs.BoolVar(&c.quick, "quick", false, "a smoke run: 500ms scenarios, a 1s idle window (its figures not judged), a 10,000-job backlog, scale at 1 and 10 schemas only (an explicit --duration or --backlog wins)")
 	f.env("quick", "STAGEDRAIN_BENCH_QUICK")
 	f.required("database-url", "redis-url", "scenarios")
 	return f, c
@@ -99,9 +107,11 @@ func (c *benchFlags) config(f *flagSet) (benchConfig, error) {
 		tpsDuration: c.duration, latencyDuration: c.duration,
 		idleWarmup: 10 * time.Second, idleWindow: 60 * time.Second,
 		backlog: c.backlog, writers: c.writers, quick: c.quick, run: make(map[string]bool),
+		scaleSteps: []int{1, 10, 100, 1000}, scaleWarmup: 5 * time.Second, scaleWindow: 30 * time.Second,
 	}
 	if c.quick {
 		cfg.idleWarmup, cfg.idleWindow = 500*time.Millisecond, time.Second
+		cfg.scaleSteps, cfg.scaleWarmup, cfg.scaleWindow = []int{1, 10}, 500*time.Millisecond, time.Second
 		if !set["duration"] {
 			cfg.tpsDuration, cfg.latencyDuration = 500*time.Millisecond, 500*time.Millisecond
 		}
@@ -187,6 +197,7 @@ type bench struct {
 	metricsAddr bool       // run --help lists --metrics-addr
 	relay       *relayProc // the running relay, if any
 	created     bool       // the scratch schema (or database) may exist
+	tenants     []string   // the scratch schemas of the schemas and scale scenarios, which may exist
 
 	machine []string
 	rows    []benchRow
@@ -231,6 +242,16 @@ func (b *bench) run(ctx context.Context) error {
 	if b.cfg.run["backlog"] {
 		if err := b.benchBacklog(ctx); err != nil {
 			return fmt.Errorf("backlog: %w", err)
+		}
+	}
+	if b.cfg.run["schemas"] {
+		if err := b.benchSchemas(ctx); err != nil {
+			return fmt.Errorf("schemas: %w", err)
+		}
+	}
+	if b.cfg.run["scale"] {
+		if err := b.benchScale(ctx); err != nil {
+			return fmt.Errorf("scale: %w", err)
 		}
 	}
 	return nil
@@ -332,7 +353,12 @@ func (b *bench) queueKey(queue string) string { return b.ns + ":queue:" + queue 
 
 // reset empties staged_jobs and the scratch Redis keys between scenarios.
 func (b *bench) reset(ctx context.Context, conn *pgx.Conn) error {
-	if _, err := conn.Exec(ctx, "TRUNCATE "+b.table()); err != nil {
+	return b.resetTables(ctx, conn, []string{b.table()})
+}
+
+// resetTables empties the tables (quoted) and the scratch Redis keys.
+func (b *bench) resetTables(ctx context.Context, conn *pgx.Conn, tables []string) error {
+	if _, err := conn.Exec(ctx, "TRUNCATE "+strings.Join(tables, ", ")); err != nil {
 		return fmt.Errorf("truncate staged_jobs: %w", err)
 	}
 	return b.deleteKeys(ctx)
@@ -405,6 +431,11 @@ func (b *bench) dropScratch(ctx context.Context) error {
 	if _, err := admin.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{b.schema}.Sanitize()+" CASCADE"); err != nil {
 		return fmt.Errorf("drop scratch schema: %w", err)
 	}
+	for _, s := range b.tenants {
+		if _, err := admin.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{s}.Sanitize()+" CASCADE"); err != nil {
+			return fmt.Errorf("drop scratch schema: %w", err)
+		}
+	}
 	return nil
 }
 
@@ -419,7 +450,14 @@ type relayProc struct {
 // with the relay's default configuration: no STAGEDRAIN_* variable of this
 // process reaches it.
 func (b *bench) startRelay(pollOnly bool) (*relayProc, error) {
-	args := []string{"run", "--schema", b.schema, "--redis-namespace", b.ns, "--log-level", "warn"}
+	return b.startRelayOn(pollOnly, "--schema", b.schema)
+}
+
+// startRelayOn is startRelay with schemaArgs (--schema or --schemas and its
+// value) naming what it drains.
+func (b *bench) startRelayOn(pollOnly bool, schemaArgs ...string) (*relayProc, error) {
+	args := append([]string{"run"}, schemaArgs...)
+	args = append(args, "--redis-namespace", b.ns, "--log-level", "warn")
 	if pollOnly && b.pollOnly {
 		args = append(args, "--poll-only")
 	}

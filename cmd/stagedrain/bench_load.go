@@ -191,6 +191,12 @@ func closeAll(ctx context.Context, conns []*pgx.Conn) {
 // it delivers three in a row each within 100ms of its commit, so that its
 // wake-up, not the fallback poll (1s), is what delivers them.
 func (b *bench) waitReady(ctx context.Context, p *relayProc, fast bool) error {
+	return b.waitReadyOn(ctx, p, fast, []string{b.table()})
+}
+
+// waitReadyOn is waitReady for a relay of the tables (quoted): probe job i
+// goes to tables[i % len(tables)].
+func (b *bench) waitReadyOn(ctx context.Context, p *relayProc, fast bool, tables []string) error {
 	conn, err := b.connect(ctx)
 	if err != nil {
 		return err
@@ -198,14 +204,16 @@ func (b *bench) waitReady(ctx context.Context, p *relayProc, fast bool) error {
 	defer conn.Close(context.WithoutCancel(ctx))
 	const timeout = 30 * time.Second
 	key := b.queueKey("bench_probe")
-	insert := "INSERT INTO " + b.table() + " (job_name, job_args, queue) VALUES ('BenchProbeJob', jsonb_build_array($1::bigint), 'bench_probe')"
+	insert := func(table string) string {
+		return "INSERT INTO " + table + " (job_name, job_args, queue) VALUES ('BenchProbeJob', jsonb_build_array($1::bigint), 'bench_probe')"
+	}
 	want := 1
 	if fast {
 		want = 3
 	}
 	deadline := time.Now().Add(timeout)
 	for id, streak := int64(0), 0; streak < want; id++ {
-		if _, err := conn.Exec(ctx, insert, id); err != nil {
+		if _, err := conn.Exec(ctx, insert(tables[int(id)%len(tables)]), id); err != nil {
 			return fmt.Errorf("stage a probe job: %w", err)
 		}
 		committed := time.Now()
@@ -548,53 +556,78 @@ func waitSessionsGone(ctx context.Context, admin *pgx.Conn, database, suffix str
 // before its start to after its sessions ended, and how long it ran (from
 // its start to its SIGTERM).
 func (b *bench) idleRun(ctx context.Context, admin *pgx.Conn, idle time.Duration) (idleReading, time.Duration, error) {
+	reading, ran, _, err := b.idleRunOn(ctx, admin, idle, nil, nil, false)
+	return reading, ran, err
+}
+
+// idleRunOn is idleRun of a relay --schemas of tenants (nil: --schema, of
+// the scratch schema), whose readiness is probed in each of them. It also
+// returns how many sessions the relay had open at the end of its idle time.
+// With fromReady, the time it returns is from its readiness, not its start,
+// to its SIGTERM: for a relay whose start takes long (many schemas) and
+// varies, that is the better span.
+func (b *bench) idleRunOn(ctx context.Context, admin *pgx.Conn, idle time.Duration, tenants []string, schemaArgs []string, fromReady bool) (idleReading, time.Duration, int, error) {
+	tables := []string{b.table()}
+	if tenants != nil {
+		tables = b.tenantTables(tenants)
+	}
 	conn, err := b.connect(ctx)
 	if err != nil {
-		return idleReading{}, 0, err
+		return idleReading{}, 0, 0, err
 	}
-	err = b.reset(ctx, conn)
+	err = b.resetTables(ctx, conn, tables)
 	conn.Close(context.WithoutCancel(ctx))
 	if err != nil {
-		return idleReading{}, 0, err
+		return idleReading{}, 0, 0, err
 	}
 	if b.scratchDB != "" {
 		// This bench's sessions too: the reset's, the previous scenario's.
 		if err := waitSessionsGone(ctx, admin, b.database, "", sessionsGoneTimeout); err != nil {
-			return idleReading{}, 0, err
+			return idleReading{}, 0, 0, err
 		}
 	}
 	r0, err := readIdle(ctx, admin, b.database)
 	if err != nil {
-		return idleReading{}, 0, err
+		return idleReading{}, 0, 0, err
 	}
-	p, err := b.startRelay(false)
+	if schemaArgs == nil {
+		schemaArgs = []string{"--schema", b.schema}
+	}
+	p, err := b.startRelayOn(false, schemaArgs...)
 	if err != nil {
-		return idleReading{}, 0, err
+		return idleReading{}, 0, 0, err
 	}
 	started := time.Now()
-	if err := b.waitReady(ctx, p, false); err != nil {
-		return idleReading{}, 0, err
+	if err := b.probeAll(ctx, p, tables); err != nil {
+		return idleReading{}, 0, 0, err
+	}
+	if fromReady {
+		started = time.Now()
 	}
 	if err := sleepCtx(ctx, idle); err != nil {
-		return idleReading{}, 0, err
+		return idleReading{}, 0, 0, err
 	}
 	if err := p.exited(); err != nil {
-		return idleReading{}, 0, err
+		return idleReading{}, 0, 0, err
 	}
 	ran := time.Since(started)
 	pid := p.cmd.Process.Pid
+	sessions, err := relaySessions(ctx, admin, b.database, pid)
+	if err != nil {
+		return idleReading{}, 0, 0, err
+	}
 	if _, err := b.stopRelay(); err != nil {
-		return idleReading{}, 0, err
+		return idleReading{}, 0, 0, err
 	}
 	// The relay's sessions are named "stagedrain <role> <host>:<pid>".
 	if err := waitSessionsGone(ctx, admin, b.database, ":"+strconv.Itoa(pid), sessionsGoneTimeout); err != nil {
-		return idleReading{}, 0, err
+		return idleReading{}, 0, 0, err
 	}
 	r1, err := readIdle(ctx, admin, b.database)
 	if err != nil {
-		return idleReading{}, 0, err
+		return idleReading{}, 0, 0, err
 	}
-	return r1.sub(r0), ran, nil
+	return r1.sub(r0), ran, sessions, nil
 }
 
 // benchIdle measures what a relay with nothing to do costs PostgreSQL: the

@@ -297,3 +297,113 @@ func TestBenchIdleCountsWhatPostgreSQLCounts(t *testing.T) {
 		t.Errorf("the bystander session: %v", err)
 	}
 }
+
+// benchRows reads the result table of a bench run's stdout: each row's
+// cells by its scenario, and the whole output.
+func benchRows(t *testing.T, p *proc) (map[string][]string, string) {
+	t.Helper()
+	var text []string
+	for _, l := range p.stdout.snapshot() {
+		text = append(text, l.raw)
+	}
+	rows := make(map[string][]string)
+	for _, l := range text {
+		cells := strings.Split(l, "|")
+		if len(cells) != 9 {
+			continue
+		}
+		for i := range cells {
+			cells[i] = strings.TrimSpace(cells[i])
+		}
+		rows[cells[0]] = cells
+	}
+	return rows, strings.Join(text, "\n")
+}
+
+// benchNumber reads the figure at the start of a cell: 1,234 or 1.5ms or
+// 7.2/s or 26.0 MiB or 1.02s.
+func benchNumber(cell string) (float64, bool) {
+	f := strings.Fields(cell)
+	if len(f) == 0 {
+		return 0, false
+	}
+	s := strings.ReplaceAll(f[0], ",", "")
+	s = strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(s, "/s"), "ms"), "s"), "%")
+	v, err := strconv.ParseFloat(s, 64)
+	return v, err == nil
+}
+
+// A quick bench of the many-schemas scenarios prints the fairness rows (the
+// other schemas' latency while one drains its backlog, judged against
+// p99 <= 50ms, and the backlog's rate) and, for 1 and 10 schemas, the
+// scale rows: connections, idle statements, RSS and latency, each with a
+// figure. It leaves nothing behind.
+func TestBenchQuickSchemas(t *testing.T) {
+	t.Parallel()
+	p := startProc(t, "bench", childEnv(), "bench", "--quick", "--scenarios", "schemas,scale")
+	if code := p.wait(120 * time.Second); code != 0 {
+		t.Fatalf("exit code %d, want 0; output:\n%s", code, p.output())
+	}
+	rows, all := benchRows(t, p)
+	row := func(name string) []string {
+		t.Helper()
+		cells := rows[name]
+		if cells == nil {
+			t.Errorf("no %q row in the table:\n%s", name, all)
+		}
+		return cells
+	}
+	positive := func(cells []string, cols ...int) {
+		t.Helper()
+		for _, i := range cols {
+			if v, ok := benchNumber(cells[i]); !ok || v <= 0 {
+				t.Errorf("row %q column %d = %q, want a positive figure", cells[0], i, cells[i])
+			}
+		}
+	}
+	latencies := func(cells []string) {
+		t.Helper()
+		positive(cells, 2, 3, 4, 5)
+		p50, _ := benchNumber(cells[3])
+		p99, _ := benchNumber(cells[4])
+		worst, _ := benchNumber(cells[5])
+		if p99 < p50 || worst < p99 {
+			t.Errorf("row %q: p50 %vms, p99 %vms, max %vms; want max >= p99 >= p50", cells[0], p50, p99, worst)
+		}
+		if strings.Contains(cells[8], "never arrived") {
+			t.Errorf("row %q: %s; want every committed job in Redis", cells[0], cells[8])
+		}
+	}
+	if cells := row("schemas: 9 schemas' latency while 1 drains 10,000 jobs"); cells != nil {
+		latencies(cells)
+		if cells[6] != "p99 <= 50ms" || (cells[7] != "PASS" && cells[7] != "MISS") {
+			t.Errorf("fairness row: target %q, result %q; want \"p99 <= 50ms\" and PASS or MISS", cells[6], cells[7])
+		}
+	}
+	if cells := row("schemas: the backlog of 1 schema, 10,000 jobs"); cells != nil {
+		positive(cells, 2)
+	}
+	for _, name := range []string{"scale, 1 schema", "scale, 10 schemas"} {
+		if cells := row(name + ": connections held"); cells != nil {
+			// The lock connection and the listener at least.
+			if v, ok := benchNumber(cells[2]); !ok || v < 2 {
+				t.Errorf("row %q: achieved %q, want at least 2 connections", cells[0], cells[2])
+			}
+		}
+		if cells := row(name + ": idle statements"); cells != nil {
+			if _, ok := benchNumber(cells[2]); !ok || !strings.HasSuffix(cells[2], "/s") {
+				t.Errorf("row %q: achieved %q, want a rate", cells[0], cells[2])
+			}
+		}
+		if cells := row(name + ": relay peak RSS"); cells != nil {
+			positive(cells, 2)
+		}
+		if cells := row(name + ": time to lead every schema"); cells != nil {
+			positive(cells, 2)
+		}
+		if cells := row(name + ": latency at 100 jobs/s"); cells != nil {
+			latencies(cells)
+		}
+	}
+	checkBenchLeftNothing(t, p)
+}
