@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -36,6 +38,8 @@ var (
 		"with -chaos.only: how many of each fault named (0: the plan's count)")
 	chaosSchemas = flag.Int("chaos.schemas", 0,
 		"run TestChaos's relays with --schemas over this many schemas (0: one schema, with --schema); TestChaosSchemas's default is chaosShortSchemas")
+	chaosLogs = flag.String("chaos.logs", "",
+		"write each relay's output to `dir`/relay-N.log once TestChaos ends (a passing run shows none of it)")
 )
 
 // The load and the length of a TestChaos run, and of its longest faults.
@@ -247,6 +251,11 @@ func testChaos(t *testing.T, schemas int) {
 	seed := time.Now().UnixNano()
 	c := newChaos(t, plan, seed, schemas)
 	plan = c.plan // with redisStallFor
+	if *chaosLogs != "" {
+		// Registered before any relay starts: runs after their cleanups,
+		// once each has exited and its output is whole.
+		t.Cleanup(func() { c.writeLogs(*chaosLogs) })
+	}
 	t.Logf("chaos %s: seed %d, %d producers, %d committed jobs (%d jobs/s, %d-%d per transaction) over %s; faults %s; SIGSTOPs of relays %s, Redis stall %s",
 		plan.name, seed, plan.producers, plan.committed(), plan.rate, plan.txMin, plan.txMax, plan.window, chaosFaultCounts(plan.faults),
 		plan.pauseFor, plan.redisStallFor)
@@ -255,6 +264,22 @@ func testChaos(t *testing.T, schemas int) {
 	f := c.verdict()
 	f.log(t)
 	f.check(t)
+}
+
+// writeLogs writes each relay's output to dir/relay-N.log.
+func (c *chaos) writeLogs(dir string) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		c.t.Errorf("-chaos.logs: %v", err)
+		return
+	}
+	for i, p := range c.relays {
+		path := filepath.Join(dir, fmt.Sprintf("relay-%d.log", i+1))
+		if err := os.WriteFile(path, []byte(p.output()), 0o644); err != nil {
+			c.t.Errorf("-chaos.logs: %v", err)
+			return
+		}
+	}
+	c.t.Logf("relays' output in %s", dir)
 }
 
 // chaosFaultCounts is counts by fault name, in chaosFaultKinds' order:
@@ -575,7 +600,9 @@ func (c *chaos) pause(d time.Duration) bool { return pauseCtx(c.ctx, d) }
 // leader waits until one of the live relays holds the leader lock, and
 // returns its slot. In a fleet (-chaos.schemas) each relay leads a share
 // of the schemas: the leader is the live relay that leads the most of
-// them (the first slot on a tie), once at least one does.
+// them, once at least one does; on a tie (two relays with half each, the
+// usual case) a random one of the two, so that kills in a row do not
+// always strike the relay just started in the place of the last one.
 func (c *chaos) leader() int {
 	c.t.Helper()
 	if c.fleet {
@@ -687,9 +714,13 @@ func (c *chaos) fleetLeader() int {
 		if counts[0] == 0 && counts[1] == 0 {
 			return false, desc
 		}
-		slot = 0
-		if counts[1] > counts[0] {
+		switch {
+		case counts[0] > counts[1]:
+			slot = 0
+		case counts[1] > counts[0]:
 			slot = 1
+		default:
+			slot = c.rng.IntN(2)
 		}
 		c.note("%s", desc)
 		return true, ""
