@@ -224,6 +224,8 @@ func chaosQueues() []string { return []string{"default", "critical", "mailers", 
 // By default a short run (tens of thousands of jobs, a few faults, under a
 // minute); -chaos.full runs the size (see chaosPlanFor), and
 // -chaos.rate, -chaos.window, -chaos.only and -chaos.each change it.
+// -chaos.schemas N runs it as TestChaosSchemas does, over N schemas;
+// -chaos.logs keeps the relays' output.
 func TestChaos(t *testing.T) {
 	testChaos(t, *chaosSchemas)
 }
