@@ -544,7 +544,10 @@ func (s *fleetSession) start(ctx context.Context, t *tenant) error {
 	c.backlog.attach(s.conn, s.mu)
 	c.state.setRole(RoleLeader)
 	s.f.r.state.setRole(RoleLeader)
-	c.log.Info("became leader", zap.String("schema", t.schema), zap.Strings("queues", c.cfg.Queues))
+	// c.log names the schema already (tenantConfig): a second "schema"
+	// would be a JSON line with a key twice, which some log pipelines
+	// refuse.
+	c.log.Info("became leader", zap.Strings("queues", c.cfg.Queues))
 	tctx, cancel := context.WithCancel(ctx)
 	t.leading, t.released, t.cancel, t.done = true, false, cancel, make(chan struct{})
 	go func() {
@@ -579,14 +582,14 @@ func (s *fleetSession) after(ctx context.Context, t *tenant) error {
 	case t.gone:
 		s.forget(t)
 	case t.released:
-		c.log.Info("released leadership", zap.String("schema", t.schema))
+		c.log.Info("released leadership")
 		// Not right back: another member is to take it.
 		t.retryAt = time.Now().Add(2 * c.cfg.LeaderInterval)
 	case t.err == nil:
 		// Ended without an error while the session goes on: only the
 		// session's own context ends a lead that way.
 	default:
-		c.log.Warn("stepped down", zap.String("schema", t.schema), zap.String("reason", stepDownReason(t.err)), zap.Error(t.err))
+		c.log.Warn("stepped down", zap.String("reason", stepDownReason(t.err)), zap.Error(t.err))
 		s.failed(t, t.err)
 	}
 	return nil
@@ -603,7 +606,7 @@ func (s *fleetSession) failed(t *tenant, err error) {
 	wait := backoff(t.attempt, c.cfg.MaxBackoff)
 	if isFatal(err) {
 		wait = c.cfg.MaxBackoff
-		c.log.Error("cannot drain this schema; retrying later", zap.String("schema", t.schema),
+		c.log.Error("cannot drain this schema; retrying later",
 			zap.Error(explainPermission(err)), zap.Duration("wait", wait))
 	}
 	t.retryAt = time.Now().Add(wait)

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -34,6 +36,10 @@ var (
 		"run TestChaos with only these `faults` (comma-separated: kill, sigstop, pause-all, pause-solo, pg-restart, redis-kill, redis-stall, poison)")
 	chaosEach = flag.Int("chaos.each", 0,
 		"with -chaos.only: how many of each fault named (0: the plan's count)")
+	chaosSchemas = flag.Int("chaos.schemas", 0,
+		"run TestChaos's relays with --schemas over this many schemas (0: one schema, with --schema); TestChaosSchemas's default is chaosShortSchemas")
+	chaosLogs = flag.String("chaos.logs", "",
+		"write each relay's output to `dir`/relay-N.log once TestChaos ends (a passing run shows none of it)")
 )
 
 // The load and the length of a TestChaos run, and of its longest faults.
@@ -52,6 +58,12 @@ const (
 	// times out, and a client that retries sends it again, before Redis
 	// runs either.
 	chaosStallMargin = 2 * time.Second
+
+	// chaosSchemaPrefix names the schemas of a run with -chaos.schemas:
+	// chaos_00, chaos_01..., which the relays' --schemas chaos_* finds.
+	chaosSchemaPrefix = "chaos_"
+	// chaosShortSchemas is how many schemas TestChaosSchemas drains.
+	chaosShortSchemas = 20
 )
 
 // chaosPlan is the size of a TestChaos run.
@@ -212,11 +224,40 @@ func chaosQueues() []string { return []string{"default", "critical", "mailers", 
 // By default a short run (tens of thousands of jobs, a few faults, under a
 // minute); -chaos.full runs the issue's size (see chaosPlanFor), and
 // -chaos.rate, -chaos.window, -chaos.only and -chaos.each change it.
+// -chaos.schemas N runs it as TestChaosSchemas does, over N schemas;
+// -chaos.logs keeps the relays' output.
 func TestChaos(t *testing.T) {
+	testChaos(t, *chaosSchemas)
+}
+
+// TestChaosSchemas is TestChaos with the relays of a fleet: each runs
+// `stagedrain run --schemas chaos_*` over chaosShortSchemas schemas (or
+// -chaos.schemas), the producers' transactions each go to a random
+// schema, poison is planted in a random schema (and must be dead-lettered
+// in that schema's staged_jobs_dead), and the faults aimed at "the leader"
+// strike the relay that leads the most schemas (see leader). Under
+// -chaos.full it is skipped: the full run is TestChaos -chaos.schemas N.
+func TestChaosSchemas(t *testing.T) {
+	if *chaosFull {
+		t.Skip("-chaos.full: run TestChaos with -chaos.schemas")
+	}
+	testChaos(t, cmp.Or(*chaosSchemas, chaosShortSchemas))
+}
+
+// testChaos is TestChaos over schemas schemas (0: one, with --schema).
+func testChaos(t *testing.T, schemas int) {
 	plan := chaosPlanFromFlags(t)
+	if schemas > 0 {
+		plan.name += fmt.Sprintf(" schemas=%d", schemas)
+	}
 	seed := time.Now().UnixNano()
-	c := newChaos(t, plan, seed)
+	c := newChaos(t, plan, seed, schemas)
 	plan = c.plan // with redisStallFor
+	if *chaosLogs != "" {
+		// Registered before any relay starts: runs after their cleanups,
+		// once each has exited and its output is whole.
+		t.Cleanup(func() { c.writeLogs(*chaosLogs) })
+	}
 	t.Logf("chaos %s: seed %d, %d producers, %d committed jobs (%d jobs/s, %d-%d per transaction) over %s; faults %s; SIGSTOPs of relays %s, Redis stall %s",
 		plan.name, seed, plan.producers, plan.committed(), plan.rate, plan.txMin, plan.txMax, plan.window, chaosFaultCounts(plan.faults),
 		plan.pauseFor, plan.redisStallFor)
@@ -225,6 +266,22 @@ func TestChaos(t *testing.T) {
 	f := c.verdict()
 	f.log(t)
 	f.check(t)
+}
+
+// writeLogs writes each relay's output to dir/relay-N.log.
+func (c *chaos) writeLogs(dir string) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		c.t.Errorf("-chaos.logs: %v", err)
+		return
+	}
+	for i, p := range c.relays {
+		path := filepath.Join(dir, fmt.Sprintf("relay-%d.log", i+1))
+		if err := os.WriteFile(path, []byte(p.output()), 0o644); err != nil {
+			c.t.Errorf("-chaos.logs: %v", err)
+			return
+		}
+	}
+	c.t.Logf("relays' output in %s", dir)
 }
 
 // chaosFaultCounts is counts by fault name, in chaosFaultKinds' order:
@@ -255,9 +312,10 @@ type chaos struct {
 	redis *relaytest.RedisServer
 	rdb   *redis.Client
 
-	schema string
-	sql    chaosSQL
-	conn   *pgx.Conn // the controller's, reconnected after a restart (see db)
+	schemas []string            // the schemas drained: "chaos" alone, or chaos_00... with -chaos.schemas
+	fleet   bool                // the relays run --schemas chaos_*, not --schema chaos
+	sql     map[string]chaosSQL // by schema
+	conn    *pgx.Conn           // the controller's, reconnected after a restart (see db)
 
 	relays []*proc    // every relay started, in order
 	live   [2]*proc   // the two running now
@@ -276,11 +334,20 @@ type chaosSQL struct {
 	stage  string // $1 job_args (JSON text), $2 queues, $3 scheduled: arrays
 }
 
-func newChaos(t *testing.T, plan chaosPlan, seed int64) *chaos {
+// newChaos starts the servers and migrates the schema "chaos", or with
+// schemas > 0 that many schemas chaos_00, chaos_01...: each with a ledger
+// of its own.
+func newChaos(t *testing.T, plan chaosPlan, seed int64, schemas int) *chaos {
 	t.Helper()
 	c := &chaos{
 		t: t, ctx: t.Context(), plan: plan, seed: seed, rng: rand.New(rand.NewPCG(uint64(seed), 0)),
-		schema: "chaos", faults: make(map[string]int),
+		schemas: []string{"chaos"}, faults: make(map[string]int), sql: make(map[string]chaosSQL),
+	}
+	if schemas > 0 {
+		c.fleet, c.schemas = true, nil
+		for i := range schemas {
+			c.schemas = append(c.schemas, fmt.Sprintf("%s%02d", chaosSchemaPrefix, i))
+		}
 	}
 	c.pg = relaytest.StartPostgres(t)
 	c.redis = relaytest.StartRedis(t, "--appendonly", "yes", "--appendfsync", "always")
@@ -293,18 +360,20 @@ func newChaos(t *testing.T, plan chaosPlan, seed int64) *chaos {
 		}
 	})
 
-	if _, err := relay.Migrate(c.ctx, c.db(), c.schema); err != nil {
-		t.Fatalf("migrate %s: %v", c.schema, err)
-	}
-	ledger := pgx.Identifier{c.schema, "chaos_ledger"}.Sanitize()
-	if _, err := c.db().Exec(c.ctx, "CREATE TABLE "+ledger+" (tx text PRIMARY KEY)"); err != nil {
-		t.Fatal(err)
-	}
-	c.sql = chaosSQL{
-		ledger: "INSERT INTO " + ledger + " (tx) VALUES ($1)",
-		stage: "INSERT INTO " + pgx.Identifier{c.schema, "staged_jobs"}.Sanitize() + ` (job_name, job_args, queue, run_at)
+	for _, schema := range c.schemas {
+		if _, err := relay.Migrate(c.ctx, c.db(), schema); err != nil {
+			t.Fatalf("migrate %s: %v", schema, err)
+		}
+		ledger := pgx.Identifier{schema, "chaos_ledger"}.Sanitize()
+		if _, err := c.db().Exec(c.ctx, "CREATE TABLE "+ledger+" (tx text PRIMARY KEY)"); err != nil {
+			t.Fatal(err)
+		}
+		c.sql[schema] = chaosSQL{
+			ledger: "INSERT INTO " + ledger + " (tx) VALUES ($1)",
+			stage: "INSERT INTO " + pgx.Identifier{schema, "staged_jobs"}.Sanitize() + ` (job_name, job_args, queue, run_at)
 			SELECT 'ChaosJob', a::jsonb, q, CASE WHEN s THEN now() + interval '1 hour' END
 			FROM unnest($1::text[], $2::text[], $3::bool[]) AS u(a, q, s)`,
+		}
 	}
 	if err := c.rdb.Set(c.ctx, "queue:"+chaosWrongTypeQueue, "not a list", 0).Err(); err != nil {
 		t.Fatal(err)
@@ -385,11 +454,49 @@ func (c *chaos) startRelay() *proc {
 	c.t.Helper()
 	name := fmt.Sprintf("relay %d", len(c.relays)+1)
 	p := startProc(c.t, name, childEnv("DATABASE_URL="+c.pg.URL(), "REDIS_URL="+c.redis.URL()),
-		"run", "--schema", c.schema, "--max-payload-bytes", fmt.Sprint(chaosMaxPayloadBytes), "--max-backoff", "1s")
+		"run", c.schemaFlag(), c.schemaArg(), "--max-payload-bytes", fmt.Sprint(chaosMaxPayloadBytes), "--max-backoff", "1s")
 	p.failTail = 40
 	c.relays = append(c.relays, p)
 	c.note("%s started (pid %d)", name, p.cmd.Process.Pid)
 	return p
+}
+
+// schemaFlag and schemaArg are the relays' --schema chaos, or --schemas
+// chaos_*.
+func (c *chaos) schemaFlag() string {
+	if c.fleet {
+		return "--schemas"
+	}
+	return "--schema"
+}
+
+func (c *chaos) schemaArg() string {
+	if c.fleet {
+		return chaosSchemaPrefix + "*"
+	}
+	return c.schemas[0]
+}
+
+// tables is the union of table of every schema, for a count or a read:
+// SELECT cols (and the schema's name, as a text, with withSchema) FROM
+// each.
+func (c *chaos) tables(table, cols string, withSchema bool) string {
+	var parts []string
+	for _, schema := range c.schemas {
+		sel := cols
+		if withSchema {
+			sel = "'" + schema + "'::text, " + cols
+		}
+		parts = append(parts, "SELECT "+sel+" FROM "+pgx.Identifier{schema, table}.Sanitize())
+	}
+	return strings.Join(parts, " UNION ALL ")
+}
+
+// staged counts the rows staged in every schema.
+func (c *chaos) staged() (int, error) {
+	var n int
+	err := c.db().QueryRow(c.ctx, "SELECT count(*) FROM ("+c.tables("staged_jobs", "1", false)+") AS u").Scan(&n)
+	return n, err
 }
 
 // run starts the relays, then the producers, runs the faults, waits for the
@@ -397,9 +504,15 @@ func (c *chaos) startRelay() *proc {
 func (c *chaos) run() {
 	t := c.t
 	c.live[0] = c.startRelay()
-	c.live[0].waitLog(rootLogger, "became leader", 15*time.Second)
-	c.live[1] = c.startRelay()
-	c.live[1].waitLog(rootLogger, "standby: another relay is draining this schema", 15*time.Second)
+	if c.fleet {
+		c.waitLed(func(counts [2]int) bool { return counts[0] == len(c.schemas) }, "relay 1 to lead every schema")
+		c.live[1] = c.startRelay()
+		c.waitBalanced()
+	} else {
+		c.live[0].waitLog(rootLogger, "became leader", 15*time.Second)
+		c.live[1] = c.startRelay()
+		c.live[1].waitLog(rootLogger, "standby: another relay is draining this schema", 15*time.Second)
+	}
 
 	sampler, stopSampler := context.WithCancel(c.ctx)
 	var sampled sync.WaitGroup
@@ -430,8 +543,7 @@ func (c *chaos) run() {
 	}
 	c.note("faults done")
 	produced.Wait()
-	var backlog int
-	err := c.db().QueryRow(c.ctx, "SELECT count(*) FROM "+pgx.Identifier{c.schema, "staged_jobs"}.Sanitize()).Scan(&backlog)
+	backlog, err := c.staged()
 	c.note("producers done: %d rows staged (%v)", backlog, err)
 	for _, p := range producers {
 		c.txs = append(c.txs, p.txs...)
@@ -441,8 +553,7 @@ func (c *chaos) run() {
 	}
 
 	relaytest.WaitFor(t, 2*time.Minute, "staged_jobs drained", func() (bool, string) {
-		var n int
-		err := c.db().QueryRow(c.ctx, "SELECT count(*) FROM "+pgx.Identifier{c.schema, "staged_jobs"}.Sanitize()).Scan(&n)
+		n, err := c.staged()
 		return err == nil && n == 0, fmt.Sprintf("%d rows staged, %v", n, err)
 	})
 	c.note("staged_jobs drained")
@@ -489,15 +600,22 @@ func (c *chaos) schedule() []chaosEvent {
 func (c *chaos) pause(d time.Duration) bool { return pauseCtx(c.ctx, d) }
 
 // leader waits until one of the live relays holds the leader lock, and
-// returns its slot.
+// returns its slot. In a fleet (-chaos.schemas) each relay leads a share
+// of the schemas: the leader is the live relay that leads the most of
+// them, once at least one does; on a tie (two relays with half each, the
+// usual case) a random one of the two, so that kills in a row do not
+// always strike the relay just started in the place of the last one.
 func (c *chaos) leader() int {
 	c.t.Helper()
+	if c.fleet {
+		return c.fleetLeader()
+	}
 	slot := -1
 	relaytest.WaitFor(c.t, 30*time.Second, "a live relay to lead", func() (bool, string) {
 		var backend int
 		var app, addr string
 		var since time.Time
-		err := c.db().QueryRow(c.ctx, leaderSQL, "stagedrain:"+c.schema).Scan(&backend, &app, &addr, &since)
+		err := c.db().QueryRow(c.ctx, leaderSQL, "stagedrain:"+c.schemas[0]).Scan(&backend, &app, &addr, &since)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return false, "no session holds the leader lock"
 		}
@@ -512,6 +630,102 @@ func (c *chaos) leader() int {
 			}
 		}
 		return false, fmt.Sprintf("the lock is held by %q, not a live relay", app)
+	})
+	return slot
+}
+
+// fleetLeadersSQL lists the schemas $1 whose leader lock a session holds,
+// with that session's application_name.
+const fleetLeadersSQL = `SELECT s, coalesce(a.application_name, '')
+	FROM unnest($1::text[]) AS s
+	JOIN pg_locks l ON l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+	  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+	  AND (l.classid::bigint << 32 | l.objid::bigint) = hashtextextended('stagedrain:' || s, 0)
+	JOIN pg_stat_activity a ON a.pid = l.pid`
+
+// led counts the schemas each live relay leads (by slot), and returns
+// them with a description of who leads what.
+func (c *chaos) led() (counts [2]int, others int, desc string, err error) {
+	rows, err := c.db().Query(c.ctx, fleetLeadersSQL, c.schemas)
+	if err != nil {
+		return counts, 0, "", err
+	}
+	var apps []string
+	var schema, app string
+	_, err = pgx.ForEachRow(rows, []any{&schema, &app}, func() error {
+		apps = append(apps, app)
+		return nil
+	})
+	if err != nil {
+		return counts, 0, "", err
+	}
+	for _, app := range apps {
+		_, pid := parseApplicationName(app)
+		i := slices.IndexFunc(c.live[:], func(p *proc) bool { return p != nil && p.cmd.Process.Pid == pid })
+		if i < 0 {
+			others++
+			continue
+		}
+		counts[i]++
+	}
+	desc = fmt.Sprintf("of %d schemas, %d led by %s, %d by %s, %d by another session, %d by none",
+		len(c.schemas), counts[0], c.liveName(0), counts[1], c.liveName(1), others, len(c.schemas)-len(apps))
+	return counts, others, desc, nil
+}
+
+func (c *chaos) liveName(i int) string {
+	if c.live[i] == nil {
+		return "nobody"
+	}
+	return c.live[i].name
+}
+
+// waitLed waits until the counts of schemas the live relays lead satisfy
+// ok.
+func (c *chaos) waitLed(ok func(counts [2]int) bool, what string) {
+	c.t.Helper()
+	relaytest.WaitFor(c.t, 30*time.Second, what, func() (bool, string) {
+		counts, _, desc, err := c.led()
+		if err != nil {
+			return false, err.Error()
+		}
+		return ok(counts), desc
+	})
+}
+
+// waitBalanced waits until the two live relays lead every schema between
+// them, each its share.
+func (c *chaos) waitBalanced() {
+	c.t.Helper()
+	share := (len(c.schemas) + 1) / 2
+	c.waitLed(func(counts [2]int) bool {
+		return counts[0]+counts[1] == len(c.schemas) && counts[0] <= share && counts[1] <= share
+	}, "the two relays to share the schemas")
+}
+
+// fleetLeader is leader in a fleet: the live relay that leads the most
+// schemas.
+func (c *chaos) fleetLeader() int {
+	c.t.Helper()
+	slot := -1
+	relaytest.WaitFor(c.t, 30*time.Second, "a live relay to lead", func() (bool, string) {
+		counts, _, desc, err := c.led()
+		if err != nil {
+			return false, err.Error()
+		}
+		if counts[0] == 0 && counts[1] == 0 {
+			return false, desc
+		}
+		switch {
+		case counts[0] > counts[1]:
+			slot = 0
+		case counts[1] > counts[0]:
+			slot = 1
+		default:
+			slot = c.rng.IntN(2)
+		}
+		c.note("%s", desc)
+		return true, ""
 	})
 	return slot
 }
@@ -580,6 +794,12 @@ func (c *chaos) pauseSolo() {
 		c.t.Errorf("%s, the standby, exited with code %d after SIGTERM, want 0", standby.name, code)
 	}
 	c.note("SIGTERM %s, the standby: exited", standby.name)
+	if c.fleet {
+		// Alone, it takes the schemas the other led: every one, before
+		// it is frozen with nobody to take over.
+		c.waitLed(func(counts [2]int) bool { return counts[i] == len(c.schemas) }, lead.name+" to lead every schema alone")
+		c.note("%s leads every schema", lead.name)
+	}
 	release := c.aim("pause-solo")
 	lead.signal(syscall.SIGSTOP)
 	c.note("SIGSTOP %s, the leader, alone", lead.name)
@@ -726,14 +946,17 @@ func (c *chaos) stallRedis() {
 func (c *chaos) plantPoison() {
 	c.t.Helper()
 	n := c.faults["poison"] // this one counted already
-	tx := &chaosTx{id: fmt.Sprintf("poison.%d", n), commit: true}
+	tx := &chaosTx{id: fmt.Sprintf("poison.%d", n), commit: true, schema: c.schemas[0]}
+	if c.fleet {
+		tx.schema = c.schemas[c.rng.IntN(len(c.schemas))]
+	}
 	tx.add("default", false, "")
 	tx.add("default", false, "oversize")
 	tx.add("critical", false, "")
 	tx.add(chaosWrongTypeQueue, false, "wrongtype")
 	tx.add("mailers", false, "")
-	err := c.sql.run(c.ctx, c.db(), tx)
-	c.note("planted %s: %s (%v)", tx.id, tx.outcome, err)
+	err := c.sql[tx.schema].run(c.ctx, c.db(), tx)
+	c.note("planted %s in %s: %s (%v)", tx.id, tx.schema, tx.outcome, err)
 	c.txs = append(c.txs, tx)
 }
 
@@ -749,6 +972,7 @@ type chaosJob struct {
 // chaosTx is one producer transaction and what became of it.
 type chaosTx struct {
 	id      string
+	schema  string // whose staged_jobs and chaos_ledger it writes
 	jobs    []chaosJob
 	commit  bool          // false: rolled back on purpose
 	hold    time.Duration // held open this long before COMMIT or ROLLBACK
@@ -859,14 +1083,17 @@ func (p *chaosProducer) run(ctx context.Context) {
 				return
 			}
 		}
-		tx := &chaosTx{id: fmt.Sprintf("p%d.%d", p.id, seq), commit: p.rng.Float64() >= chaosRollbackChance}
+		tx := &chaosTx{id: fmt.Sprintf("p%d.%d", p.id, seq), commit: p.rng.Float64() >= chaosRollbackChance, schema: p.c.schemas[0]}
+		if p.c.fleet {
+			tx.schema = p.c.schemas[p.rng.IntN(len(p.c.schemas))]
+		}
 		for range plan.txMin + p.rng.IntN(plan.txMax-plan.txMin+1) {
 			tx.add(queues[p.rng.IntN(len(queues))], p.rng.Float64() < chaosScheduledChance, "")
 		}
 		if p.rng.Float64() < plan.holdChance {
 			tx.hold = plan.holdMin + time.Duration(p.rng.Int64N(int64(plan.holdMax-plan.holdMin)))
 		}
-		err := p.c.sql.run(ctx, conn, tx)
+		err := p.c.sql[tx.schema].run(ctx, conn, tx)
 		p.txs = append(p.txs, tx)
 		if tx.outcome == txCommitted {
 			p.committed += len(tx.jobs)
@@ -1062,18 +1289,22 @@ func (c *chaos) readDeliveries() (map[string][]delivery, []string) {
 	return byMarker, foreign
 }
 
-// readDead returns the markers of staged_jobs_dead's rows, each with its
-// reason and attempts.
+// readDead returns the markers of staged_jobs_dead's rows (of every
+// schema), each with its reason and attempts; in a fleet, "in <schema>"
+// before them.
 func (c *chaos) readDead() map[string]string {
-	rows, err := c.db().Query(c.ctx, "SELECT job_args->>0, reason, attempts FROM "+pgx.Identifier{c.schema, "staged_jobs_dead"}.Sanitize())
+	rows, err := c.db().Query(c.ctx, c.tables("staged_jobs_dead", "job_args->>0, reason, attempts", true))
 	if err != nil {
 		c.t.Fatalf("read staged_jobs_dead: %v", err)
 	}
 	dead := make(map[string]string)
-	var marker, reason string
+	var schema, marker, reason string
 	var attempts int
-	_, err = pgx.ForEachRow(rows, []any{&marker, &reason, &attempts}, func() error {
-		dead[marker] = fmt.Sprintf("attempts %d: %s", attempts, reason)
+	_, err = pgx.ForEachRow(rows, []any{&schema, &marker, &reason, &attempts}, func() error {
+		if _, twice := dead[marker]; twice {
+			return fmt.Errorf("%s dead-lettered twice (again in %s)", marker, schema)
+		}
+		dead[marker] = c.deadReason(schema, attempts, reason)
 		return nil
 	})
 	if err != nil {
@@ -1082,9 +1313,20 @@ func (c *chaos) readDead() map[string]string {
 	return dead
 }
 
-// readLedger returns the ids of the transactions that committed.
+// deadReason is what readDead says of a dead row: "attempts 1: reason",
+// after "in <schema>: " in a fleet.
+func (c *chaos) deadReason(schema string, attempts int, reason string) string {
+	s := fmt.Sprintf("attempts %d: %s", attempts, reason)
+	if c.fleet {
+		s = "in " + schema + ": " + s
+	}
+	return s
+}
+
+// readLedger returns the ids of the transactions that committed (in every
+// schema).
 func (c *chaos) readLedger() map[string]bool {
-	rows, err := c.db().Query(c.ctx, "SELECT tx FROM "+pgx.Identifier{c.schema, "chaos_ledger"}.Sanitize())
+	rows, err := c.db().Query(c.ctx, c.tables("chaos_ledger", "tx", false))
 	if err != nil {
 		c.t.Fatalf("read the ledger: %v", err)
 	}
@@ -1165,7 +1407,7 @@ func (c *chaos) verdict() *chaosFigures {
 	for _, p := range c.relays {
 		f.leaderChanges += p.count(rootLogger, "became leader")
 	}
-	f.leaderChanges-- // the first leader
+	f.leaderChanges -= len(c.schemas) // the first leader (of each schema)
 
 	c.note("relays stopped")
 	ledger := c.readLedger()
@@ -1174,7 +1416,8 @@ func (c *chaos) verdict() *chaosFigures {
 	f.foreign = foreign
 	dead := c.readDead()
 	f.dead = len(dead)
-	if err := c.db().QueryRow(c.ctx, "SELECT count(*) FROM "+pgx.Identifier{c.schema, "staged_jobs"}.Sanitize()).Scan(&f.stagedLeft); err != nil {
+	var err error
+	if f.stagedLeft, err = c.staged(); err != nil {
 		t.Fatalf("count staged_jobs: %v", err)
 	}
 
@@ -1224,8 +1467,8 @@ func (c *chaos) verdict() *chaosFigures {
 					reason, ok := dead[j.marker]
 					delete(dead, j.marker)
 					wantReason := map[string]string{"oversize": "over the limit", "wrongtype": "WRONGTYPE"}[j.poison]
-					if !ok || !strings.HasPrefix(reason, "attempts 1: ") || !strings.Contains(reason, wantReason) {
-						f.deadWrong = append(f.deadWrong, fmt.Sprintf("planted %s (%s): dead row %q, want attempts 1 and a reason with %q", j.marker, j.poison, reason, wantReason))
+					if want := c.deadReason(tx.schema, 1, ""); !ok || !strings.HasPrefix(reason, want) || !strings.Contains(reason, wantReason) {
+						f.deadWrong = append(f.deadWrong, fmt.Sprintf("planted %s (%s): dead row %q, want %q and a reason with %q", j.marker, j.poison, reason, want, wantReason))
 					}
 				}
 				if len(got) > 0 {

@@ -106,13 +106,16 @@ func (e *relayEnv) queue() []map[string]any {
 }
 
 // checkAllJSON checks that every line p wrote to stdout is a JSON object
-// with a level, a time, a logger and a message.
+// with a level, a time, a logger and a message, and no key twice.
 func checkAllJSON(t *testing.T, p *proc) {
 	t.Helper()
 	for _, l := range p.stdout.snapshot() {
 		if l.fields == nil || l.str("level") == "" || l.str("logger") == "" || l.str("msg") == "" {
 			t.Errorf("%s: stdout line is not a JSON log line: %s", p.name, l.raw)
 			continue
+		}
+		if key := repeatedKey(l.raw); key != "" {
+			t.Errorf("%s: log line has the key %q twice: %s", p.name, key, l.raw)
 		}
 		if _, err := l.time(); err != nil {
 			t.Errorf("%s: log line time: %v: %s", p.name, err, l.raw)
@@ -121,6 +124,33 @@ func checkAllJSON(t *testing.T, p *proc) {
 			t.Errorf("%s: log line does not name host and pid %d: %s", p.name, p.cmd.Process.Pid, l.raw)
 		}
 	}
+}
+
+// repeatedKey returns a key that the JSON object raw holds twice at its
+// top level ("" if none, or if raw is no object): encoding/json keeps the
+// last silently, and some log pipelines refuse the line.
+func repeatedKey(raw string) string {
+	dec := json.NewDecoder(strings.NewReader(raw))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return ""
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return ""
+		}
+		key, _ := tok.(string)
+		if seen[key] {
+			return key
+		}
+		seen[key] = true
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return ""
+		}
+	}
+	return ""
 }
 
 // run refuses, with exit 1 and one line, a schema that was never migrated.
