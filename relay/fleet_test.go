@@ -351,3 +351,49 @@ func TestFleetLockConnectionLost(t *testing.T) {
 	}
 	fh.waitJIDs("default", want)
 }
+
+// TestFleetStagedPushSource: a fleet of the sidekiq-staged_push gem's
+// tables finds the schemas that hold the gem's table (not staged_jobs),
+// and drains each, its poll asking that table.
+func TestFleetStagedPushSource(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	base := testenv.Name("sdfleetgem")
+	var schemas []string
+	for i := range 2 {
+		s := testenv.SchemaNamed(t, fmt.Sprintf("%s_%d", base, i))
+		if _, err := h.conn.Exec(ctx, `CREATE SCHEMA `+pgx.Identifier{s}.Sanitize()+`;`+gemTableSQL(t, s)); err != nil {
+			t.Fatalf("create the gem's table: %v", err)
+		}
+		if _, err := relay.Migrate(ctx, h.conn, s, relay.WithSource(relay.SourceSidekiqStagedPush)); err != nil {
+			t.Fatalf("migrate %s: %v", s, err)
+		}
+		schemas = append(schemas, s)
+	}
+	// A schema of the pattern with staged_jobs but not the gem's table is
+	// not this fleet's.
+	other := testenv.SchemaNamed(t, base+"_staged")
+	if _, err := relay.Migrate(ctx, h.conn, other); err != nil {
+		t.Fatal(err)
+	}
+	cfg := h.config()
+	cfg.Schema, cfg.Schemas, cfg.Source = "", []string{base + "_*"}, relay.SourceSidekiqStagedPush
+	cfg.PollInterval, cfg.LeaderInterval = 200*time.Millisecond, 100*time.Millisecond
+	r := h.start(cfg)
+	testenv.WaitFor(t, 10*time.Second, "both gem schemas led", func() (bool, string) {
+		got := leads(r)
+		return slices.Equal(got, schemas), fmt.Sprintf("leads %q", got)
+	})
+	for i, s := range schemas {
+		jid := fmt.Sprintf("%024x", i+1)
+		if _, err := h.conn.Exec(ctx, `INSERT INTO `+pgx.Identifier{s, "sidekiq_staged_push_jobs"}.Sanitize()+` (payload, created_at, updated_at)
+			VALUES ($1::json, now() AT TIME ZONE 'UTC', now() AT TIME ZONE 'UTC')`,
+			`{"class":"GemJob","args":[1],"queue":"gem","jid":"`+jid+`"}`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.waitQueueLen("gem", 2, 10*time.Second)
+	if st := r.Status(); len(st.Schemas) != 2 {
+		t.Errorf("Status().Schemas = %v, want the 2 gem schemas", st.Schemas)
+	}
+}
