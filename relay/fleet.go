@@ -495,10 +495,20 @@ func (s *fleetSession) balance(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("try leader locks: %w", err)
 	}
+	// Every check first, then every lead: the leads' first drains use the
+	// lock connection too, and would hold up the checks of the rest.
+	var ready []*tenant
 	for _, k := range got {
-		if err := s.start(ctx, byKey[k]); err != nil {
+		ok, err := s.check(ctx, byKey[k])
+		if err != nil {
 			return err
 		}
+		if ok {
+			ready = append(ready, byKey[k])
+		}
+	}
+	for _, t := range ready {
+		s.launch(ctx, t)
 	}
 	return nil
 }
@@ -512,13 +522,13 @@ func hash(s string) uint32 {
 	return h
 }
 
-// start leads t, whose leader lock the session has just taken: the checks
-// a relay makes before it leads, then its lead, on a goroutine. A check
-// that fails unlocks it and sets it aside for a backoff. An error is the
-// lock connection's.
-func (s *fleetSession) start(ctx context.Context, t *tenant) error {
+// check makes the checks a relay makes before it leads, for t, whose
+// leader lock the session has just taken: ok when t may lead. A check that
+// fails unlocks t and sets it aside for a backoff. An error is the lock
+// connection's.
+func (s *fleetSession) check(ctx context.Context, t *tenant) (ok bool, err error) {
 	c := t.r
-	err := s.exec(ctx, func(ctx context.Context, conn *pgx.Conn) error {
+	err = s.exec(ctx, func(ctx context.Context, conn *pgx.Conn) error {
 		if err := c.checkPrivileges(ctx, conn); err != nil {
 			return err
 		}
@@ -536,11 +546,17 @@ func (s *fleetSession) start(ctx context.Context, t *tenant) error {
 	})
 	if err != nil {
 		if uerr := s.unlock(ctx, t); uerr != nil {
-			return uerr
+			return false, uerr
 		}
 		s.failed(t, err)
-		return nil
+		return false, nil
 	}
+	return true, nil
+}
+
+// launch leads t, which check passed, on a goroutine of its own.
+func (s *fleetSession) launch(ctx context.Context, t *tenant) {
+	c := t.r
 	c.backlog.attach(s.conn, s.mu)
 	c.state.setRole(RoleLeader)
 	s.f.r.state.setRole(RoleLeader)
@@ -559,7 +575,6 @@ func (s *fleetSession) start(ctx context.Context, t *tenant) error {
 		case <-s.stop:
 		}
 	}()
-	return nil
 }
 
 // after handles the end of t's lead: it unlocks t's leader lock, and
