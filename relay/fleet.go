@@ -173,42 +173,7 @@ func (f *fleet) run(ctx context.Context) error {
 		r.log.Info("stopped")
 		return nil
 	}
-	poolCfg, err := r.drainPoolConfig()
-	if err != nil {
-		return err
-	}
-	poolCfg.MaxConns = fleetDrainConns
-	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
-	if err != nil {
-		return fmt.Errorf("pool: %w", err)
-	}
-	defer pool.Close()
-
-	attempt := 0
-	for {
-		connected, err := f.session(ctx, pool)
-		if ctx.Err() != nil {
-			r.log.Info("stopped")
-			return nil
-		}
-		r.state.setRole(RoleStarting)
-		r.state.failed(err)
-		r.metrics.sessionFailed(err)
-		if isFatal(err) {
-			return explainPermission(err)
-		}
-		if !connected.IsZero() && time.Since(connected) >= healthySession {
-			attempt = 0
-		}
-		attempt++
-		wait := backoff(attempt, r.cfg.MaxBackoff)
-		r.log.Warn("database session failed, retrying", zap.Error(err),
-			zap.Int("attempt", attempt), zap.Duration("wait", wait))
-		if !sleep(ctx, wait) {
-			r.log.Info("stopped")
-			return nil
-		}
-	}
+	return r.runSessions(ctx, fleetDrainConns, f.session)
 }
 
 // session connects the lock connection and runs the fleet on it until ctx

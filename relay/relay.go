@@ -212,10 +212,19 @@ func (r *Relay) Run(ctx context.Context) error {
 		r.log.Info("stopped")
 		return nil
 	}
+	return r.runSessions(ctx, 2, r.campaign) // one batch pushed while the next is claimed
+}
+
+// runSessions runs session (a relay's campaign, or a fleet's session) on
+// a drain pool of maxConns connections until ctx ends (nil) or it fails
+// for a reason retrying cannot fix; other failures are counted, logged and
+// retried with capped exponential backoff.
+func (r *Relay) runSessions(ctx context.Context, maxConns int32, session func(context.Context, *pgxpool.Pool) (time.Time, error)) error {
 	poolCfg, err := r.drainPoolConfig()
 	if err != nil {
 		return err
 	}
+	poolCfg.MaxConns = maxConns
 	pool, err := pgxpool.NewWithConfig(ctx, poolCfg) // connects lazily
 	if err != nil {
 		return fmt.Errorf("pool: %w", err)
@@ -224,7 +233,7 @@ func (r *Relay) Run(ctx context.Context) error {
 
 	attempt := 0
 	for {
-		connected, err := r.campaign(ctx, pool)
+		connected, err := session(ctx, pool)
 		if ctx.Err() != nil {
 			r.log.Info("stopped")
 			return nil
@@ -369,7 +378,6 @@ func (r *Relay) drainPoolConfig() (*pgxpool.Config, error) {
 	// again (see conn.go).
 	poolCfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = millis(r.drainIdleInTx)
 	maps.Copy(poolCfg.ConnConfig.RuntimeParams, drainPlanSettings)
-	poolCfg.MaxConns = 2 // one batch pushed while the next is claimed
 	// pgxpool pings a connection idle for over a second before handing it
 	// out. The idle relay's fallback poll comes every 0.75-1.25
 	// PollInterval, so that was a ping before every other poll: a round
