@@ -123,8 +123,9 @@ type Config struct {
 	// even when no notification arrives. Default 1s.
 	PollInterval time.Duration
 
-	// PollOnly makes the relay neither LISTEN nor mark itself awake for the
-	// wake trigger: it drains on the fallback poll alone, every
+	// PollOnly makes the relay neither LISTEN nor go idle for the wake
+	// trigger (it holds the gate awake while it leads, so commits never
+	// NOTIFY): it drains on the fallback poll alone, every
 	// PollInterval. For a DatabaseURL that goes through PgBouncer in
 	// transaction pooling mode, where LISTEN does not work. Default false.
 	PollOnly bool

@@ -22,7 +22,11 @@ import (
 //     unless the URL sets connect_timeout.
 //   - The lock connection ("leader", leader.go) has idle_session_timeout
 //     lockIdleTimeout: a leader that stops pinging it loses the session, and
-//     with it the leader lock and the gate's locks, so a standby takes over.
+//     with it every leader lock and gate lock it holds, so a standby takes
+//     over. A lead that ends while the session lives on (a fleet's, which
+//     lets a schema go or steps down from one and keeps the others) gives
+//     back its gate locks and then its leader lock itself (leadWith,
+//     fleetSession.after): the session's end is not what releases them.
 //   - The drain pool's sessions ("drain") have
 //     idle_in_transaction_session_timeout drainIdleInTx: a batch claimed by
 //     a relay that then froze is rolled back, and its rows can be claimed

@@ -224,9 +224,13 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 		skip = append(skip, left...)
 		if r.bp.stop() {
 			// Backpressure: the rest waits for the next drain
-			// (backpressure.go).
+			// (backpressure.go), pausedRetry away at most; the relay goes
+			// idle meanwhile, so that commits notify and wake it (a queue
+			// not paused need not wait for the retry). The commits that
+			// saw it awake are drained by that retry, or, if still in
+			// progress now, as soon as they end (gate.sleep).
 			next.rollback(ctx)
-			return nil
+			return g.sleep(ctx)
 		}
 		if !full {
 			// Pace: the more jobs a short batch found, the longer until the

@@ -62,3 +62,9 @@ func ConnConfig(r *Relay, role string) *pgx.ConnConfig { return r.connConfig(rol
 // ReadmeGrants returns the GRANTs of the README's "Least-privilege role"
 // block, for schema and role.
 func ReadmeGrants(t testing.TB, schema, role string) []string { return readmeGrants(t, schema, role) }
+
+// StoppedOnBackpressure reports whether r's last drain ended on a
+// backpressure stop (Redis nearly full, or maxPausedBatches batches in a
+// row held back whole). Only from r's idle hook (SetOnIdle), which runs
+// on the drain goroutine, the one that owns what it reads.
+func StoppedOnBackpressure(r *Relay) bool { return r.bp.stop() }

@@ -26,7 +26,9 @@ import (
 // share is the process's connections:
 //
 //   - one lock connection, which holds every leader lock the process has
-//     and each schema's gate locks; the count of the fleet's members every
+//     and the gate locks of each schema it leads while that one drains
+//     (each lead gives its gate locks back when it ends: the connection
+//     stays open); the count of the fleet's members every
 //     LeaderInterval/2 is its keepalive (as keepLock's ping is a single
 //     relay's): if it fails, every schema it led is let go at once, as
 //     PostgreSQL releases its locks;
@@ -542,8 +544,9 @@ func (s *fleetSession) launch(ctx context.Context, t *tenant) {
 	}()
 }
 
-// after handles the end of t's lead: it unlocks t's leader lock, and
-// says why it stopped. An error is the lock connection's.
+// after handles the end of t's lead, which gave back its gate locks
+// (leadWith): it unlocks t's leader lock, and says why it stopped. An
+// error is the lock connection's.
 func (s *fleetSession) after(ctx context.Context, t *tenant) error {
 	c := t.r
 	t.leading = false

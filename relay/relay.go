@@ -326,20 +326,31 @@ func (r *Relay) lead(ctx context.Context, lockConn *pgx.Conn, lockMu *sync.Mutex
 // leadWith is lead; for a schema of a relay with Config.Schemas, shared is
 // its wake channel, signalled by the listener and poll the schemas share,
 // and the lock connection's watch is theirs too (fleet.go).
-func (r *Relay) leadWith(ctx context.Context, lockConn *pgx.Conn, lockMu *sync.Mutex, pool *pgxpool.Pool, shared chan struct{}) error {
+//
+// Whatever ends it, it gives back the wake gate's locks before it returns
+// (gate.release), while the caller still holds the leader lock: the lock
+// connection may stay open (a fleet's), and the next lead of the schema,
+// here or elsewhere, must find the gate as a relay that is not draining
+// leaves it.
+func (r *Relay) leadWith(ctx context.Context, lockConn *pgx.Conn, lockMu *sync.Mutex, pool *pgxpool.Pool, shared chan struct{}) (err error) {
 	r.handoff.reset() // a new leadership takes the fence at its first push
 	r.poisoned = nil  // and looks at every row again
 	r.summary.poisonKept(0, 0)
+	gt := &gate{mu: lockMu, conn: lockConn,
+		timeout: r.gateTimeout + lockQueryTimeout(r.cfg.LeaderInterval),
+		late:    lateCommits{window: r.cfg.PollInterval}}
+	gt.awakeKeys = gateLockNames(r.cfg.Schema, r.cfg.Queues)
+	defer func(ctx context.Context) {
+		if rerr := gt.release(ctx); rerr != nil && err == nil {
+			err = rerr
+		}
+	}(ctx)
 	g, ctx := errgroup.WithContext(ctx)
 	wake := shared
 	if wake == nil {
 		wake = make(chan struct{}, 1)
 	}
 	trySendWakeup(wake) // drain at start
-	gt := &gate{mu: lockMu, conn: lockConn,
-		timeout: r.gateTimeout + lockQueryTimeout(r.cfg.LeaderInterval),
-		late:    lateCommits{window: r.cfg.PollInterval}}
-	gt.awakeKeys = gateLockNames(r.cfg.Schema, r.cfg.Queues)
 	if r.cfg.PollOnly {
 		// Awake for good: commits never NOTIFY, since nobody listens.
 		if err := gt.wake(ctx); err != nil {
@@ -355,7 +366,7 @@ func (r *Relay) leadWith(ctx context.Context, lockConn *pgx.Conn, lockMu *sync.M
 	}
 	g.Go(func() error { return r.drainLoop(ctx, pool, wake, gt) })
 	g.Go(func() error { r.summarize(ctx, r.summaryEvery); return nil })
-	err := g.Wait()
+	err = g.Wait()
 	r.bp.reset() // the drain has returned
 	return err
 }

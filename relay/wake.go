@@ -72,9 +72,18 @@ func (r *Relay) armDue(ctx context.Context, pool *pgxpool.Pool, due *time.Timer,
 // that sees it; a commit that ends later than the fallback poll's interval
 // after the relay went idle waits for the poll.
 //
-// The lock lives on the leader's lock connection, so it goes when
-// leadership goes. In poll-only mode the relay is awake for good (pinned):
-// no commit notifies, and the fallback poll does all the waking.
+// The locks live on the leader's lock connection, which can outlive the
+// lead: a fleet's schemas share one that stays open while it lets a schema
+// go, steps down from one, or leads it again, and advisory locks count up
+// (a second lead would take them twice and release them once). So every
+// lead ends with release, whatever ended it, before its leader lock is
+// unlocked; a relay of one schema then closes the connection too. In
+// poll-only mode the relay is awake for good (pinned) while it leads: no
+// commit notifies, and the fallback poll does all the waking.
+//
+// The gate's statements run to their end when the lead's context ends,
+// within the gate's timeout: pgx closes a connection whose statement is
+// cancelled, and a fleet's lock connection holds every schema's locks.
 //
 // A relay with Config.Queues holds the locks of its queues instead
 // ("awake:<queue>", sql/006_queue_gate.sql): a schema-wide "awake" would
@@ -115,14 +124,41 @@ func (g *gate) wake(ctx context.Context) error {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	err := withDeadline(ctx, g.timeout, func(ctx context.Context) error {
+	// Awake even when it fails: the shards before the failure may be
+	// held, and release gives them back.
+	g.awake = true
+	err := withTimeout(ctx, g.timeout, func(ctx context.Context) error {
 		_, err := g.conn.Exec(ctx, gateLockSQL, g.awakeKeys)
 		return err
 	})
 	if err != nil && !isLockTimeout(err) {
 		return fmt.Errorf("%w: mark awake: %w", errLostLock, err)
 	}
-	g.awake = true
+	return nil
+}
+
+// release gives back the gate's locks at the end of a lead, whatever ended
+// it: ctx (a fleet letting the schema go, or shutting down), a step-down
+// (fenced, lost lock, a fatal error), and poll-only's pin. Without it a
+// fleet's lock connection, which stays open, would keep the schema's
+// commits from notifying whoever leads it next. No drain follows, nor a
+// look at the transactions in progress: the next leader's drain at start,
+// and its own look (drainLoop), see the commits that saw this lead awake.
+// It runs after ctx has ended, within the gate's timeout.
+func (g *gate) release(ctx context.Context) error {
+	if !g.awake {
+		return nil
+	}
+	g.awake, g.pinned = false, false
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	err := withTimeout(ctx, g.timeout, func(ctx context.Context) error {
+		_, err := g.conn.Exec(ctx, gateUnlockSQL, g.awakeKeys)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("%w: release the wake gate: %w", errLostLock, err)
+	}
 	return nil
 }
 
@@ -150,7 +186,7 @@ func (g *gate) inProgress(ctx context.Context, unlock bool) error {
 	}
 	var xids []int64
 	b.Queue(inProgressSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&xids) })
-	err := withDeadline(ctx, g.timeout, func(ctx context.Context) error {
+	err := withTimeout(ctx, g.timeout, func(ctx context.Context) error {
 		return g.conn.SendBatch(ctx, b).Close()
 	})
 	if err != nil {
@@ -168,7 +204,7 @@ func (g *gate) checkLate(ctx context.Context) (ended bool, err error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	var left []int64
-	err = withDeadline(ctx, g.timeout, func(ctx context.Context) error {
+	err = withTimeout(ctx, g.timeout, func(ctx context.Context) error {
 		return g.conn.QueryRow(ctx, stillInProgressSQL, g.late.ids()).Scan(&left)
 	})
 	if err != nil {

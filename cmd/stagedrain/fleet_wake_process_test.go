@@ -1,0 +1,216 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/stagedrain/stagedrain/relay"
+	"github.com/stagedrain/stagedrain/relay/relaytest"
+)
+
+// fleetLocksSQL reads, from one look at pg_locks, each schema's leader
+// (the backend holding its leader lock, 'stagedrain:<schema>', a one-key
+// lock) and the backends holding a shard of its wake gate
+// ('stagedrain-awake:<schema>', a two-key lock), each named by its
+// application_name.
+const fleetLocksSQL = `WITH l AS MATERIALIZED (
+		SELECT l.pid, l.classid::bigint AS classid, l.objid::bigint AS objid, l.objsubid, l.mode
+		FROM pg_locks l
+		WHERE l.locktype = 'advisory' AND l.granted
+		  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())),
+	k AS (SELECT s AS schema, hashtextextended('stagedrain:' || s, 0) AS lead,
+		(hashtext('stagedrain-awake:' || s)::bigint + 4294967296) % 4294967296 AS awake
+		FROM unnest($1::text[]) s)
+	SELECT k.schema,
+		coalesce((SELECT min(l.pid) FROM l WHERE l.objsubid = 1 AND l.mode = 'ExclusiveLock'
+			AND l.classid = (k.lead >> 32) & 4294967295 AND l.objid = k.lead & 4294967295), 0),
+		coalesce((SELECT array_agg(DISTINCT l.pid ORDER BY l.pid) FROM l
+			WHERE l.objsubid = 2 AND l.mode = 'ExclusiveLock' AND l.classid = k.awake), '{}'),
+		coalesce((SELECT string_agg(DISTINCT a.pid || ' ' || a.application_name, ', ') FROM l JOIN pg_stat_activity a USING (pid)
+			WHERE l.objsubid = 2 AND l.classid = k.awake), '')
+	FROM k ORDER BY 1`
+
+type schemaLocks struct {
+	schema string
+	leader int32   // 0: nobody
+	awake  []int32 // the backends holding a shard of its gate
+	who    string  // those backends' application_names
+}
+
+func (d *defaultsEnv) fleetLocks(schemas []string) []schemaLocks {
+	d.t.Helper()
+	rows, err := d.conn.Query(context.Background(), fleetLocksSQL, schemas)
+	if err != nil {
+		d.t.Fatalf("read pg_locks: %v", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (schemaLocks, error) {
+		var s schemaLocks
+		err := row.Scan(&s.schema, &s.leader, &s.awake, &s.who)
+		return s, err
+	})
+	if err != nil {
+		d.t.Fatalf("read pg_locks: %v", err)
+	}
+	return out
+}
+
+// staged counts the rows left in schema's staged_jobs.
+func (d *defaultsEnv) staged(schema string) int {
+	d.t.Helper()
+	var n int
+	if err := d.conn.QueryRow(context.Background(), "SELECT count(*) FROM "+pgx.Identifier{schema, "staged_jobs"}.Sanitize()).Scan(&n); err != nil {
+		d.t.Fatalf("count %s's staged rows: %v", schema, err)
+	}
+	return n
+}
+
+// Two `stagedrain run --schemas s1,s2,s3,s4 --poll-interval 5s` on one
+// host (nothing else but DATABASE_URL and REDIS_URL), a long backlog in
+// every schema: the first leads all four, and when the second starts it
+// lets two of them go while it is draining them, awake. Its lock
+// connection stays open for the two it keeps, and must not keep the wake
+// gate of those it let go: else their commits never NOTIFY (the new
+// leader's own go-awake only times out), and a job waits for the 5s poll.
+// After the split no process holds the gate of a schema it does not lead,
+// and a single job in every schema is delivered by its NOTIFY, far sooner
+// than the poll.
+func TestDefaultsFleetWakeGateAfterSplit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := newDefaultsEnv(t)
+	schemas := []string{"s1", "s2", "s3", "s4"}
+	// Enough that the first relay is still draining when the second joins
+	// (the issue's case); the test checks that it was.
+	const rows = 60_000
+	for _, s := range schemas {
+		if _, err := relay.Migrate(ctx, d.conn, s); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := d.conn.Exec(ctx, "INSERT INTO "+pgx.Identifier{s, "staged_jobs"}.Sanitize()+
+			" (job_name, job_args) SELECT 'Bulk', '[1]' FROM generate_series(1, $1)", rows); err != nil {
+			t.Fatalf("stage %d rows in %s: %v", rows, s, err)
+		}
+	}
+	args := []string{"--schemas", strings.Join(schemas, ","), "--poll-interval", "5s"}
+	a := d.start("relay a", args...)
+	a.failTail = 60
+	waitLines(t, a, "became leader", 4)
+	b := d.start("relay b", args...)
+	b.failTail = 60
+
+	// What each schema the first relay lets go still holds as it does.
+	letGo := map[string]int{}
+	for len(letGo) < 2 {
+		ln, err := a.stdout.wait(60*time.Second, func(l logLine) bool {
+			_, seen := letGo[l.str("schema")]
+			return l.is(rootLogger, "letting a schema go to another member of the fleet") && !seen
+		})
+		if err != nil {
+			t.Fatalf("relay a let %d schemas go (%v), want 2: %v", len(letGo), letGo, err)
+		}
+		letGo[ln.str("schema")] = d.staged(ln.str("schema"))
+	}
+	waitLines(t, b, "became leader", 2)
+	waitLines(t, a, "released leadership", 2)
+	checkUp(t, a, b)
+	midDrain := false
+	for _, n := range letGo {
+		midDrain = midDrain || n > 0
+	}
+	if !midDrain {
+		t.Fatalf("relay a had drained the schemas it let go (rows left: %v): the case needs a schema let go mid-drain; stage more rows", letGo)
+	}
+	t.Logf("relay a let go of (rows still staged then): %v", letGo)
+
+	relaytest.WaitFor(t, 3*time.Minute, "every row delivered", func() (bool, string) {
+		left := map[string]int{}
+		for _, s := range schemas {
+			if n := d.staged(s); n > 0 {
+				left[s] = n
+			}
+		}
+		n, err := d.rdb.LLen(ctx, "queue:default").Result()
+		return len(left) == 0 && err == nil && n == int64(len(schemas)*rows), fmt.Sprintf("staged %v, queue:default %d (%v)", left, n, err)
+	})
+	checkUp(t, a, b)
+
+	// The split: each process leads two schemas, and holds no wake gate
+	// of a schema it does not lead.
+	locks := d.fleetLocks(schemas)
+	perLeader := map[int32][]string{}
+	for _, s := range locks {
+		perLeader[s.leader] = append(perLeader[s.leader], s.schema)
+		for _, pid := range s.awake {
+			if pid != s.leader {
+				t.Errorf("schema %s is led by backend %d, and its wake gate is held by %d (awake holders: %s)", s.schema, s.leader, pid, s.who)
+			}
+		}
+	}
+	if len(perLeader) != 2 || perLeader[0] != nil {
+		t.Errorf("leaders %v, want two lock connections of two schemas each", perLeader)
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+
+	// A single job in each schema: its commit notifies, and the relay that
+	// leads the schema delivers it long before a poll (5s, jittered by
+	// 25%) could.
+	if err := d.rdb.Del(ctx, "queue:default").Err(); err != nil {
+		t.Fatal(err)
+	}
+	listener := relaytest.Conn(t, d.databaseURL)
+	for _, s := range schemas {
+		if _, err := listener.Exec(ctx, "LISTEN "+pgx.Identifier{relay.ChannelName(s)}.Sanitize()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var took []string
+	for _, s := range schemas {
+		relaytest.WaitFor(t, 10*time.Second, s+"'s leader idle (nobody holding its wake gate)", func() (bool, string) {
+			l := d.fleetLocks([]string{s})[0]
+			return len(l.awake) == 0, fmt.Sprintf("held by %s", l.who)
+		})
+		start := time.Now()
+		jid := d.stageIn(s)
+		if !notifiedBy(t, listener, relay.ChannelName(s), d.conn.PgConn().PID(), 3*time.Second) {
+			t.Errorf("schema %s: the commit of one job sent no NOTIFY within 3s", s)
+		}
+		got, err := d.rdb.BRPop(ctx, 10*time.Second, "queue:default").Result()
+		if err != nil {
+			t.Fatalf("schema %s: the job was not delivered within 10s: %v", s, err)
+		}
+		latency := time.Since(start)
+		if !strings.Contains(got[1], jid) {
+			t.Fatalf("schema %s: delivered %s, want jid %s", s, got[1], jid)
+		}
+		took = append(took, fmt.Sprintf("%s %s", s, latency.Round(time.Millisecond)))
+		if latency >= 2*time.Second {
+			t.Errorf("schema %s: one job took %s from commit to Redis, want well under the 5s poll (NOTIFY)", s, latency)
+		}
+	}
+	t.Logf("one job at a time after the split: %s", strings.Join(took, ", "))
+	checkUp(t, a, b)
+}
+
+// notifiedBy waits up to timeout for a notification on channel from the
+// backend pid, past any other.
+func notifiedBy(t *testing.T, listener *pgx.Conn, channel string, pid uint32, timeout time.Duration) bool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	for {
+		n, err := listener.WaitForNotification(ctx)
+		if err != nil {
+			return false
+		}
+		if n.Channel == channel && n.PID == pid {
+			return true
+		}
+	}
+}
