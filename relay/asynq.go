@@ -32,7 +32,8 @@ import (
 // An asynqTarget is used by one goroutine at a time: it reuses its buffers.
 type asynqTarget struct {
 	keys       asynqKeys
-	maxPayload int // bytes of the encoded message; a bigger one is rejected
+	maxPayload int       // bytes of the encoded message; a bigger one is rejected
+	tenant     tenantTag // a header of every task (tenant.go); zero: none
 
 	buf    []byte  // every encoded message of the batch, back to back
 	ids    []int64 // the batch's ids, one op's slice each
@@ -78,7 +79,7 @@ func (a *asynqTarget) add(u *pushUnit, batch []stagedJob, now time.Time, res *pu
 	a.ids = slices.Grow(a.ids, len(batch)) // never moves: each op keeps a slice of it
 	for i := range batch {
 		j := &batch[i]
-		t, err := newAsynqTask(j)
+		t, err := newAsynqTask(j, a.tenant)
 		if err != nil {
 			res.rejected = append(res.rejected, rejectedJob{id: j.id, reason: err.Error()})
 			continue
@@ -152,9 +153,9 @@ func (a *asynqTarget) op(u *pushUnit, ids []int64, t *asynqTask, msg []byte, j *
 	u.command("LPUSH", a.keys.pending(m.queue), m.id)
 }
 
-// newAsynqTask maps a row onto an asynq task, or says why no asynq server
-// could run it.
-func newAsynqTask(j *stagedJob) (asynqTask, error) {
+// newAsynqTask maps a row onto an asynq task, with tenant's header when it
+// is on, or says why no asynq server could run it.
+func newAsynqTask(j *stagedJob, tenant tenantTag) (asynqTask, error) {
 	args, err := checkJob(j)
 	if err != nil {
 		return asynqTask{}, err
@@ -169,8 +170,14 @@ func newAsynqTask(j *stagedJob) (asynqTask, error) {
 		return asynqTask{}, errors.New("jid is blank: asynq refuses a blank task id")
 	}
 	t := asynqTask{msg: taskMessage{typename: j.name, payload: args, id: j.jid, queue: j.queue, retry: asynqDefaultRetry}}
-	if err := t.setOptions(j.options); err != nil {
+	if err := t.setOptions(j.options, tenant); err != nil {
 		return asynqTask{}, err
+	}
+	if tenant.on() {
+		if t.msg.headers == nil {
+			t.msg.headers = make(map[string]string, 1)
+		}
+		t.msg.headers[tenant.key] = tenant.schema
 	}
 	if t.msg.timeout == 0 && t.msg.deadline == 0 {
 		t.msg.timeout = asynqDefaultTimeout
@@ -190,12 +197,19 @@ func newAsynqTask(j *stagedJob) (asynqTask, error) {
 //	unique     Unique, the lock's TTL in integer seconds (at least 1)
 //	headers    the task's headers, an object of strings
 //	traceparent, tracestate  the trace context, into the headers (trace.go)
+//	<tenant key>  the tenant, which must be the schema's (tenant.go)
 //
 // Any other key is an error: asynq has no option for it.
-func (t *asynqTask) setOptions(raw []byte) error {
+func (t *asynqTask) setOptions(raw []byte, tenant tenantTag) error {
 	opts, err := decodeOptions(raw)
-	if err != nil || len(opts) == 0 {
+	if err != nil {
 		return err
+	}
+	if err := tenant.check(opts); err != nil {
+		return err
+	}
+	if len(opts) == 0 {
+		return nil
 	}
 	keys := make([]string, 0, len(opts))
 	for k := range opts {
@@ -204,6 +218,9 @@ func (t *asynqTask) setOptions(raw []byte) error {
 	slices.Sort(keys) // the first bad key reported is the same every time
 	for _, k := range keys {
 		v := bytes.TrimSpace(opts[k])
+		if tenant.on() && k == tenant.key {
+			continue // checked above; newAsynqTask writes the header
+		}
 		switch k {
 		case traceparentKey, tracestateKey: // below
 		case "retry":
@@ -248,6 +265,11 @@ func (t *asynqTask) setOptions(raw []byte) error {
 		case "headers":
 			if err := json.Unmarshal(v, &t.msg.headers); err != nil || bytes.Equal(v, []byte("null")) {
 				return fmt.Errorf("options %q must be an object of strings, got %s", k, v)
+			}
+			if name, ok := t.msg.headers[tenant.key]; ok && tenant.on() {
+				if err := tenant.checkName(name, "the job's headers name"); err != nil {
+					return err
+				}
 			}
 		default:
 			return fmt.Errorf("options sets %q, which asynq has no task option for (the asynq target maps retry, timeout, deadline, retention, unique, headers, traceparent and tracestate)", k)

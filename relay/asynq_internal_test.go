@@ -179,7 +179,7 @@ func TestAsynqTaskOptions(t *testing.T) {
 	}
 	for _, tt := range tests {
 		j := stagedJob{id: 1, name: "N", args: []byte("[]"), queue: "q", jid: "j", options: []byte(tt.options)}
-		task, err := newAsynqTask(&j)
+		task, err := newAsynqTask(&j, tenantTag{})
 		switch {
 		case tt.want == "" && err != nil:
 			t.Errorf("options %s: %v, want accepted", tt.options, err)
@@ -202,7 +202,7 @@ func TestAsynqTaskOptions(t *testing.T) {
 		{name: "N", args: []byte("[]"), queue: "q", jid: " ", options: []byte("{}")},
 		{name: "N", args: []byte(`{"a": 1}`), queue: "q", jid: "j", options: []byte("{}")},
 	} {
-		if _, err := newAsynqTask(&j); err == nil {
+		if _, err := newAsynqTask(&j, tenantTag{}); err == nil {
 			t.Errorf("job %+v accepted, want refused", j)
 		}
 	}

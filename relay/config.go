@@ -186,6 +186,18 @@ type Config struct {
 	// stay staged). Default 10s.
 	ShutdownTimeout time.Duration
 
+	// TenantKey, when set, puts the name of the schema each job was staged
+	// in into the job under this key, so that a worker of a
+	// schema-per-tenant app switches to the right tenant (tenant.go): a
+	// top-level key of the Sidekiq job hash (apartment-sidekiq reads
+	// "apartment"), a header of the asynq task, a field of the stream
+	// entry. With Schemas, each job gets its own schema's name. A row whose
+	// options already name another tenant under the key is poison (moved
+	// to staged_jobs_dead; SourceSidekiqStagedPush: left staged and
+	// skipped); one naming its own schema passes. It may not be a key the
+	// Target's format owns (class, args, retry, ...). Default "": off.
+	TenantKey string
+
 	// Logger receives structured logs. Default zap.NewNop().
 	Logger *zap.Logger
 
@@ -302,6 +314,9 @@ func (c Config) Validate() error {
 		return err
 	}
 	if err := CheckSource(c.Source); err != nil {
+		return err
+	}
+	if err := validateTenantKey(c.TenantKey, c.Target); err != nil {
 		return err
 	}
 	if err := validateQueues(c.Queues); err != nil {

@@ -47,7 +47,11 @@ type goldenFile struct {
 	Case       string          `json:"case"`
 	Target     string          `json:"target"`
 	Timestamps TimestampFormat `json:"timestamps,omitempty"`
-	Now        time.Time       `json:"now"`
+	// TenantKey and Schema: with Config.TenantKey, the key and the schema
+	// the rows were staged in (tenant.go).
+	TenantKey string    `json:"tenant_key,omitempty"`
+	Schema    string    `json:"schema,omitempty"`
+	Now       time.Time `json:"now"`
 	// Source is how the rows were staged, where they are not staged_jobs'
 	// own: the article's table and INSERTs, or the gem's rows.
 	Source any         `json:"source,omitempty"`

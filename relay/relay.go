@@ -152,14 +152,18 @@ func New(cfg Config) (*Relay, error) {
 		r.claimArgs = []any{queues}
 		r.cfg.Queues = queues
 	}
+	tenant := newTenantTag(cfg.TenantKey, cfg.Schema) // a fleet's tenant: its own schema
 	switch cfg.Target {
 	case TargetAsynq:
-		r.target = newAsynqTarget(cfg.MaxPayloadBytes)
+		t := newAsynqTarget(cfg.MaxPayloadBytes)
+		t.tenant, r.target = tenant, t
 	case TargetStreams:
-		r.target = newStreamTarget(cfg.RedisNamespace, cfg.StreamMaxLen, cfg.MaxPayloadBytes)
+		t := newStreamTarget(cfg.RedisNamespace, cfg.StreamMaxLen, cfg.MaxPayloadBytes)
+		t.tenant, r.target = tenant, t
 		r.sql.claim, r.dueOnly = r.sql.claimDue, true
 	default:
-		r.target = newSidekiqTarget(cfg.RedisNamespace, cfg.TimestampFormat, cfg.MaxPayloadBytes)
+		t := newSidekiqTarget(cfg.RedisNamespace, cfg.TimestampFormat, cfg.MaxPayloadBytes)
+		t.tenant, r.target = tenant, t
 	}
 	r.tracer = newBatchTracer(cfg.TracerProvider, cfg.Target)
 	r.backlog.sql, r.backlog.ttl = r.sql.backlog, backlogTTL

@@ -23,7 +23,8 @@ import (
 type sidekiqTarget struct {
 	keys       sidekiqKeys
 	ts         TimestampFormat
-	maxPayload int // bytes; a bigger payload is rejected
+	maxPayload int       // bytes; a bigger payload is rejected
+	tenant     tenantTag // written into every job (tenant.go); zero: none
 
 	buf     []byte         // every payload of the batch, back to back
 	queues  []queueGroup   // immediate jobs by queue, queues in order of first use
@@ -140,7 +141,7 @@ func (s *sidekiqTarget) build(batch []stagedJob, now time.Time, res *pushResult)
 		j := &batch[i]
 		start := len(s.buf)
 		var err error
-		s.buf, err = appendSidekiqPayload(s.buf, j, now, s.ts)
+		s.buf, err = appendSidekiqPayload(s.buf, j, now, s.ts, s.tenant)
 		if err != nil {
 			s.buf = s.buf[:start]
 			res.rejected = append(res.rejected, rejectedJob{id: j.id, reason: err.Error()})
@@ -199,9 +200,10 @@ func isScheduled(j *stagedJob, now time.Time) bool {
 // migrated by hand.
 var reservedKeys = [...]string{"class", "args", "queue", "jid", "created_at", "enqueued_at", "at"}
 
-// appendSidekiqPayload appends j's Sidekiq job hash as JSON to b. It returns
-// an error, and b unchanged in meaning, for a row no worker could run.
-func appendSidekiqPayload(b []byte, j *stagedJob, now time.Time, ts TimestampFormat) ([]byte, error) {
+// appendSidekiqPayload appends j's Sidekiq job hash as JSON to b, with
+// tenant's key when it is on. It returns an error, and b unchanged in
+// meaning, for a row no worker could run.
+func appendSidekiqPayload(b []byte, j *stagedJob, now time.Time, ts TimestampFormat, tenant tenantTag) ([]byte, error) {
 	if j.bad != "" {
 		return b, errors.New(j.bad)
 	}
@@ -222,6 +224,9 @@ func appendSidekiqPayload(b []byte, j *stagedJob, now time.Time, ts TimestampFor
 	if err != nil {
 		return b, err
 	}
+	if err := tenant.check(opts); err != nil {
+		return b, err
+	}
 
 	b = append(b, `{"class":`...)
 	b = appendJSONString(b, j.name)
@@ -240,6 +245,7 @@ func appendSidekiqPayload(b []byte, j *stagedJob, now time.Time, ts TimestampFor
 		b = append(b, `,"enqueued_at":`...)
 		b = appendTimestamp(b, now, ts)
 	}
+	b = append(b, tenant.field...) // names the schema, which options may too
 	if len(opts) > 0 {
 		keys := make([]string, 0, len(opts))
 		for k := range opts {
@@ -252,6 +258,9 @@ func appendSidekiqPayload(b []byte, j *stagedJob, now time.Time, ts TimestampFor
 		for _, k := range keys {
 			if (badTrace != "" && isTraceKey(k)) || (k == tracestateKey && ts == "") {
 				continue // a tracestate goes only as a string, with a valid traceparent
+			}
+			if tenant.on() && k == tenant.key {
+				continue // written above, once
 			}
 			b = append(b, ',')
 			b = appendJSONString(b, k)

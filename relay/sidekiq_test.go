@@ -40,7 +40,7 @@ func TestAppendSidekiqPayload(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := appendSidekiqPayload(nil, &tc.job, now, tc.ts)
+			got, err := appendSidekiqPayload(nil, &tc.job, now, tc.ts, tenantTag{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -73,7 +73,7 @@ func TestAppendSidekiqPayloadRejects(t *testing.T) {
 			j := ok
 			tc.mutate(&j)
 			prefix := []byte("keep")
-			got, err := appendSidekiqPayload(prefix, &j, now, TimestampSeconds)
+			got, err := appendSidekiqPayload(prefix, &j, now, TimestampSeconds, tenantTag{})
 			if err == nil || !strings.Contains(err.Error(), tc.reason) {
 				t.Fatalf("error = %v, want one containing %q", err, tc.reason)
 			}
@@ -153,7 +153,7 @@ func BenchmarkSidekiqPayload(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		var err error
-		buf, err = appendSidekiqPayload(buf[:0], &j, now, TimestampSeconds)
+		buf, err = appendSidekiqPayload(buf[:0], &j, now, TimestampSeconds, tenantTag{})
 		if err != nil {
 			b.Fatal(err)
 		}

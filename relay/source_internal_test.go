@@ -107,7 +107,7 @@ func TestMapStagedPush(t *testing.T) {
 	if !j.createdAt.Equal(now) {
 		t.Errorf("no created_at anywhere: %v, want now", j.createdAt)
 	}
-	b, err := appendSidekiqPayload(nil, &j, now, TimestampSeconds)
+	b, err := appendSidekiqPayload(nil, &j, now, TimestampSeconds, tenantTag{})
 	if err != nil || !strings.Contains(string(b), `"retry":true`) {
 		t.Errorf("payload %s (%v), want retry true", b, err)
 	}
@@ -136,7 +136,7 @@ func TestMapStagedPush(t *testing.T) {
 		if !strings.Contains(j.bad, reason) {
 			t.Errorf("%s: reason %q, want %q", payload, j.bad, reason)
 		}
-		if _, err := appendSidekiqPayload(nil, &j, now, TimestampSeconds); err == nil {
+		if _, err := appendSidekiqPayload(nil, &j, now, TimestampSeconds, tenantTag{}); err == nil {
 			t.Errorf("%s: the sidekiq target built a payload of a poison row", payload)
 		}
 		if _, err := checkJob(&j); err == nil {

@@ -12,10 +12,11 @@ import (
 // streamTarget appends each job to the Redis stream of its queue:
 //
 //	XADD [<namespace>:]stream:<queue> [MAXLEN ~ <n>] * jid <jid> class <job_name>
-//	     args <job_args JSON> queue <queue> created_at <epoch ms> [options <JSON>]
-//	     [traceparent <traceparent> [tracestate <tracestate>]]
+//	     args <job_args JSON> queue <queue> created_at <epoch ms> [<tenant key> <schema>]
+//	     [options <JSON>] [traceparent <traceparent> [tracestate <tracestate>]]
 //
-// options is written only when the row's options is not {}. Each job is an
+// options is written only when the row's options is not {}; the tenant
+// field only with Config.TenantKey (tenant.go). Each job is an
 // op of its own, so that an error on one entry refuses only that job.
 //
 // Streams have no scheduler: the relay claims a job only once its run_at is
@@ -25,8 +26,9 @@ import (
 // A streamTarget is used by one goroutine at a time: it reuses its buffers.
 type streamTarget struct {
 	keys       streamKeys
-	maxLen     int64 // approximate MAXLEN per stream; 0 none
-	maxPayload int   // bytes of an entry's field values; a bigger entry is rejected
+	maxLen     int64     // approximate MAXLEN per stream; 0 none
+	maxPayload int       // bytes of an entry's field values; a bigger entry is rejected
+	tenant     tenantTag // written into every entry (tenant.go); zero: none
 
 	ids  []int64 // the batch's ids, one op's slice each
 	nums []byte  // the batch's created_at digits, back to back
@@ -47,6 +49,7 @@ func (s *streamTarget) add(u *pushUnit, batch []stagedJob, now time.Time, res *p
 			var o map[string]json.RawMessage
 			if o, err = decodeOptions(j.options); o != nil {
 				tp, ts, _ = traceOptions(o) // a malformed one is dropped (trace.go)
+				err = s.tenant.check(o)
 			}
 		}
 		if err != nil {
@@ -60,7 +63,7 @@ func (s *streamTarget) add(u *pushUnit, batch []stagedJob, now time.Time, res *p
 		start := len(s.nums)
 		s.nums = strconv.AppendInt(s.nums, j.createdAt.UnixMilli(), 10)
 		created := s.nums[start:len(s.nums):len(s.nums)]
-		if n := len(j.jid) + len(j.name) + len(args) + len(j.queue) + len(created) + len(opts) + len(tp) + len(ts); n > s.maxPayload {
+		if n := len(j.jid) + len(j.name) + len(args) + len(j.queue) + len(created) + len(opts) + len(tp) + len(ts) + len(s.tenant.schema); n > s.maxPayload {
 			s.nums = s.nums[:start]
 			res.rejected = append(res.rejected, rejectedJob{id: j.id,
 				reason: fmt.Sprintf("stream entry is %d bytes, over the limit of %d (MaxPayloadBytes)", n, s.maxPayload)})
@@ -74,6 +77,9 @@ func (s *streamTarget) add(u *pushUnit, batch []stagedJob, now time.Time, res *p
 			cmd = append(cmd, "MAXLEN", "~", s.maxLen)
 		}
 		cmd = append(cmd, "*", "jid", j.jid, "class", j.name, "args", args, "queue", j.queue, "created_at", created)
+		if s.tenant.on() {
+			cmd = append(cmd, s.tenant.key, s.tenant.schema)
+		}
 		if opts != nil {
 			cmd = append(cmd, "options", opts)
 		}

@@ -267,6 +267,7 @@ func TestHelp(t *testing.T) {
 		"redis-wait-timeout":     "STAGEDRAIN_REDIS_WAIT_TIMEOUT",
 		"queues":                 "STAGEDRAIN_QUEUES",
 		"schemas":                "STAGEDRAIN_SCHEMAS",
+		"tenant-key":             "STAGEDRAIN_TENANT_KEY",
 		"migrate":                "STAGEDRAIN_MIGRATE",
 		"metrics-addr":           "STAGEDRAIN_METRICS_ADDR",
 	}

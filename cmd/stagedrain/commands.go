@@ -201,6 +201,7 @@ type runFlags struct {
 	pollOnly        bool
 	queues          string
 	schemas         string
+	tenantKey       string
 	migrate         bool
 	metricsAddr     string
 }
@@ -225,6 +226,7 @@ var flagOfField = map[string]string{
 	"RedisMaxMemoryRatio": "redis-max-memory-ratio",
 	"Queues":              "queues",
 	"Schemas":             "schemas",
+	"TenantKey":           "tenant-key",
 	"RedisWaitReplicas":   "redis-wait-replicas",
 	"RedisWaitTimeout":    "redis-wait-timeout",
 }
@@ -272,10 +274,12 @@ func newRunFlags() (*flagSet, *runFlags) {
 	f.fs.StringVar(&c.queues, "queues", "", "drain only these `queues` (comma list), as a group with a leader lock of its own; relays of a schema must have equal or disjoint lists (default: all queues)")
 	f.env("queues", "STAGEDRAIN_QUEUES")
 	registerSchemas(f, &c.schemas, "drain many schemas from one process: a comma `list` of schema names and patterns such as tenant_* (a schema is drained once it holds the table; new ones are found within --poll-interval); instead of --schema")
+	f.fs.StringVar(&c.tenantKey, "tenant-key", "", "put the name of each job's schema into the job under this `key` (such as apartment, for apartment-sidekiq): a key of Sidekiq's job hash, an asynq header, a stream field; a row whose options name another tenant under it is dead-lettered (default: off)")
+	f.env("tenant-key", "STAGEDRAIN_TENANT_KEY")
 	f.fs.BoolVar(&c.migrate, "migrate", false, "run migrate before draining (retried until PostgreSQL answers)")
 	f.env("migrate", "STAGEDRAIN_MIGRATE")
 	registerMetricsAddr(f, &c.metricsAddr)
-	f.required("redis-url", "timestamp-format", "target")
+	f.required("redis-url", "timestamp-format", "target", "tenant-key")
 	return f, c
 }
 
@@ -342,6 +346,7 @@ func (c *runFlags) config(f *flagSet) (relay.Config, func() redis.UniversalClien
 		PollOnly:            c.pollOnly,
 		Queues:              queues,
 		Schemas:             schemas,
+		TenantKey:           c.tenantKey,
 	}
 	if len(schemas) > 0 {
 		cfg.Schema = ""
