@@ -128,7 +128,7 @@ func newFleet(cfg Config, pgCfg *pgx.ConnConfig, version int) (*Relay, error) {
 	}
 	// The process's own counters: the Redis PING at start, the lock
 	// session and the listener. Served without a schema label.
-	r.metrics = newMetrics(string(cfg.Target), "", &r.backlog, &r.summary.mu)
+	r.metrics = newMetrics(string(cfg.Target), "", "", &r.backlog, &r.summary.mu)
 	r.metrics.reg = prometheus.NewRegistry()
 	r.metrics.reg.MustRegister(r.metrics.errs)
 	r.state.init(prometheus.NewGauge(prometheus.GaugeOpts{Name: "unused"}))

@@ -314,6 +314,22 @@ func TestFleetPollOnlyWithQueues(t *testing.T) {
 	if got := fh.logs.FilterMessage("fleet poll failed; waking every schema led").Len(); got != 0 {
 		t.Errorf("the fleet poll failed %d times: %v", got, messages(fh.logs))
 	}
+	// Each schema's status names the group and its leader: the fleet's
+	// lock connection, one for both.
+	var backends []int
+	for _, schema := range fh.schemas {
+		st, err := relay.ReadStatus(context.Background(), fh.conn, relay.StatusParams{Schema: schema})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(st.Groups) != 1 || !slices.Equal(st.Groups[0].Queues, []string{"a"}) || st.Leader == nil || st.Groups[0].Leader != st.Leader {
+			t.Fatalf("status of %s: leader %+v, groups %+v; want the group {a} and its leader", schema, st.Leader, st.Groups)
+		}
+		backends = append(backends, st.Leader.BackendPID)
+	}
+	if backends[0] != backends[1] {
+		t.Errorf("the schemas' leaders are sessions %v, want the fleet's one lock connection", backends)
+	}
 }
 
 // TestFleetLockConnectionLost: when PostgreSQL ends the lock connection
