@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -77,8 +76,25 @@ type SchemaStatus struct {
 	// staged rows whose payload no worker could run: the relay leaves them
 	// in the table and skips them. They count in Staged too.
 	Poison *int64 `json:"poison,omitempty"`
-	// Leader is the session holding the leader lock of the relays that
-	// drain every queue, nil when none does.
+	// Leader is the leader of the schema's one group of relays (the
+	// relays of every queue, or of one list of Config.Queues): nil when
+	// none leads, and when several groups run (see Groups).
+	Leader *LeaderStatus `json:"leader"`
+	// Groups lists the groups of relays running on the schema, each with
+	// its leader: the relays of every queue first, then the lists in byte
+	// order. Empty when no relay runs. A group is seen by its relays'
+	// locks: one whose relays have all stopped is not listed.
+	Groups []GroupStatus `json:"groups"`
+}
+
+// GroupStatus is one group of a schema's relays: those of every queue, or
+// those with one list of queues (Config.Queues), and its leader.
+type GroupStatus struct {
+	// Queues is the group's list, sorted; nil for the relays of every
+	// queue.
+	Queues []string `json:"queues"`
+	// Leader is the session holding the group's leader lock, nil when
+	// none does (its relays stand by or start).
 	Leader *LeaderStatus `json:"leader"`
 }
 
@@ -125,8 +141,11 @@ func ReadStatus(ctx context.Context, db DB, p StatusParams) (*SchemaStatus, erro
 	if err != nil {
 		return nil, err
 	}
-	if st.Leader, err = findLeader(ctx, db, schema); err != nil {
+	if st.Groups, err = ReadGroups(ctx, db, schema); err != nil {
 		return nil, err
+	}
+	if len(st.Groups) == 1 {
+		st.Leader = st.Groups[0].Leader
 	}
 	return st, nil
 }
@@ -224,29 +243,114 @@ func readStagedPushBacklog(ctx context.Context, db DB, st *SchemaStatus) error {
 	return nil
 }
 
-// leaderSessionSQL finds the session holding the advisory lock named $1
-// (as tryLockSQL takes it) in this database, and when it connected.
-const leaderSessionSQL = `SELECT a.pid, coalesce(a.application_name, ''), coalesce(host(a.client_addr), ''), a.backend_start
-	FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-	WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
-	  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-	  AND (l.classid::bigint << 32 | l.objid::bigint) = ` + lockKeySQL
+// groupsSQL lists the groups whose group lock a session holds in schema
+// $1 (locks.go): each group's key (hashtext of its list, as pg_locks
+// shows it), whether it is the group of every queue, and the words of its
+// name locks in order (-1 for one not held; none for the group of every
+// queue, or a relay of a release that spelled no name).
+const groupsSQL = `WITH held AS MATERIALIZED (
+		SELECT l.classid::bigint AS k1, l.objid::bigint AS k2 FROM pg_locks l
+		WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted
+		  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())),
+	g AS (SELECT DISTINCT k2 AS key FROM held WHERE k1 = hashtext('stagedrain-group:' || $1)::bigint & 4294967295)
+	SELECT g.key, g.key = hashtext('')::bigint & 4294967295,
+		ARRAY(SELECT coalesce((SELECT min(h.k2) FROM held h
+				WHERE h.k1 = hashtext('stagedrain-group-name:' || $1 || ':' || g.key || ':' || n)::bigint & 4294967295), -1)
+			FROM generate_series(0, (least(len.word, 65536) + 3) / 4) n ORDER BY n)
+	FROM g LEFT JOIN LATERAL (SELECT min(h.k2) AS word FROM held h
+		WHERE h.k1 = hashtext('stagedrain-group-name:' || $1 || ':' || g.key || ':0')::bigint & 4294967295) len ON true
+	ORDER BY g.key`
 
-// findLeader returns the session holding schema's leader lock (of the
-// relays of every queue), nil if none does.
-func findLeader(ctx context.Context, db DB, schema string) (*LeaderStatus, error) {
-	var l LeaderStatus
-	err := db.QueryRow(ctx, leaderSessionSQL, leaderLockName(schema, "")).
-		Scan(&l.BackendPID, &l.ApplicationName, &l.ClientAddr, &l.ConnectedAt)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return nil, nil
-	case err != nil:
-		return nil, fmt.Errorf("find the leader: %w", err)
+// groupLeadersSQL checks the group names read ($1), each against the key
+// it was read under ($2; NULL for the group of every queue), and finds the
+// session holding each one's leader lock ($3, as leaderLockName names it)
+// in this database, and when it connected.
+const groupLeadersSQL = `SELECT t.key IS NULL OR hashtext(t.name)::bigint & 4294967295 = t.key,
+		a.pid, coalesce(a.application_name, ''), coalesce(host(a.client_addr), ''), a.backend_start
+	FROM unnest($1::text[], $2::bigint[], $3::text[]) WITH ORDINALITY AS t(name, key, lock, i)
+	LEFT JOIN pg_locks l ON l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+	  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+	  AND (l.classid::bigint << 32 | l.objid::bigint) = hashtextextended(t.lock, 0)
+	LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+	ORDER BY t.i`
+
+// ReadGroups reads, from pg_locks, the groups of relays running on schema
+// and their leaders, as ReadStatus's Groups: the relays of every queue,
+// listed when one of them holds its group lock or the leader lock (a
+// relay of a release before groups takes no group lock), then each list
+// of Config.Queues that a running relay holds the locks of. It counts no
+// table, so it is cheap enough for a probe.
+func ReadGroups(ctx context.Context, db DB, schema string) ([]GroupStatus, error) {
+	if err := CheckSchema(schema); err != nil {
+		return nil, err
 	}
-	l.Host, l.PID = parseApplicationName(l.ApplicationName)
-	l.ConnectedAt = l.ConnectedAt.UTC()
-	return &l, nil
+	rows, err := db.Query(ctx, groupsSQL, schema)
+	if err != nil {
+		return nil, fmt.Errorf("find the groups of relays: %w", err)
+	}
+	// The group of every queue is always asked for: its leader lock
+	// shows it even without a group lock.
+	names, keys, locks := []string{""}, []*int64{nil}, []string{leaderLockName(schema, "")}
+	everyLocked := false
+	var key int64
+	var every bool
+	var words []int64
+	_, err = pgx.ForEachRow(rows, []any{&key, &every, &words}, func() error {
+		if every {
+			everyLocked = true
+			return nil
+		}
+		group, ok := readGroupName(words)
+		if !ok {
+			return nil // a relay of a release that spelled no name
+		}
+		k := key
+		names, keys, locks = append(names, group), append(keys, &k), append(locks, leaderLockName(schema, group))
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("find the groups of relays: %w", err)
+	}
+	rows, err = db.Query(ctx, groupLeadersSQL, names, keys, locks)
+	if err != nil {
+		return nil, fmt.Errorf("find the leaders: %w", err)
+	}
+	groups := []GroupStatus{}
+	i := 0
+	var named bool
+	var backend *int
+	var app, addr *string
+	var since *time.Time
+	_, err = pgx.ForEachRow(rows, []any{&named, &backend, &app, &addr, &since}, func() error {
+		defer func() { i++ }()
+		var l *LeaderStatus
+		if backend != nil {
+			l = &LeaderStatus{BackendPID: *backend, ApplicationName: *app, ClientAddr: *addr, ConnectedAt: since.UTC()}
+			l.Host, l.PID = parseApplicationName(l.ApplicationName)
+		}
+		switch {
+		case i == 0:
+			if everyLocked || l != nil {
+				groups = append(groups, GroupStatus{Leader: l})
+			}
+		case named:
+			groups = append(groups, GroupStatus{Queues: strings.Split(names[i], ","), Leader: l})
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("find the leaders: %w", err)
+	}
+	slices.SortStableFunc(groups, func(a, b GroupStatus) int {
+		if (a.Queues == nil) != (b.Queues == nil) {
+			if a.Queues == nil {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(strings.Join(a.Queues, ","), strings.Join(b.Queues, ","))
+	})
+	return groups, nil
 }
 
 // parseApplicationName reads host and pid out of applicationName's

@@ -120,3 +120,49 @@ func TestClusterRefusesACrossSlotOp(t *testing.T) {
 		t.Fatalf("%d jobs pushed, want the second op's 1", n)
 	}
 }
+
+// On a cluster, drop deletes the global fence and, for each slot this
+// leadership claimed, its fence and record, once every batch is settled.
+func TestClusterDropDeletesSettledRecords(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb := testenv.StartRedisCluster(t).Client(t)
+	keys := newHandoffKeys("", "test", "dropped", "")
+	h := newHandoff(rdb, keys)
+	if err := h.acquire(ctx, "h"); err != nil {
+		t.Fatal(err)
+	}
+	all := []string{keys.fence}
+	for i, list := range []string{"{qa}:list", "{qb}:list"} {
+		u := &h.unit
+		u.reset()
+		u.begin([]int64{int64(i + 1)})
+		u.command("RPUSH", list, "job")
+		if again, err := h.claim(ctx, u, "h"); err != nil || again {
+			t.Fatalf("claim: %v, %v", again, err)
+		}
+		field, err := h.push(ctx, u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.committed(field, nil, 500, 400)
+		k := keys.slot(keySlot(list))
+		all = append(all, k.fence, k.record)
+	}
+	exists := func() int {
+		n := 0
+		for _, k := range all {
+			n += int(rdb.Exists(ctx, k).Val())
+		}
+		return n
+	}
+	if n := exists(); n != len(all) {
+		t.Fatalf("%d of the fences and records %v exist after the pushes, want all", n, all)
+	}
+	if dropped, err := h.drop(ctx); err != nil || !dropped {
+		t.Fatalf("drop: %v, %v; want true", dropped, err)
+	}
+	if n := exists(); n != 0 {
+		t.Errorf("%d of the fences and records %v left after the drop, want none", n, all)
+	}
+}

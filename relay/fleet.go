@@ -130,7 +130,7 @@ func newFleet(cfg Config, pgCfg *pgx.ConnConfig, version int) (*Relay, error) {
 	}
 	// The process's own counters: the Redis PING at start, the lock
 	// session and the listener. Served without a schema label.
-	r.metrics = newMetrics(string(cfg.Target), "", &r.backlog, &r.summary.mu)
+	r.metrics = newMetrics(string(cfg.Target), "", "", &r.backlog, &r.summary.mu)
 	r.metrics.reg = prometheus.NewRegistry()
 	r.metrics.reg.MustRegister(r.metrics.errs)
 	r.state.init(prometheus.NewGauge(prometheus.GaugeOpts{Name: "unused"}))
@@ -337,14 +337,37 @@ func (s *fleetSession) discover(ctx context.Context) error {
 }
 
 // forget drops a tenant whose schema is gone, which the session does not
-// lead.
+// lead, with its fence and handoff record when its last lead left them
+// settled (dropHandoff).
 func (s *fleetSession) forget(t *tenant) {
 	f := s.f
+	s.dropHandoff(t)
 	f.mu.Lock()
 	delete(f.tenants, t.schema)
 	f.mu.Unlock()
 	t.r.state.setRole(RoleStopped)
 	f.r.log.Info("schema gone: let go", zap.String("schema", t.schema), zap.String("table", f.table))
+}
+
+// dropHandoff deletes the fence and handoff record of t, whose schema is
+// gone and which the session does not lead, when its last lead in this
+// process left nothing unsettled in the record and no relay took the fence
+// since (handoff.drop): else they stay in Redis, as a relay of the schema
+// would need them. That lead may have ended before the schema was seen
+// gone: its drains failed on the missing table.
+func (s *fleetSession) dropHandoff(t *tenant) {
+	var dropped bool
+	err := withTimeout(context.Background(), 2*time.Second, func(ctx context.Context) error {
+		var err error
+		dropped, err = t.r.handoff.drop(ctx)
+		return err
+	})
+	switch {
+	case err != nil:
+		t.r.log.Warn("could not delete the handoff record of a schema gone", zap.Error(redactErr(err)))
+	case dropped:
+		t.r.log.Info("deleted the handoff record of a schema gone")
+	}
 }
 
 // forgetAll drops every tenant, when Run returns.

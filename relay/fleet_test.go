@@ -195,6 +195,46 @@ func TestFleetDrainsEverySchema(t *testing.T) {
 	}
 }
 
+// A schema dropped under a fleet is let go, and its fence and handoff
+// record leave Redis with it: the record held a settled batch only (its
+// rows delivered and deleted; here the field a drain leaves when it has not
+// yet seen the WAL flushed past the batch's commit), so nothing in it is
+// needed, and a schema created again under the name starts with no ids of
+// the old one's rows. The other schema's keys stay.
+func TestFleetDropsTheHandoffOfASchemaGone(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	fh := newFleetHarness(t, 2)
+	r := fh.start(fh.fleetConfig())
+	gone, kept := fh.schemas[0], fh.schemas[1]
+	fh.waitJIDs("default", []string{fh.stageIn(gone, "default"), fh.stageIn(kept, "default")})
+	testenv.WaitFor(t, 10*time.Second, "both schemas led", func() (bool, string) {
+		got := leads(r)
+		return len(got) == 2, fmt.Sprintf("leads %q", got)
+	})
+	db := fh.conn.Config().Database
+	fence, record := relay.HandoffKeys(fh.ns, db, gone)
+	epoch, err := fh.rdb.HGet(ctx, fence, "epoch").Result()
+	if err != nil {
+		t.Fatalf("the fence of %s: %v", gone, err)
+	}
+	if err := fh.rdb.HSet(ctx, record, epoch+":1", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	if _, err := fh.conn.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{gone}.Sanitize()+" CASCADE"); err != nil {
+		t.Fatal(err)
+	}
+	fh.waitLog("schema gone: let go", 1)
+	if n, err := fh.rdb.Exists(ctx, fence, record).Result(); err != nil || n != 0 {
+		t.Errorf("%d of %s's fence and record left after it was let go (%v), want none", n, gone, err)
+	}
+	keptFence, _ := relay.HandoffKeys(fh.ns, db, kept)
+	if n, err := fh.rdb.Exists(ctx, keptFence).Result(); err != nil || n != 1 {
+		t.Errorf("the fence of %s, still led: EXISTS %d (%v), want 1", kept, n, err)
+	}
+}
+
 // TestFleetMembersSplitSchemas runs two relays with the same Schemas: they
 // split the schemas between them, and when one stops the other takes them
 // all; every job is delivered once.
@@ -313,6 +353,22 @@ func TestFleetPollOnlyWithQueues(t *testing.T) {
 	}
 	if got := fh.logs.FilterMessage("fleet poll failed; waking every schema led").Len(); got != 0 {
 		t.Errorf("the fleet poll failed %d times: %v", got, messages(fh.logs))
+	}
+	// Each schema's status names the group and its leader: the fleet's
+	// lock connection, one for both.
+	var backends []int
+	for _, schema := range fh.schemas {
+		st, err := relay.ReadStatus(context.Background(), fh.conn, relay.StatusParams{Schema: schema})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(st.Groups) != 1 || !slices.Equal(st.Groups[0].Queues, []string{"a"}) || st.Leader == nil || st.Groups[0].Leader != st.Leader {
+			t.Fatalf("status of %s: leader %+v, groups %+v; want the group {a} and its leader", schema, st.Leader, st.Groups)
+		}
+		backends = append(backends, st.Leader.BackendPID)
+	}
+	if backends[0] != backends[1] {
+		t.Errorf("the schemas' leaders are sessions %v, want the fleet's one lock connection", backends)
 	}
 }
 

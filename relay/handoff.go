@@ -192,6 +192,17 @@ end
 // 5.1's unpack fails past about 8,000. variadic splits longer ones.
 const maxCommandArgs = 1000
 
+// dropScript deletes a fence hash and its record hash while the fence
+// holds this leadership's token: KEYS[1] the fence, KEYS[2] (if given) the
+// record, ARGV[1] the token. It answers 1 when it deleted them, else 0.
+var dropScript = redis.NewScript(`
+if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then
+  return 0
+end
+redis.call('DEL', unpack(KEYS))
+return 1
+`)
+
 // errFenced is returned by a push that the fence refused: another relay
 // leads now. The relay steps down.
 var errFenced = errors.New("fenced off")
@@ -336,6 +347,42 @@ func (h *handoff) ready(ctx context.Context, holder string) error {
 		return h.acquire(ctx, holder)
 	}
 	return h.load(ctx)
+}
+
+// drop deletes the fence and the record of a schema whose table is gone,
+// after its last lead: it reports whether it did. It does so only while
+// this leadership holds the fence and knows every batch in the record as
+// settled (delivered and deleted, or delivering nothing): no row is left
+// whose delete the record must still cover, and a table created again
+// under the schema's name must not meet the old rows' ids in a record (it
+// would delete its own rows of those ids unpushed). Otherwise, or on a
+// cluster for the slots this leadership never claimed, the keys stay.
+func (h *handoff) drop(ctx context.Context) (bool, error) {
+	if h.token == "" || h.reload || len(h.delivered) > 0 {
+		return false, nil
+	}
+	defer h.reset()
+	// On a cluster, the global fence first (its record is never written):
+	// a leadership that took it since has claimed, or will claim, the
+	// slots, and each slot's pair is deleted only while it is this one's.
+	pairs := [][]string{{h.keys.fence, h.keys.record}}
+	if h.cluster {
+		pairs[0] = pairs[0][:1] // the global record is another slot's
+	}
+	for s := range h.claimed {
+		k := h.keys.slot(s)
+		pairs = append(pairs, []string{k.fence, k.record})
+	}
+	for i, keys := range pairs {
+		n, err := dropScript.Run(ctx, h.rdb, keys, h.token).Int()
+		if err != nil {
+			return false, fmt.Errorf("delete the handoff record: %w", err)
+		}
+		if n == 0 && i == 0 {
+			return false, nil // another leadership holds the fence
+		}
+	}
+	return true, nil
 }
 
 // wasDelivered reports whether a push delivered the row with this id

@@ -264,3 +264,79 @@ func TestRecordFieldWaitsForTheWALFlush(t *testing.T) {
 		t.Fatalf("record left (%d) or fields still waiting (%v) after the flush passed them", n, h.unflushed)
 	}
 }
+
+// The fence and record of a schema gone are deleted after its last lead
+// when the record holds no batch whose rows may still be staged: here one
+// delivered whose delete committed (its WAL not yet seen flushed, so the
+// field is still in Redis). They stay when a batch delivered rows whose
+// delete did not commit, when another leadership took the fence since, and
+// before this leadership took it (it has not read the record).
+func TestDropDeletesASettledRecord(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb, ns := testenv.Redis(t)
+	push := func(h *handoff, ids ...int64) string {
+		t.Helper()
+		h.unit.reset()
+		h.unit.begin(ids, "")
+		h.unit.command("LPUSH", ns+":list", "job")
+		field, err := h.push(ctx, &h.unit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return field
+	}
+	exists := func(h *handoff) int64 {
+		t.Helper()
+		n, err := rdb.Exists(ctx, h.keys.fence, h.keys.record).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	drop := func(h *handoff, want bool) {
+		t.Helper()
+		got, err := h.drop(ctx)
+		if err != nil || got != want {
+			t.Fatalf("drop: %v, %v; want %v", got, err, want)
+		}
+	}
+
+	settled := newHandoff(rdb, newHandoffKeys(ns, "test", "settled", ""))
+	drop(settled, false) // never took the fence: knows nothing of the record
+	if err := settled.acquire(ctx, "relay"); err != nil {
+		t.Fatal(err)
+	}
+	settled.committed(push(settled, 1, 2), nil, 500, 400)
+	if n := exists(settled); n != 2 {
+		t.Fatalf("%d of the fence and record exist after a push, want both", n)
+	}
+	drop(settled, true)
+	if n := exists(settled); n != 0 {
+		t.Errorf("%d of the fence and record left after a settled drop, want none", n)
+	}
+
+	unsettled := newHandoff(rdb, newHandoffKeys(ns, "test", "unsettled", ""))
+	if err := unsettled.acquire(ctx, "relay"); err != nil {
+		t.Fatal(err)
+	}
+	unsettled.uncommitted(push(unsettled, 3), []int64{3})
+	drop(unsettled, false)
+	if n := exists(unsettled); n != 2 {
+		t.Errorf("%d of the fence and record left with row 3 delivered and its delete not committed, want both", n)
+	}
+
+	keys := newHandoffKeys(ns, "test", "deposed", "")
+	old, cur := newHandoff(rdb, keys), newHandoff(rdb, keys)
+	if err := old.acquire(ctx, "old"); err != nil {
+		t.Fatal(err)
+	}
+	old.committed(push(old, 4), nil, 500, 400)
+	if err := cur.acquire(ctx, "current"); err != nil {
+		t.Fatal(err)
+	}
+	drop(old, false)
+	if n := exists(old); n != 2 {
+		t.Errorf("%d of the fence and record left after a deposed leadership's drop, want both", n)
+	}
+}

@@ -101,7 +101,7 @@ func BenchmarkBatchRecord(b *testing.B) {
 		b.Run(fmt.Sprintf("metrics=%v", withMetrics), func(b *testing.B) {
 			var s summary
 			if withMetrics {
-				s.metrics = newMetrics(string(TargetSidekiq), "public", &backlog{}, &s.mu)
+				s.metrics = newMetrics(string(TargetSidekiq), "public", "", &backlog{}, &s.mu)
 			}
 			b.ReportAllocs()
 			n := 0

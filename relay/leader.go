@@ -203,7 +203,7 @@ func withDeadline(ctx context.Context, d time.Duration, f func(context.Context) 
 // joinGroup takes this relay's group locks on conn and checks for a
 // conflicting relay (see groupLockSQL).
 func (r *Relay) joinGroup(ctx context.Context, conn *pgx.Conn) error {
-	if _, err := conn.Exec(ctx, groupLockSQL, r.cfg.Schema, r.group, r.cfg.Queues); err != nil {
+	if _, err := conn.Exec(ctx, groupLockSQL, r.cfg.Schema, r.group, r.cfg.Queues, groupNameWords(r.group)); err != nil {
 		return fmt.Errorf("take the group locks: %w", err)
 	}
 	return r.checkGroup(ctx, conn)

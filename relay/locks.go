@@ -1,5 +1,10 @@
 package relay
 
+import (
+	"encoding/binary"
+	"math"
+)
+
 // The advisory locks the relay and its admin operations take, by name,
 // and the statements that take them. The leader and migrate locks are
 // one-key locks, each name hashed to a key by lockKeySQL in PostgreSQL;
@@ -41,6 +46,17 @@ func migrateLockName(schema string) string {
 //	('stagedrain-group:<schema>', group)        by every relay
 //	('stagedrain-queue:<schema>:<queue>', group) by a relay with a list,
 //	                                             one per queue
+//	('stagedrain-group-name:<schema>:<g>:<i>', word i of groupNameWords)
+//	                                             by a relay with a list,
+//	                                             i = 0, 1, ... (<g> is the
+//	                                             group's key as pg_locks
+//	                                             shows it: hashtext of the
+//	                                             group, unsigned)
+//
+// The last spell the group's list out, so that ReadStatus can name each
+// group and find its leader lock from pg_locks alone: hashtext cannot be
+// read back, and no other session-lived place in PostgreSQL holds a
+// string as long as a list of queues (application_name keeps 63 bytes).
 //
 // Then it looks in pg_locks for a conflicting relay: another group holding
 // one of its queues, or, between the all-queues group and the list groups,
@@ -49,8 +65,14 @@ func migrateLockName(schema string) string {
 // look sees the first (both may refuse). A relay of a stagedrain without
 // --queues support takes no such lock and is not seen.
 const (
+	// $1 the schema, $2 the group, $3 its queues, $4 groupNameWords($2).
 	groupLockSQL = `SELECT pg_advisory_lock_shared(hashtext('stagedrain-group:' || $1), hashtext($2)),
-		(SELECT count(pg_advisory_lock_shared(hashtext('stagedrain-queue:' || $1 || ':' || q), hashtext($2))) FROM unnest($3::text[]) q)`
+		(SELECT count(pg_advisory_lock_shared(hashtext('stagedrain-queue:' || $1 || ':' || q), hashtext($2))) FROM unnest($3::text[]) q),
+		(SELECT count(pg_advisory_lock_shared(hashtext(` + groupNameKeySQL + `), w))
+			FROM unnest($4::int4[]) WITH ORDINALITY AS t(w, n))`
+	// groupNameKeySQL names the lock of word n-1 of the name of group $2
+	// in schema $1.
+	groupNameKeySQL = `'stagedrain-group-name:' || $1 || ':' || (hashtext($2)::bigint & 4294967295) || ':' || (n - 1)`
 	// The first conflicting relay's application_name, and the queue it
 	// shares ("" when the conflict is the all-queues group). Advisory
 	// two-key locks show in pg_locks as classid, objid (unsigned) with
@@ -93,4 +115,36 @@ func gateLockNames(schema string, queues []string) []string {
 		awake = append(awake, awakeLockName(schema)+":"+q)
 	}
 	return awake
+}
+
+// groupNameWords spells group for its name locks: its length in bytes,
+// then its bytes four at a time, big-endian, the last word padded with
+// zeros. Nil for the group of all queues, which needs no name.
+func groupNameWords(group string) []int32 {
+	if group == "" {
+		return nil
+	}
+	words := []int32{int32(len(group))}
+	for i := 0; i < len(group); i += 4 {
+		var b [4]byte
+		copy(b[:], group[i:])
+		words = append(words, int32(binary.BigEndian.Uint32(b[:])))
+	}
+	return words
+}
+
+// readGroupName reads back groupNameWords's words, as pg_locks shows them
+// (unsigned); ok is false when they do not spell a name.
+func readGroupName(words []int64) (group string, ok bool) {
+	if len(words) == 0 || words[0] <= 0 || (words[0]+3)/4 != int64(len(words)-1) {
+		return "", false
+	}
+	b := make([]byte, 0, 4*(len(words)-1))
+	for _, w := range words[1:] {
+		if w < 0 || w > math.MaxUint32 {
+			return "", false
+		}
+		b = binary.BigEndian.AppendUint32(b, uint32(w))
+	}
+	return string(b[:words[0]]), true
 }

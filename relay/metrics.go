@@ -111,8 +111,11 @@ var (
 // called under (the summary's).
 //
 // Every metric has the label schema (the relay's Config.Schema), so that
-// the metrics of many schemas (Config.Schemas) can be served together.
-func newMetrics(target, schema string, b *backlog, mu *sync.Mutex) *metrics {
+// the metrics of many schemas (Config.Schemas) can be served together, and,
+// for a relay with Config.Queues, the label queues, its group (the sorted
+// list, comma-joined), so that a group's leader is told from another's
+// ("no leader" is per schema and group).
+func newMetrics(target, schema, group string, b *backlog, mu *sync.Mutex) *metrics {
 	m := &metrics{reg: prometheus.NewRegistry(), target: target, queues: make(map[string]*queueCount)}
 	m.pushed = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "stagedrain_jobs_pushed_total",
@@ -139,7 +142,7 @@ func newMetrics(target, schema string, b *backlog, mu *sync.Mutex) *metrics {
 	})
 	m.leader = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "stagedrain_leader",
-		Help: "1 while this relay holds the schema's leader lock and drains, else 0.",
+		Help: "1 while this relay holds its leader lock (the schema's, or its group's with --queues) and drains, else 0.",
 	})
 	wakeups := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "stagedrain_wakeups_total",
@@ -163,7 +166,11 @@ func newMetrics(target, schema string, b *backlog, mu *sync.Mutex) *metrics {
 		Help: "1 while backpressure pauses pushes to a queue, by reason: queue_length (the queue holds --max-queue-length jobs or more), memory (Redis's used_memory / maxmemory is at or above --redis-max-memory-ratio; queue \"*\", every queue); 0 once resumed.",
 	}, []string{"queue", "reason"})
 	b.errs = m.errPostgres
-	prometheus.WrapRegistererWith(prometheus.Labels{"schema": schema}, m.reg).MustRegister(
+	labels := prometheus.Labels{"schema": schema}
+	if group != "" {
+		labels["queues"] = group
+	}
+	prometheus.WrapRegistererWith(labels, m.reg).MustRegister(
 		m.pushed, m.batches, m.batchSize, m.batchDur, &m.latency, m.dead, m.leader,
 		wakeups, m.errs, m.backpressure, backlogCollector{b})
 	return m

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -327,6 +329,26 @@ func backlogGauge(t *testing.T, r *relay.Relay) float64 {
 	return 0
 }
 
+// leaderGauge returns r's stagedrain_leader gauge: its labels and value.
+func leaderGauge(t *testing.T, r *relay.Relay) (map[string]string, float64) {
+	t.Helper()
+	mfs, err := r.MetricsGatherer().Gather()
+	if err != nil {
+		t.Fatalf("gather: %v", err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "stagedrain_leader" && len(mf.GetMetric()) == 1 {
+			labels := map[string]string{}
+			for _, l := range mf.GetMetric()[0].GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			return labels, mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no stagedrain_leader gauge")
+	return nil, 0
+}
+
 // A standby checks again when it takes over: a conflicting relay that
 // appeared while it stood by (here a session holding the queue lock of a
 // group {a,z}, as such a relay would) makes it refuse to lead.
@@ -350,4 +372,103 @@ func TestQueueConflictAtTakeover(t *testing.T) {
 	if n := standby.logs.FilterMessage("became leader").Len(); n != 0 {
 		t.Errorf("the standby became leader beside a conflicting group")
 	}
+}
+
+// ReadStatus names every group of relays with its leader: beside {a,b}
+// (a leader and a standby, their lists in different orders) and {c}, it
+// lists both groups, each with the session of its own leader lock, and no
+// single Leader; once {c} stops, the one group left is the Leader; when
+// {a,b}'s leader stops, its standby's session is. A queue name with
+// multi-byte characters and a length not a multiple of four reads back
+// whole.
+func TestReadStatusQueueGroups(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	h := newHarness(t)
+	ab1 := h.startGroup("a", "b")
+	h.waitRole(ab1, relay.RoleLeader)
+	ab2 := h.startGroup("b", "a")
+	h.waitRole(ab2, relay.RoleStandby)
+	const long = "rapports_été"
+	c := h.startGroup(long)
+	h.waitRole(c, relay.RoleLeader)
+
+	read := func() *relay.SchemaStatus {
+		t.Helper()
+		st, err := relay.ReadStatus(ctx, h.conn, relay.StatusParams{Schema: h.schema})
+		if err != nil {
+			t.Fatalf("ReadStatus: %v", err)
+		}
+		return st
+	}
+	// backendOf is the backend holding lock name's leader lock.
+	backendOf := func(lock string) int {
+		t.Helper()
+		var pid int
+		err := h.conn.QueryRow(ctx, `SELECT l.pid FROM pg_locks l WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+			AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+			AND (l.classid::bigint << 32 | l.objid::bigint) = hashtextextended($1, 0)`, lock).Scan(&pid)
+		if err != nil {
+			t.Fatalf("the holder of %s: %v", lock, err)
+		}
+		return pid
+	}
+	abLock, cLock := "stagedrain:"+h.schema+":queues=a,b", "stagedrain:"+h.schema+":queues="+long
+	st := read()
+	if st.Leader != nil || len(st.Groups) != 2 {
+		t.Fatalf("status with two groups: leader %+v, groups %+v; want no single leader and two groups", st.Leader, st.Groups)
+	}
+	host, _ := os.Hostname()
+	for i, want := range []struct {
+		queues []string
+		lock   string
+	}{{[]string{"a", "b"}, abLock}, {[]string{long}, cLock}} {
+		g := st.Groups[i]
+		if !slices.Equal(g.Queues, want.queues) || g.Leader == nil {
+			t.Fatalf("group %d = queues %q, leader %+v; want queues %q with a leader", i, g.Queues, g.Leader, want.queues)
+		}
+		if l := g.Leader; l.BackendPID != backendOf(want.lock) || l.PID != os.Getpid() || !strings.HasPrefix(host, l.Host) ||
+			l.Host == "" || l.ConnectedAt.IsZero() {
+			t.Errorf("group %q: leader %+v, want backend %d (the holder of its leader lock), this process (pid %d, host %s)",
+				want.queues, l, backendOf(want.lock), os.Getpid(), host)
+		}
+	}
+	if st.Groups[0].Leader.BackendPID == st.Groups[1].Leader.BackendPID {
+		t.Errorf("both groups show the same leader session %d", st.Groups[0].Leader.BackendPID)
+	}
+	// stagedrain_leader is told apart by group, so that "no leader" is
+	// per group: sum by (schema, queues).
+	for _, m := range []struct {
+		g     *groupRelay
+		group string
+		value float64
+	}{{ab1, "a,b", 1}, {ab2, "a,b", 0}, {c, long, 1}} {
+		labels, v := leaderGauge(t, m.g.r)
+		if labels["schema"] != h.schema || labels["queues"] != m.group || v != m.value {
+			t.Errorf("stagedrain_leader of a relay of {%s}: %v %v, want schema %s, queues %s: %v", m.group, labels, v, h.schema, m.group, m.value)
+		}
+	}
+
+	// A stopped relay's backend ends soon after its connection closes,
+	// and its locks with it.
+	c.stop()
+	testenv.WaitFor(t, 10*time.Second, "one group left", func() (bool, string) {
+		st = read()
+		return len(st.Groups) == 1, fmt.Sprintf("groups %+v", st.Groups)
+	})
+	if !slices.Equal(st.Groups[0].Queues, []string{"a", "b"}) || st.Leader == nil || st.Leader.BackendPID != backendOf(abLock) {
+		t.Fatalf("status with {a,b} alone: leader %+v, groups %+v; want {a,b}'s leader as the leader", st.Leader, st.Groups)
+	}
+	first := st.Leader.BackendPID
+	ab1.stop()
+	h.waitRole(ab2, relay.RoleLeader)
+	st = read()
+	if st.Leader == nil || st.Leader.BackendPID == first || st.Leader.BackendPID != backendOf(abLock) {
+		t.Errorf("after the takeover: leader %+v, want the standby's session %d (not %d)", st.Leader, backendOf(abLock), first)
+	}
+	ab2.stop()
+	testenv.WaitFor(t, 10*time.Second, "no group left", func() (bool, string) {
+		st = read()
+		return len(st.Groups) == 0 && st.Leader == nil, fmt.Sprintf("leader %+v, groups %+v", st.Leader, st.Groups)
+	})
 }

@@ -170,7 +170,7 @@ func New(cfg Config) (*Relay, error) {
 	if group != "" {
 		r.backlog.args = []any{queues}
 	}
-	r.metrics = newMetrics(string(cfg.Target), cfg.Schema, &r.backlog, &r.summary.mu)
+	r.metrics = newMetrics(string(cfg.Target), cfg.Schema, group, &r.backlog, &r.summary.mu)
 	r.summary.metrics = r.metrics
 	r.bp = newBackpressure(cfg, r.metrics.backpressure, r.log.Named("drain"))
 	r.bp.state = &r.state

@@ -612,55 +612,40 @@ func (c *chaos) leader() int {
 	}
 	slot := -1
 	relaytest.WaitFor(c.t, 30*time.Second, "a live relay to lead", func() (bool, string) {
-		var backend int
-		var app, addr string
-		var since time.Time
-		err := c.db().QueryRow(c.ctx, leaderSQL, "stagedrain:"+c.schemas[0]).Scan(&backend, &app, &addr, &since)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return false, "no session holds the leader lock"
-		}
+		groups, err := relay.ReadGroups(c.ctx, c.db(), c.schemas[0])
 		if err != nil {
 			return false, err.Error()
 		}
-		_, pid := parseApplicationName(app)
+		if len(groups) == 0 || groups[0].Leader == nil {
+			return false, "no session holds the leader lock"
+		}
+		l := groups[0].Leader // the relays of every queue: the only group
 		for i, p := range c.live {
-			if p.cmd.Process.Pid == pid {
+			if p.cmd.Process.Pid == l.PID {
 				slot = i
 				return true, ""
 			}
 		}
-		return false, fmt.Sprintf("the lock is held by %q, not a live relay", app)
+		return false, fmt.Sprintf("the lock is held by %q, not a live relay", l.ApplicationName)
 	})
 	return slot
 }
 
-// fleetLeadersSQL lists the schemas $1 whose leader lock a session holds,
-// with that session's application_name.
-const fleetLeadersSQL = `SELECT s, coalesce(a.application_name, '')
-	FROM unnest($1::text[]) AS s
-	JOIN pg_locks l ON l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
-	  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-	  AND (l.classid::bigint << 32 | l.objid::bigint) = hashtextextended('stagedrain:' || s, 0)
-	JOIN pg_stat_activity a ON a.pid = l.pid`
-
 // led counts the schemas each live relay leads (by slot), and returns
 // them with a description of who leads what.
 func (c *chaos) led() (counts [2]int, others int, desc string, err error) {
-	rows, err := c.db().Query(c.ctx, fleetLeadersSQL, c.schemas)
-	if err != nil {
-		return counts, 0, "", err
+	db := c.db()
+	var pids []int
+	for _, schema := range c.schemas {
+		groups, err := relay.ReadGroups(c.ctx, db, schema)
+		if err != nil {
+			return counts, 0, "", err
+		}
+		if len(groups) > 0 && groups[0].Leader != nil {
+			pids = append(pids, groups[0].Leader.PID)
+		}
 	}
-	var apps []string
-	var schema, app string
-	_, err = pgx.ForEachRow(rows, []any{&schema, &app}, func() error {
-		apps = append(apps, app)
-		return nil
-	})
-	if err != nil {
-		return counts, 0, "", err
-	}
-	for _, app := range apps {
-		_, pid := parseApplicationName(app)
+	for _, pid := range pids {
 		i := slices.IndexFunc(c.live[:], func(p *proc) bool { return p != nil && p.cmd.Process.Pid == pid })
 		if i < 0 {
 			others++
@@ -669,7 +654,7 @@ func (c *chaos) led() (counts [2]int, others int, desc string, err error) {
 		counts[i]++
 	}
 	desc = fmt.Sprintf("of %d schemas, %d led by %s, %d by %s, %d by another session, %d by none",
-		len(c.schemas), counts[0], c.liveName(0), counts[1], c.liveName(1), others, len(c.schemas)-len(apps))
+		len(c.schemas), counts[0], c.liveName(0), counts[1], c.liveName(1), others, len(c.schemas)-len(pids))
 	return counts, others, desc, nil
 }
 

@@ -1,16 +1,20 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
 	"os"
+	"os/exec"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -209,17 +213,119 @@ func TestDefaultsQueueGroupsOnOneHost(t *testing.T) {
 	d.deliver(a)
 	d.deliver(b)
 	checkUp(t, a.leader, a.standby, b.leader, b.standby)
+	d.checkGroupsStatus(map[string]*proc{"a": a.leader, "b": b.leader})
 
 	d.failover(a)
 	d.deliver(a)
 	d.deliver(b) // b's leader is untouched
 	checkUp(t, a.standby, b.leader, b.standby)
+	d.checkGroupsStatus(map[string]*proc{"a": a.standby, "b": b.leader})
 	if n := b.standby.count(rootLogger, "became leader"); n != 0 {
 		t.Fatalf("%s became leader when group a's leader died; output:\n%s", b.standby.name, b.standby.output())
 	}
 	d.failover(b)
 	d.deliver(b)
 	checkUp(t, a.standby, b.standby)
+}
+
+// checkGroupsStatus checks that status shows each group of relays, by its
+// queue, with the relay given as its leader, as text and as JSON (whose
+// single leader is null: there are several groups), and that the README's
+// health check passes on that JSON, and fails when a group has no leader
+// or no group runs.
+func (d *defaultsEnv) checkGroupsStatus(leaders map[string]*proc) {
+	d.t.Helper()
+	args := []string{"status", "--database-url", d.databaseURL}
+	r := runCLI(args...)
+	if r.code != 0 || r.stderr != "" {
+		d.t.Fatalf("status: exit %d, stderr %q; want 0 and nothing", r.code, r.stderr)
+	}
+	for q, p := range leaders {
+		re := `(?m)^leader +queues ` + regexp.QuoteMeta(q) + `: \S+ pid ` + strconv.Itoa(p.cmd.Process.Pid) +
+			` \(backend \d+( from \S+)?, connected \S+\)$`
+		if !regexp.MustCompile(re).MatchString(r.stdout) {
+			d.t.Errorf("status does not show %s as the leader of queue %s (%s):\n%s", p.name, q, re, r.stdout)
+		}
+	}
+	if n := strings.Count(r.stdout, "\nleader "); n != len(leaders) {
+		d.t.Errorf("status shows %d leader lines, want %d:\n%s", n, len(leaders), r.stdout)
+	}
+
+	r = runCLI(append(args, "--json")...)
+	if r.code != 0 || r.stderr != "" {
+		d.t.Fatalf("status --json: exit %d, stderr %q; want 0 and nothing", r.code, r.stderr)
+	}
+	var st schemaStatus
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
+		d.t.Fatalf("status --json printed %q: %v", r.stdout, err)
+	}
+	host, _ := os.Hostname()
+	if st.Leader != nil || len(st.Groups) != len(leaders) {
+		d.t.Errorf("status --json: leader %+v and %d groups, want null and %d:\n%s", st.Leader, len(st.Groups), len(leaders), r.stdout)
+	}
+	for _, g := range st.Groups {
+		if len(g.Queues) != 1 || leaders[g.Queues[0]] == nil {
+			d.t.Errorf("status --json: a group of queues %q, want one of a group per queue of %d", g.Queues, len(leaders))
+			continue
+		}
+		p := leaders[g.Queues[0]]
+		if l := g.Leader; l == nil || l.PID != p.cmd.Process.Pid || l.Host == "" || !strings.HasPrefix(host, l.Host) ||
+			l.BackendPID == 0 || l.ConnectedAt.IsZero() {
+			d.t.Errorf("status --json: group %q's leader %+v, want %s (pid %d, host %s)", g.Queues, g.Leader, p.name, p.cmd.Process.Pid, host)
+		}
+	}
+
+	// The README's check, as a user runs it.
+	check := readmeHealthCheck(d.t)
+	jq := func(doc any) int {
+		d.t.Helper()
+		in, err := json.Marshal(doc)
+		if err != nil {
+			d.t.Fatal(err)
+		}
+		cmd := exec.Command("jq", "-e", check)
+		cmd.Stdin = bytes.NewReader(in)
+		out, err := cmd.CombinedOutput()
+		var exit *exec.ExitError
+		switch {
+		case err == nil:
+			return 0
+		case errors.As(err, &exit):
+			return exit.ExitCode()
+		}
+		d.t.Fatalf("jq (the README's health check needs it): %v: %s", err, out)
+		return -1
+	}
+	var doc map[string]any
+	if err := json.Unmarshal([]byte(r.stdout), &doc); err != nil {
+		d.t.Fatal(err)
+	}
+	if code := jq(doc); code != 0 {
+		d.t.Errorf("the README's health check %q exits %d on every group led, want 0:\n%s", check, code, r.stdout)
+	}
+	groups, _ := doc["groups"].([]any)
+	if len(groups) == 0 {
+		d.t.Fatalf("status --json lists no groups:\n%s", r.stdout)
+	}
+	groups[len(groups)-1].(map[string]any)["leader"] = nil
+	if code := jq(doc); code != 1 {
+		d.t.Errorf("the README's health check %q exits %d with a group without a leader, want 1", check, code)
+	}
+	doc["groups"] = []any{}
+	if code := jq(doc); code != 1 {
+		d.t.Errorf("the README's health check %q exits %d with no group running, want 1", check, code)
+	}
+}
+
+// readmeHealthCheck is the jq filter of the README's health check from
+// the database.
+func readmeHealthCheck(t *testing.T) string {
+	t.Helper()
+	m := regexp.MustCompile(`(?m)^stagedrain status --json \| jq -e '([^']+)'$`).FindStringSubmatch(readRepoFile(t, "README.md"))
+	if m == nil {
+		t.Fatal("README.md has no line `stagedrain status --json | jq -e '...'`")
+	}
+	return m[1]
 }
 
 // run exits 1 with one line naming --metrics-addr and what to do when the

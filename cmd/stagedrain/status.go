@@ -32,8 +32,9 @@ type statusFlags struct {
 // newStatusFlags declares status's flags.
 func newStatusFlags() (*flagSet, *statusFlags) {
 	f := newFlagSet("status", "Show a schema's backlog by queue, its oldest staged job's age, its dead-letter\n"+
-		"count and which relay leads, from PostgreSQL alone (no relay need run); with\n"+
-		"--redis-url, also the queues its leader pauses for backpressure.")
+		"count and which relay leads (each --queues group's), from PostgreSQL alone (no\n"+
+		"relay need run); with --redis-url, also the queues its leaders pause for\n"+
+		"backpressure.")
 	c := new(statusFlags)
 	f.fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL connection `URL` (required; never logged)")
 	f.env("database-url", "DATABASE_URL")
@@ -261,19 +262,22 @@ func printStatus(w io.Writer, out statusOut, withPaused bool) {
 	if st.Poison != nil {
 		fmt.Fprintf(tw, "poison\t%d (left staged, skipped)\n", *st.Poison)
 	}
-	leader := "none"
-	if l := st.Leader; l != nil {
-		who := l.ApplicationName
-		if l.Host != "" {
-			who = fmt.Sprintf("%s pid %d", l.Host, l.PID)
+	// One line per group of relays, named by its queues unless it is
+	// the one group, of every queue.
+	switch {
+	case len(st.Groups) == 0:
+		fmt.Fprintf(tw, "leader\tnone\n")
+	case len(st.Groups) == 1 && st.Groups[0].Queues == nil:
+		fmt.Fprintf(tw, "leader\t%s\n", describeLeader(st.Groups[0].Leader))
+	default:
+		for _, g := range st.Groups {
+			group := "all queues"
+			if g.Queues != nil {
+				group = "queues " + strings.Join(g.Queues, ",")
+			}
+			fmt.Fprintf(tw, "leader\t%s: %s\n", group, describeLeader(g.Leader))
 		}
-		from := ""
-		if l.ClientAddr != "" {
-			from = " from " + l.ClientAddr
-		}
-		leader = fmt.Sprintf("%s (backend %d%s, connected %s)", who, l.BackendPID, from, l.ConnectedAt.Format(time.RFC3339))
 	}
-	fmt.Fprintf(tw, "leader\t%s\n", leader)
 	if withPaused {
 		switch {
 		case out.Paused == nil:
@@ -297,6 +301,22 @@ func printStatus(w io.Writer, out statusOut, withPaused bool) {
 			fmt.Fprintf(tw, "%s\t%d\t%s\n", q.Queue, q.Staged, age(q.OldestAge))
 		}
 	}
+}
+
+// describeLeader says who leads, for people: "none" for nil.
+func describeLeader(l *leaderStatus) string {
+	if l == nil {
+		return "none"
+	}
+	who := l.ApplicationName
+	if l.Host != "" {
+		who = fmt.Sprintf("%s pid %d", l.Host, l.PID)
+	}
+	from := ""
+	if l.ClientAddr != "" {
+		from = " from " + l.ClientAddr
+	}
+	return fmt.Sprintf("%s (backend %d%s, connected %s)", who, l.BackendPID, from, l.ConnectedAt.Format(time.RFC3339))
 }
 
 // age formats seconds for people: 0.4s, 12s, 3m20s, 5h2m0s.
