@@ -292,6 +292,25 @@ func (b *backpressure) excluded() []string {
 	return out
 }
 
+// leaveOut ends a look (see excluded) at the queues it found still full:
+// it adds to out, the drain's exclusion list, the queues paused for their
+// length whose rows a batch held back since they were last retried, and
+// returns it. Called after each batch, so that only a drain's first
+// batches (the one that found the queue full, and the one claimed
+// meanwhile) take a paused queue's rows: a look that claimed from the
+// table's start, every pausedRetry, would otherwise put back
+// maxPausedBatches batches of a long paused backlog and end, and never
+// reach the rows of other queues behind it.
+func (b *backpressure) leaveOut(out []string) []string {
+	for q := range b.held {
+		if b.paused[q] == reasonQueueLength && !b.excludedNow[q] {
+			b.excludedNow[q] = true
+			out = append(out, q)
+		}
+	}
+	return out
+}
+
 // drainEnded ends the queue-length pauses of queues whose rows no drain
 // held back since the rows were last retried: the drains claimed all there
 // were, and pushed them. A queue this drain left out stays paused.

@@ -327,3 +327,108 @@ func TestBackpressureLongPausedBacklogLetsOthersFlow(t *testing.T) {
 	}
 	h.waitLog("backpressure: pushes resumed", 1)
 }
+
+// With each source, a queue paused for its length does not hold up the
+// queues behind it (issue 22): 100 jobs of queue a, then one of b, all
+// staged before the relay starts (so no commit wakes it), batches of 10 and
+// --max-queue-length 1. b arrives while a is paused, and so does a second
+// b staged meanwhile; once a consumer takes a's jobs the relay resumes, and
+// every job is delivered exactly once.
+func TestBackpressurePausedQueueLetsOthersFlowEachSource(t *testing.T) {
+	t.Parallel()
+	for _, src := range []relay.Source{relay.SourceStagedJobs, relay.SourceSidekiqStagedPush} {
+		t.Run(string(src), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			var h *harness
+			var stage func(q string, from, n int) []string // jids
+			var staged func() int
+			if src == relay.SourceStagedJobs {
+				h = newHarness(t)
+				stage = func(q string, _, n int) []string { return h.stageMany(jobsTo(q, n, "")...) }
+				staged = h.staged
+			} else {
+				h = newStagedPushHarness(t)
+				if _, err := relay.Migrate(ctx, h.conn, h.schema, relay.WithSource(relay.SourceSidekiqStagedPush)); err != nil {
+					t.Fatal(err)
+				}
+				stage = func(q string, from, n int) []string {
+					var payloads, jids []string
+					for i := from; i < from+n; i++ {
+						jid := fmt.Sprintf("%024x", i)
+						payloads = append(payloads, fmt.Sprintf(`{"class":"W","args":[%d],"queue":%q,"jid":%q}`, i, q, jid))
+						jids = append(jids, jid)
+					}
+					h.pushStaged(payloads...)
+					return jids
+				}
+				staged = func() int { return len(h.gemRows()) }
+			}
+			cfg := h.config()
+			cfg.Source, cfg.BatchSize, cfg.MaxQueueLength = src, 10, 1
+			a := stage("a", 0, 100)
+			b := stage("b", 100, 1)
+			r := h.start(cfg)
+
+			pausedA := func() bool {
+				return slices.Contains(r.Status().Paused, relay.Paused{Queue: "a", Reason: "queue_length"})
+			}
+			lenA := func() int64 { return h.rdb.LLen(ctx, h.key("queue:a")).Val() }
+			testenv.WaitFor(t, 10*time.Second, "queue b's job while a is paused", func() (bool, string) {
+				return h.rdb.LLen(ctx, h.key("queue:b")).Val() == 1,
+					fmt.Sprintf("queue:a %d, queue:b %d, %d staged, paused %v", lenA(), h.rdb.LLen(ctx, h.key("queue:b")).Val(), staged(), r.Status().Paused)
+			})
+			if !pausedA() || lenA() != 10 {
+				t.Fatalf("queue:a holds %d, paused %v; want 10 (one batch), a paused", lenA(), r.Status().Paused)
+			}
+			// The claims left a out once a batch found it full: b came after
+			// the rows of that batch and of the one claimed meanwhile were
+			// put back, not after every row of a ahead of it (90).
+			putBack := 0
+			for _, e := range h.logs.FilterMessage("batch drained").All() {
+				f := e.ContextMap()
+				if f["count"] == int64(1) && fmt.Sprint(f["queues"]) == "[b]" {
+					break
+				}
+				putBack += int(f["left_staged"].(int64))
+			}
+			if putBack > 30 {
+				t.Fatalf("%d rows of a put back before b was pushed, want at most 30 (the batch that found a full, and the one claimed meanwhile)", putBack)
+			}
+			// A b staged while a is paused flows too, once b has room.
+			if v, err := h.rdb.RPop(ctx, h.key("queue:b")).Result(); err != nil || decodeJob(t, v).jid() != b[0] {
+				t.Fatalf("queue:b's job: %v, %v; want jid %s", v, err, b[0])
+			}
+			b = append(b, stage("b", 101, 1)...)
+			testenv.WaitFor(t, 10*time.Second, "the second b while a is paused", func() (bool, string) {
+				return h.rdb.LLen(ctx, h.key("queue:b")).Val() == 1, fmt.Sprintf("queue:b %d", h.rdb.LLen(ctx, h.key("queue:b")).Val())
+			})
+			if !pausedA() || lenA() != 10 {
+				t.Fatalf("queue:a holds %d, paused %v; want 10, a paused", lenA(), r.Status().Paused)
+			}
+
+			// A consumer takes a's jobs: the relay resumes, a batch at a time.
+			var seen []string
+			testenv.WaitFor(t, 60*time.Second, "the consumer to take every job of a", func() (bool, string) {
+				for {
+					v, err := h.rdb.RPop(ctx, h.key("queue:a")).Result()
+					if err != nil {
+						break
+					}
+					seen = append(seen, decodeJob(t, v).jid())
+				}
+				return len(seen) >= len(a) && staged() == 0, fmt.Sprintf("%d of %d taken, %d staged", len(seen), len(a), staged())
+			})
+			slices.Sort(seen)
+			if want := slices.Sorted(slices.Values(a)); !slices.Equal(seen, want) {
+				t.Fatalf("queue a delivered %d jobs (%d distinct), want each of %d once", len(seen), len(slices.Compact(slices.Clone(seen))), len(want))
+			}
+			if got := h.queueJIDs("b"); !slices.Equal(got, b[1:]) {
+				t.Fatalf("queue b holds %v, want %v", got, b[1:])
+			}
+			if n := lenA(); n != 0 {
+				t.Fatalf("queue:a holds %d more jobs after all were taken", n)
+			}
+		})
+	}
+}
