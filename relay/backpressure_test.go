@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -430,5 +431,85 @@ func TestBackpressurePausedQueueLetsOthersFlowEachSource(t *testing.T) {
 				t.Fatalf("queue:a holds %d more jobs after all were taken", n)
 			}
 		})
+	}
+}
+
+// With --redis-wait-replicas, a batch that holds a row an earlier push
+// delivered (its WAIT failed, so its delete did not commit) runs the push
+// script even while Redis is over --redis-max-memory-ratio, to WAIT for
+// that push: and it pushes nothing else (issue 22, section 5). Here the
+// replica is frozen while B is pushed, Redis goes over the ratio, and C is
+// staged: the retries of the batch of B and C push no C. Once the replica
+// runs again B's row is deleted and C stays staged until Redis is below
+// the ratio; each job is pushed once.
+func TestBackpressureMemoryHoldsWithWaitReplicas(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	primary := testenv.StartRedis(t, "--maxmemory-policy", "noeviction")
+	replica := testenv.StartRedis(t, "--replicaof", "127.0.0.1", fmt.Sprint(primary.Port))
+	h := newHarness(t)
+	rdb := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", primary.Port), DisableIdentity: true})
+	t.Cleanup(func() { _ = rdb.Close() })
+	h.rdb = rdb
+	testenv.WaitFor(t, 15*time.Second, "the replica to be in sync", func() (bool, string) {
+		n, err := rdb.Wait(ctx, 1, 100*time.Millisecond).Result()
+		return err == nil && n == 1, fmt.Sprint(n, err)
+	})
+	cfg := h.config()
+	cfg.Redis = rdb
+	cfg.RedisWaitReplicas, cfg.RedisWaitTimeout = 1, 100*time.Millisecond
+	cfg.RedisMaxMemoryRatio = 0.5 // off until maxmemory is set
+	cfg.MaxBackoff = 200 * time.Millisecond
+	h.start(cfg)
+	queued := func() []string { return h.queueJIDs("default") }
+
+	replica.Signal(syscall.SIGSTOP)
+	replicaStopped := true
+	t.Cleanup(func() {
+		if replicaStopped {
+			replica.Signal(syscall.SIGCONT)
+		}
+	})
+	b := h.stage(relay.Job{Name: "B"})
+	h.waitLog("batch failed, retrying", 1) // B pushed, too few replicas: B stays staged, delivered
+	if got := queued(); !slices.Equal(got, []string{b}) {
+		t.Fatalf("queue holds %v, want B's push", got)
+	}
+	info, err := rdb.Info(ctx, "memory").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var used int64
+	for line := range strings.SplitSeq(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "used_memory:"); ok {
+			used, _ = strconv.ParseInt(v, 10, 64)
+		}
+	}
+	// used / maxmemory is about 0.67: over the ratio, with room to spare.
+	if err := rdb.ConfigSet(ctx, "maxmemory", fmt.Sprint(used*3/2)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	h.waitLog("backpressure: pushes paused, jobs wait in PostgreSQL", 1)
+	c := h.stage(relay.Job{Name: "C"})
+	// Retries of the batch of B and C, each of which runs the script to
+	// WAIT for B's push.
+	failed := h.logs.FilterMessage("batch failed, retrying").Len()
+	h.waitLog("batch failed, retrying", failed+3)
+	if got := queued(); !slices.Equal(got, []string{b}) {
+		t.Fatalf("queue holds %v while Redis is over the memory ratio, want B's push only (C held)", got)
+	}
+
+	replica.Signal(syscall.SIGCONT)
+	replicaStopped = false
+	h.waitStaged(1) // B's row deleted; C's stays
+	if got := queued(); !slices.Equal(got, []string{b}) {
+		t.Fatalf("queue holds %v while Redis is over the memory ratio, want B's push only", got)
+	}
+	if err := rdb.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	h.waitStaged(0)
+	if got := queued(); !slices.Equal(got, []string{b, c}) {
+		t.Fatalf("queue holds %v, want B then C, each once", got)
 	}
 }
