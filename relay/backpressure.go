@@ -20,7 +20,11 @@ import (
 // more runs nothing, and its rows are deferred, as rows Redis refused with
 // an error waiting may fix are, and put back. A batch checks each queue
 // once, before it pushes to it, so a queue overshoots the limit by at most
-// one batch.
+// one batch. A stream's length is what its slowest consumer group has not
+// acknowledged (XINFO GROUPS' pending plus lag, Redis 7.0+): its XLEN counts
+// the entries consumers took and acknowledged too, and would never fall.
+// A stream with no group counts every entry (XLEN): readers without a
+// group leave no trace of what they read.
 //
 // Config.RedisMaxMemoryRatio is checked in Go: INFO memory, read at most
 // every memoryCheckEvery, and while used_memory / maxmemory is at or above
@@ -274,8 +278,9 @@ func (b *backpressure) stop() bool {
 // length, which the drain's claims leave out, so that the rows of other
 // queues behind a long paused backlog flow (a claim by id would otherwise
 // take the paused rows first, batch after batch, and put them back). Every
-// pausedRetry one drain leaves none out: its push finds whether a paused
-// queue has room again. Never nil (the claims' text[] argument).
+// pausedRetry one drain looks: it leaves none out until a batch finds a
+// queue still full (leaveOut); its push finds whether a paused queue has
+// room again. Never nil (the claims' text[] argument).
 func (b *backpressure) excluded() []string {
 	clear(b.excludedNow)
 	out := []string{}

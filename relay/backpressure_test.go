@@ -3,15 +3,18 @@ package relay_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http/httptest"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/stagedrain/stagedrain/relay"
@@ -511,5 +514,156 @@ func TestBackpressureMemoryHoldsWithWaitReplicas(t *testing.T) {
 	h.waitStaged(0)
 	if got := queued(); !slices.Equal(got, []string{b, c}) {
 		t.Fatalf("queue holds %v, want B then C, each once", got)
+	}
+}
+
+// With --target streams, --max-queue-length counts what the stream's
+// consumer groups have not acknowledged (issue 22, section 3): XLEN counts
+// the entries they took too, so a paused stream never resumed. A consumer
+// group reads with XREADGROUP and XACKs: entries read and not acknowledged
+// still count, and once they are acknowledged the relay resumes by itself,
+// though XLEN is at the limit; each job is delivered exactly once.
+func TestBackpressureStreamsResume(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	h := newHarness(t)
+	const limit = 3
+	cfg := h.config()
+	cfg.Target, cfg.MaxQueueLength, cfg.BatchSize = relay.TargetStreams, limit, 10
+	stream := h.key("stream:default")
+	if err := h.rdb.XGroupCreateMkStream(ctx, stream, "workers", "$").Err(); err != nil {
+		t.Fatal(err)
+	}
+	jids := h.stageMany(jobsTo("default", 20, "")...)
+	r := h.start(cfg)
+	const pauseLine = "backpressure: pushes paused, jobs wait in PostgreSQL"
+	h.waitLog(pauseLine, 1)
+	h.waitStaged(20 - limit)
+	if d := h.logs.FilterMessage(pauseLine).All()[0].ContextMap()["detail"]; d != "BACKPRESSURE "+stream+
+		`: consumer group "workers" has 3 entries not acknowledged (lag + pending) >= --max-queue-length 3` {
+		t.Fatalf("pause detail %q", d)
+	}
+	if n := h.rdb.XLen(ctx, stream).Val(); n != limit {
+		t.Fatalf("%s holds %d entries, want %d (each job checks the count)", stream, n, limit)
+	}
+
+	var seen []string
+	var readIDs []string
+	readN := func(n int64) {
+		t.Helper()
+		res, err := h.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "workers", Consumer: "c1",
+			Streams: []string{stream, ">"}, Count: n, Block: 100 * time.Millisecond}).Result()
+		if errors.Is(err, redis.Nil) {
+			return
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range res[0].Messages {
+			seen = append(seen, fmt.Sprint(m.Values["jid"]))
+			readIDs = append(readIDs, m.ID)
+		}
+	}
+	ackAll := func() {
+		t.Helper()
+		if len(readIDs) > 0 {
+			if err := h.rdb.XAck(ctx, stream, "workers", readIDs...).Err(); err != nil {
+				t.Fatal(err)
+			}
+			readIDs = nil
+		}
+	}
+	// Read, not acknowledged: still 3 pending. Two looks (each claims a
+	// batch and puts it back) find the stream still full.
+	readN(limit)
+	looks := func() int {
+		n := 0
+		for _, e := range h.logs.FilterMessage("batch drained").All() {
+			if e.ContextMap()["left_staged"] != int64(0) {
+				n++
+			}
+		}
+		return n
+	}
+	before := looks()
+	testenv.WaitFor(t, 15*time.Second, "two more looks at the paused stream", func() (bool, string) {
+		return looks() >= before+2, fmt.Sprintf("%d looks", looks()-before)
+	})
+	if n := h.staged(); n != 20-limit || !slices.Equal(r.Status().Paused, []relay.Paused{{Queue: "default", Reason: "queue_length"}}) {
+		t.Fatalf("%d staged, paused %v, while 3 entries are pending; want %d, default", n, r.Status().Paused, 20-limit)
+	}
+
+	// Acknowledged: the relay resumes, though XLEN is 3.
+	ackAll()
+	testenv.WaitFor(t, 60*time.Second, "the consumer group to take every job", func() (bool, string) {
+		readN(10)
+		ackAll()
+		return len(seen) >= len(jids) && h.staged() == 0, fmt.Sprintf("%d of %d read, %d staged", len(seen), len(jids), h.staged())
+	})
+	h.waitLog("backpressure: pushes resumed", 1)
+	slices.Sort(seen)
+	if want := slices.Sorted(slices.Values(jids)); !slices.Equal(seen, want) {
+		t.Fatalf("the group read %d jobs (%d distinct), want each of %d once", len(seen), len(slices.Compact(slices.Clone(seen))), len(want))
+	}
+	if n := h.rdb.XLen(ctx, stream).Val(); n != int64(len(jids)) {
+		t.Fatalf("%s holds %d entries, want %d (acknowledged entries stay)", stream, n, len(jids))
+	}
+}
+
+// With --target asynq, --max-queue-length holds tasks staged while asynq's
+// pending list is full; a real asynq server started later takes them (the
+// list shrinks as it does), the relay resumes by itself, and each task runs
+// exactly once.
+func TestBackpressureAsynqResume(t *testing.T) {
+	t.Parallel()
+	h, rdb, cfg := newAsynqHarness(t)
+	const limit = 5
+	cfg.MaxQueueLength, cfg.BatchSize = limit, 10
+	jids := h.stageMany(jobsTo("default", 30, "")...)
+	h.start(cfg)
+	h.waitLog("backpressure: pushes paused, jobs wait in PostgreSQL", 1)
+	h.waitStaged(30 - limit)
+	if n := rdb.LLen(context.Background(), "asynq:{default}:pending").Val(); n != limit {
+		t.Fatalf("asynq:{default}:pending holds %d tasks, want %d", n, limit)
+	}
+
+	var mu sync.Mutex
+	ran := map[string]int{}
+	mux := asynq.NewServeMux()
+	mux.HandleFunc("TracedJob", func(ctx context.Context, task *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		mu.Lock()
+		ran[id]++
+		mu.Unlock()
+		return nil
+	})
+	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
+		Concurrency:       2,
+		Queues:            map[string]int{"default": 1},
+		TaskCheckInterval: 20 * time.Millisecond,
+		LogLevel:          asynq.ErrorLevel,
+	})
+	if err := srv.Start(mux); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	count := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(ran)
+	}
+	testenv.WaitFor(t, 60*time.Second, "asynq to run every task", func() (bool, string) {
+		return count() >= len(jids) && h.staged() == 0, fmt.Sprintf("%d of %d ran, %d staged", count(), len(jids), h.staged())
+	})
+	h.waitLog("backpressure: pushes resumed", 1)
+	mu.Lock()
+	defer mu.Unlock()
+	for _, jid := range jids {
+		if ran[jid] != 1 {
+			t.Fatalf("task %s ran %d times, want once (%d distinct ran)", jid, ran[jid], len(ran))
+		}
+	}
+	if len(ran) != len(jids) {
+		t.Fatalf("%d distinct tasks ran, want %d", len(ran), len(jids))
 	}
 }
