@@ -160,7 +160,8 @@ func newTableSQL(schema string, byQueue bool) tableSQL {
 // batch after batch, ahead of every other queue's rows.
 type claimSQL struct {
 	table string // quoted
-	// queue is the SQL of a row's queue (the row is t), never NULL.
+	// queue is the SQL of a row's queue (the row is t). A NULL one (a
+	// poison row of a table made by hand) is left out while any queue is.
 	queue     string
 	byQueue   bool
 	returning string // the columns RETURNING gives, of the row t
