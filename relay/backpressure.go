@@ -20,7 +20,11 @@ import (
 // more runs nothing, and its rows are deferred, as rows Redis refused with
 // an error waiting may fix are, and put back. A batch checks each queue
 // once, before it pushes to it, so a queue overshoots the limit by at most
-// one batch.
+// one batch. A stream's length is what its slowest consumer group has not
+// acknowledged (XINFO GROUPS' pending plus lag, Redis 7.0+): its XLEN counts
+// the entries consumers took and acknowledged too, and would never fall.
+// A stream with no group counts every entry (XLEN): readers without a
+// group leave no trace of what they read.
 //
 // Config.RedisMaxMemoryRatio is checked in Go: INFO memory, read at most
 // every memoryCheckEvery, and while used_memory / maxmemory is at or above
@@ -274,8 +278,9 @@ func (b *backpressure) stop() bool {
 // length, which the drain's claims leave out, so that the rows of other
 // queues behind a long paused backlog flow (a claim by id would otherwise
 // take the paused rows first, batch after batch, and put them back). Every
-// pausedRetry one drain leaves none out: its push finds whether a paused
-// queue has room again. Never nil (the claims' text[] argument).
+// pausedRetry one drain looks: it leaves none out until a batch finds a
+// queue still full (leaveOut); its push finds whether a paused queue has
+// room again. Never nil (the claims' text[] argument).
 func (b *backpressure) excluded() []string {
 	clear(b.excludedNow)
 	out := []string{}
@@ -287,6 +292,25 @@ func (b *backpressure) excluded() []string {
 		if reason == reasonQueueLength {
 			out = append(out, q)
 			b.excludedNow[q] = true
+		}
+	}
+	return out
+}
+
+// leaveOut ends a look (see excluded) at the queues it found still full:
+// it adds to out, the drain's exclusion list, the queues paused for their
+// length whose rows a batch held back since they were last retried, and
+// returns it. Called after each batch, so that only a drain's first
+// batches (the one that found the queue full, and the one claimed
+// meanwhile) take a paused queue's rows: a look that claimed from the
+// table's start, every pausedRetry, would otherwise put back
+// maxPausedBatches batches of a long paused backlog and end, and never
+// reach the rows of other queues behind it.
+func (b *backpressure) leaveOut(out []string) []string {
+	for q := range b.held {
+		if b.paused[q] == reasonQueueLength && !b.excludedNow[q] {
+			b.excludedNow[q] = true
+			out = append(out, q)
 		}
 	}
 	return out

@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -120,6 +121,147 @@ func TestValidateBackpressure(t *testing.T) {
 			t.Errorf("%s: %v, want valid", tc.name, err)
 		case tc.field != "" && (!errors.As(err, &fe) || fe.Field != tc.field):
 			t.Errorf("%s: %v, want a FieldError on %s", tc.name, err, tc.field)
+		}
+	}
+}
+
+// A stream's length guard (XUNACKED) counts what its slowest consumer
+// group has not acknowledged, pending plus lag, not XLEN: entries a group
+// read and acknowledged stay in the stream. With no group every entry
+// counts; a lag Redis cannot tell (an unread entry deleted) is counted by
+// XRANGE; within one run each op that ran counts one entry more.
+func TestPushStreamUnackedGuard(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb, ns := testenv.Redis(t)
+	keys := newHandoffKeys(ns, "test", "unacked", "")
+	h := newHandoff(rdb, keys)
+	if err := h.acquire(ctx, "me"); err != nil {
+		t.Fatal(err)
+	}
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	add := func(stream string, n int) []string {
+		t.Helper()
+		var ids []string
+		for range n {
+			id, err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: []any{"jid", "old"}}).Result()
+			must(err)
+			ids = append(ids, id)
+		}
+		return ids
+	}
+	// read has group read n entries as consumer c, and acknowledges acked of them.
+	read := func(stream, group string, n, acked int) {
+		t.Helper()
+		res, err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: group, Consumer: "c", Streams: []string{stream, ">"}, Count: int64(n), Block: -1}).Result()
+		must(err)
+		if got := len(res[0].Messages); got != n {
+			t.Fatalf("%s read %d entries of %s, want %d", group, got, stream, n)
+		}
+		for _, m := range res[0].Messages[:acked] {
+			must(rdb.XAck(ctx, stream, group, m.ID).Err())
+		}
+	}
+	group := func(stream, name, start string) { must(rdb.XGroupCreateMkStream(ctx, stream, name, start).Err()) }
+
+	noGroup, acked, pending, twoGroups, unknownLag, below, absent :=
+		ns+":stream:nogroup", ns+":stream:acked", ns+":stream:pending", ns+":stream:two", ns+":stream:unknown", ns+":stream:below", ns+":stream:absent"
+	add(noGroup, 2)
+	group(acked, "workers", "0")
+	add(acked, 5)
+	read(acked, "workers", 5, 5) // XLEN 5, nothing unacknowledged
+	group(pending, "workers", "0")
+	add(pending, 3)
+	read(pending, "workers", 2, 1) // 1 pending + 1 lag
+	group(twoGroups, "fast", "0")
+	group(twoGroups, "slow", "0")
+	add(twoGroups, 2)
+	read(twoGroups, "fast", 2, 2) // slow: lag 2
+	group(unknownLag, "workers", "0")
+	ids := add(unknownLag, 4)
+	read(unknownLag, "workers", 1, 1)
+	must(rdb.XDel(ctx, unknownLag, ids[2]).Err()) // an unread entry deleted: lag unknown, 2 unread
+	group(below, "workers", "0")
+	ids = add(below, 4)
+	read(below, "workers", 1, 1)
+	must(rdb.XDel(ctx, below, ids[2], ids[3]).Err()) // 1 unread
+	for _, s := range []string{unknownLag, below} {
+		g, err := rdb.XInfoGroups(ctx, s).Result()
+		must(err)
+		if g[0].Lag != -1 { // go-redis reads a nil lag as -1
+			t.Fatalf("%s: lag %d, want nil (unknown), the case XRANGE counts", s, g[0].Lag)
+		}
+	}
+
+	u := &h.unit
+	u.reset()
+	u.maxLen = 2
+	op := func(id int64, stream string) {
+		u.begin([]int64{id})
+		u.limit("q", "XUNACKED", stream)
+		u.command("XADD", stream, "*", "jid", strconv.FormatInt(id, 10))
+	}
+	op(1, noGroup)
+	op(2, acked) // 0: runs, then 1
+	op(3, acked) // 1: runs, then 2
+	op(4, acked) // 2: stopped
+	op(5, pending)
+	op(6, twoGroups)
+	op(7, unknownLag)
+	op(8, below)
+	op(9, absent)
+	if _, err := h.push(ctx, u); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []string{
+		"BACKPRESSURE " + noGroup + " holds 2 and has no consumer group >= --max-queue-length 2",
+		"", "",
+		"BACKPRESSURE " + acked + `: consumer group "workers" has 2 entries not acknowledged (lag + pending) >= --max-queue-length 2`,
+		"BACKPRESSURE " + pending + `: consumer group "workers" has 2 entries not acknowledged (lag + pending) >= --max-queue-length 2`,
+		"BACKPRESSURE " + twoGroups + `: consumer group "slow" has 2 entries not acknowledged (lag + pending) >= --max-queue-length 2`,
+		"BACKPRESSURE " + unknownLag + `: consumer group "workers" has 2 entries not acknowledged (lag + pending) >= --max-queue-length 2`,
+		"", "",
+	} {
+		op := u.ops[i]
+		switch {
+		case want == "" && (op.over || op.err != nil):
+			t.Errorf("op %d: over %v, err %v; want it run", i+1, op.over, op.err)
+		case want != "" && (!op.over || op.err == nil || op.err.Error() != want):
+			t.Errorf("op %d: over %v, err %v; want over, %q", i+1, op.over, op.err, want)
+		}
+	}
+	if n := rdb.XLen(ctx, acked).Val(); n != 7 {
+		t.Fatalf("%s holds %d entries, want 7 (5 acknowledged, 2 added)", acked, n)
+	}
+}
+
+// checkStreamLag's refusal: Redis before 7.0 reports no lag; a version it
+// cannot read is taken as it is.
+func TestStreamLagSupported(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		info   string
+		refuse bool
+	}{
+		{"# Server\r\nredis_version:6.2.14\r\nredis_mode:standalone\r\n", true},
+		{"redis_version:5.0.7\r\n", true},
+		{"redis_version:7.0.15\r\n", false},
+		{"redis_version:8.2.1\r\n", false},
+		{"redis_version:\r\n", false},
+		{"", false},
+	} {
+		err := streamLagSupported(tc.info, "127.0.0.1:6379")
+		switch {
+		case tc.refuse && (err == nil || strings.Contains(err.Error(), "\n") ||
+			!strings.Contains(err.Error(), "needs Redis 7.0 or later") || !strings.Contains(err.Error(), "127.0.0.1:6379 is version ")):
+			t.Errorf("%q: %v, want one line that names the server, its version and 7.0", tc.info, err)
+		case !tc.refuse && err != nil:
+			t.Errorf("%q: %v, want nil", tc.info, err)
 		}
 	}
 }

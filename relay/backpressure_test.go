@@ -3,14 +3,18 @@ package relay_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http/httptest"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/stagedrain/stagedrain/relay"
@@ -326,4 +330,340 @@ func TestBackpressureLongPausedBacklogLetsOthersFlow(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.waitLog("backpressure: pushes resumed", 1)
+}
+
+// With each source, a queue paused for its length does not hold up the
+// queues behind it (issue 22): 100 jobs of queue a, then one of b, all
+// staged before the relay starts (so no commit wakes it), batches of 10 and
+// --max-queue-length 1. b arrives while a is paused, and so does a second
+// b staged meanwhile; once a consumer takes a's jobs the relay resumes, and
+// every job is delivered exactly once.
+func TestBackpressurePausedQueueLetsOthersFlowEachSource(t *testing.T) {
+	t.Parallel()
+	for _, src := range []relay.Source{relay.SourceStagedJobs, relay.SourceSidekiqStagedPush} {
+		t.Run(string(src), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			var h *harness
+			var stage func(q string, from, n int) []string // jids
+			var staged func() int
+			if src == relay.SourceStagedJobs {
+				h = newHarness(t)
+				stage = func(q string, _, n int) []string { return h.stageMany(jobsTo(q, n, "")...) }
+				staged = h.staged
+			} else {
+				h = newStagedPushHarness(t)
+				if _, err := relay.Migrate(ctx, h.conn, h.schema, relay.WithSource(relay.SourceSidekiqStagedPush)); err != nil {
+					t.Fatal(err)
+				}
+				stage = func(q string, from, n int) []string {
+					var payloads, jids []string
+					for i := from; i < from+n; i++ {
+						jid := fmt.Sprintf("%024x", i)
+						payloads = append(payloads, fmt.Sprintf(`{"class":"W","args":[%d],"queue":%q,"jid":%q}`, i, q, jid))
+						jids = append(jids, jid)
+					}
+					h.pushStaged(payloads...)
+					return jids
+				}
+				staged = func() int { return len(h.gemRows()) }
+			}
+			cfg := h.config()
+			cfg.Source, cfg.BatchSize, cfg.MaxQueueLength = src, 10, 1
+			a := stage("a", 0, 100)
+			b := stage("b", 100, 1)
+			r := h.start(cfg)
+
+			pausedA := func() bool {
+				return slices.Contains(r.Status().Paused, relay.Paused{Queue: "a", Reason: "queue_length"})
+			}
+			lenA := func() int64 { return h.rdb.LLen(ctx, h.key("queue:a")).Val() }
+			testenv.WaitFor(t, 10*time.Second, "queue b's job while a is paused", func() (bool, string) {
+				return h.rdb.LLen(ctx, h.key("queue:b")).Val() == 1,
+					fmt.Sprintf("queue:a %d, queue:b %d, %d staged, paused %v", lenA(), h.rdb.LLen(ctx, h.key("queue:b")).Val(), staged(), r.Status().Paused)
+			})
+			if !pausedA() || lenA() != 10 {
+				t.Fatalf("queue:a holds %d, paused %v; want 10 (one batch), a paused", lenA(), r.Status().Paused)
+			}
+			// The claims left a out once a batch found it full: b came after
+			// the rows of that batch and of the one claimed meanwhile were
+			// put back, not after every row of a ahead of it (90).
+			putBack := 0
+			for _, e := range h.logs.FilterMessage("batch drained").All() {
+				f := e.ContextMap()
+				if f["count"] == int64(1) && fmt.Sprint(f["queues"]) == "[b]" {
+					break
+				}
+				putBack += int(f["left_staged"].(int64))
+			}
+			if putBack > 30 {
+				t.Fatalf("%d rows of a put back before b was pushed, want at most 30 (the batch that found a full, and the one claimed meanwhile)", putBack)
+			}
+			// A b staged while a is paused flows too, once b has room.
+			if v, err := h.rdb.RPop(ctx, h.key("queue:b")).Result(); err != nil || decodeJob(t, v).jid() != b[0] {
+				t.Fatalf("queue:b's job: %v, %v; want jid %s", v, err, b[0])
+			}
+			b = append(b, stage("b", 101, 1)...)
+			testenv.WaitFor(t, 10*time.Second, "the second b while a is paused", func() (bool, string) {
+				return h.rdb.LLen(ctx, h.key("queue:b")).Val() == 1, fmt.Sprintf("queue:b %d", h.rdb.LLen(ctx, h.key("queue:b")).Val())
+			})
+			if !pausedA() || lenA() != 10 {
+				t.Fatalf("queue:a holds %d, paused %v; want 10, a paused", lenA(), r.Status().Paused)
+			}
+
+			// A consumer takes a's jobs: the relay resumes, a batch at a time.
+			var seen []string
+			testenv.WaitFor(t, 60*time.Second, "the consumer to take every job of a", func() (bool, string) {
+				for {
+					v, err := h.rdb.RPop(ctx, h.key("queue:a")).Result()
+					if err != nil {
+						break
+					}
+					seen = append(seen, decodeJob(t, v).jid())
+				}
+				return len(seen) >= len(a) && staged() == 0, fmt.Sprintf("%d of %d taken, %d staged", len(seen), len(a), staged())
+			})
+			slices.Sort(seen)
+			if want := slices.Sorted(slices.Values(a)); !slices.Equal(seen, want) {
+				t.Fatalf("queue a delivered %d jobs (%d distinct), want each of %d once", len(seen), len(slices.Compact(slices.Clone(seen))), len(want))
+			}
+			if got := h.queueJIDs("b"); !slices.Equal(got, b[1:]) {
+				t.Fatalf("queue b holds %v, want %v", got, b[1:])
+			}
+			if n := lenA(); n != 0 {
+				t.Fatalf("queue:a holds %d more jobs after all were taken", n)
+			}
+		})
+	}
+}
+
+// With --redis-wait-replicas, a batch that holds a row an earlier push
+// delivered (its WAIT failed, so its delete did not commit) runs the push
+// script even while Redis is over --redis-max-memory-ratio, to WAIT for
+// that push: and it pushes nothing else (issue 22, section 5). Here the
+// replica is frozen while B is pushed, Redis goes over the ratio, and C is
+// staged: the retries of the batch of B and C push no C. Once the replica
+// runs again B's row is deleted and C stays staged until Redis is below
+// the ratio; each job is pushed once.
+func TestBackpressureMemoryHoldsWithWaitReplicas(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	primary := testenv.StartRedis(t, "--maxmemory-policy", "noeviction")
+	replica := testenv.StartRedis(t, "--replicaof", "127.0.0.1", fmt.Sprint(primary.Port))
+	h := newHarness(t)
+	rdb := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", primary.Port), DisableIdentity: true})
+	t.Cleanup(func() { _ = rdb.Close() })
+	h.rdb = rdb
+	testenv.WaitFor(t, 15*time.Second, "the replica to be in sync", func() (bool, string) {
+		n, err := rdb.Wait(ctx, 1, 100*time.Millisecond).Result()
+		return err == nil && n == 1, fmt.Sprint(n, err)
+	})
+	cfg := h.config()
+	cfg.Redis = rdb
+	cfg.RedisWaitReplicas, cfg.RedisWaitTimeout = 1, 100*time.Millisecond
+	cfg.RedisMaxMemoryRatio = 0.5 // off until maxmemory is set
+	cfg.MaxBackoff = 200 * time.Millisecond
+	h.start(cfg)
+	queued := func() []string { return h.queueJIDs("default") }
+
+	replica.Signal(syscall.SIGSTOP)
+	replicaStopped := true
+	t.Cleanup(func() {
+		if replicaStopped {
+			replica.Signal(syscall.SIGCONT)
+		}
+	})
+	b := h.stage(relay.Job{Name: "B"})
+	h.waitLog("batch failed, retrying", 1) // B pushed, too few replicas: B stays staged, delivered
+	if got := queued(); !slices.Equal(got, []string{b}) {
+		t.Fatalf("queue holds %v, want B's push", got)
+	}
+	info, err := rdb.Info(ctx, "memory").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var used int64
+	for line := range strings.SplitSeq(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "used_memory:"); ok {
+			used, _ = strconv.ParseInt(v, 10, 64)
+		}
+	}
+	// used / maxmemory is about 0.67: over the ratio, with room to spare.
+	if err := rdb.ConfigSet(ctx, "maxmemory", fmt.Sprint(used*3/2)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	h.waitLog("backpressure: pushes paused, jobs wait in PostgreSQL", 1)
+	c := h.stage(relay.Job{Name: "C"})
+	// Retries of the batch of B and C, each of which runs the script to
+	// WAIT for B's push.
+	failed := h.logs.FilterMessage("batch failed, retrying").Len()
+	h.waitLog("batch failed, retrying", failed+3)
+	if got := queued(); !slices.Equal(got, []string{b}) {
+		t.Fatalf("queue holds %v while Redis is over the memory ratio, want B's push only (C held)", got)
+	}
+
+	replica.Signal(syscall.SIGCONT)
+	replicaStopped = false
+	h.waitStaged(1) // B's row deleted; C's stays
+	if got := queued(); !slices.Equal(got, []string{b}) {
+		t.Fatalf("queue holds %v while Redis is over the memory ratio, want B's push only", got)
+	}
+	if err := rdb.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	h.waitStaged(0)
+	if got := queued(); !slices.Equal(got, []string{b, c}) {
+		t.Fatalf("queue holds %v, want B then C, each once", got)
+	}
+}
+
+// With --target streams, --max-queue-length counts what the stream's
+// consumer groups have not acknowledged (issue 22, section 3): XLEN counts
+// the entries they took too, so a paused stream never resumed. A consumer
+// group reads with XREADGROUP and XACKs: entries read and not acknowledged
+// still count, and once they are acknowledged the relay resumes by itself,
+// though XLEN is at the limit; each job is delivered exactly once.
+func TestBackpressureStreamsResume(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	h := newHarness(t)
+	const limit = 3
+	cfg := h.config()
+	cfg.Target, cfg.MaxQueueLength, cfg.BatchSize = relay.TargetStreams, limit, 10
+	stream := h.key("stream:default")
+	if err := h.rdb.XGroupCreateMkStream(ctx, stream, "workers", "$").Err(); err != nil {
+		t.Fatal(err)
+	}
+	jids := h.stageMany(jobsTo("default", 20, "")...)
+	r := h.start(cfg)
+	const pauseLine = "backpressure: pushes paused, jobs wait in PostgreSQL"
+	h.waitLog(pauseLine, 1)
+	h.waitStaged(20 - limit)
+	if d := h.logs.FilterMessage(pauseLine).All()[0].ContextMap()["detail"]; d != "BACKPRESSURE "+stream+
+		`: consumer group "workers" has 3 entries not acknowledged (lag + pending) >= --max-queue-length 3` {
+		t.Fatalf("pause detail %q", d)
+	}
+	if n := h.rdb.XLen(ctx, stream).Val(); n != limit {
+		t.Fatalf("%s holds %d entries, want %d (each job checks the count)", stream, n, limit)
+	}
+
+	var seen []string
+	var readIDs []string
+	readN := func(n int64) {
+		t.Helper()
+		res, err := h.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "workers", Consumer: "c1",
+			Streams: []string{stream, ">"}, Count: n, Block: 100 * time.Millisecond}).Result()
+		if errors.Is(err, redis.Nil) {
+			return
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range res[0].Messages {
+			seen = append(seen, fmt.Sprint(m.Values["jid"]))
+			readIDs = append(readIDs, m.ID)
+		}
+	}
+	ackAll := func() {
+		t.Helper()
+		if len(readIDs) > 0 {
+			if err := h.rdb.XAck(ctx, stream, "workers", readIDs...).Err(); err != nil {
+				t.Fatal(err)
+			}
+			readIDs = nil
+		}
+	}
+	// Read, not acknowledged: still 3 pending. Two looks (each claims a
+	// batch and puts it back) find the stream still full.
+	readN(limit)
+	looks := func() int {
+		n := 0
+		for _, e := range h.logs.FilterMessage("batch drained").All() {
+			if e.ContextMap()["left_staged"] != int64(0) {
+				n++
+			}
+		}
+		return n
+	}
+	before := looks()
+	testenv.WaitFor(t, 15*time.Second, "two more looks at the paused stream", func() (bool, string) {
+		return looks() >= before+2, fmt.Sprintf("%d looks", looks()-before)
+	})
+	if n := h.staged(); n != 20-limit || !slices.Equal(r.Status().Paused, []relay.Paused{{Queue: "default", Reason: "queue_length"}}) {
+		t.Fatalf("%d staged, paused %v, while 3 entries are pending; want %d, default", n, r.Status().Paused, 20-limit)
+	}
+
+	// Acknowledged: the relay resumes, though XLEN is 3.
+	ackAll()
+	testenv.WaitFor(t, 60*time.Second, "the consumer group to take every job", func() (bool, string) {
+		readN(10)
+		ackAll()
+		return len(seen) >= len(jids) && h.staged() == 0, fmt.Sprintf("%d of %d read, %d staged", len(seen), len(jids), h.staged())
+	})
+	h.waitLog("backpressure: pushes resumed", 1)
+	slices.Sort(seen)
+	if want := slices.Sorted(slices.Values(jids)); !slices.Equal(seen, want) {
+		t.Fatalf("the group read %d jobs (%d distinct), want each of %d once", len(seen), len(slices.Compact(slices.Clone(seen))), len(want))
+	}
+	if n := h.rdb.XLen(ctx, stream).Val(); n != int64(len(jids)) {
+		t.Fatalf("%s holds %d entries, want %d (acknowledged entries stay)", stream, n, len(jids))
+	}
+}
+
+// With --target asynq, --max-queue-length holds tasks staged while asynq's
+// pending list is full; a real asynq server started later takes them (the
+// list shrinks as it does), the relay resumes by itself, and each task runs
+// exactly once.
+func TestBackpressureAsynqResume(t *testing.T) {
+	t.Parallel()
+	h, rdb, cfg := newAsynqHarness(t)
+	const limit = 5
+	cfg.MaxQueueLength, cfg.BatchSize = limit, 10
+	jids := h.stageMany(jobsTo("default", 30, "")...)
+	h.start(cfg)
+	h.waitLog("backpressure: pushes paused, jobs wait in PostgreSQL", 1)
+	h.waitStaged(30 - limit)
+	if n := rdb.LLen(context.Background(), "asynq:{default}:pending").Val(); n != limit {
+		t.Fatalf("asynq:{default}:pending holds %d tasks, want %d", n, limit)
+	}
+
+	var mu sync.Mutex
+	ran := map[string]int{}
+	mux := asynq.NewServeMux()
+	mux.HandleFunc("TracedJob", func(ctx context.Context, task *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		mu.Lock()
+		ran[id]++
+		mu.Unlock()
+		return nil
+	})
+	srv := asynq.NewServerFromRedisClient(rdb, asynq.Config{
+		Concurrency:       2,
+		Queues:            map[string]int{"default": 1},
+		TaskCheckInterval: 20 * time.Millisecond,
+		LogLevel:          asynq.ErrorLevel,
+	})
+	if err := srv.Start(mux); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	count := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(ran)
+	}
+	testenv.WaitFor(t, 60*time.Second, "asynq to run every task", func() (bool, string) {
+		return count() >= len(jids) && h.staged() == 0, fmt.Sprintf("%d of %d ran, %d staged", count(), len(jids), h.staged())
+	})
+	h.waitLog("backpressure: pushes resumed", 1)
+	mu.Lock()
+	defer mu.Unlock()
+	for _, jid := range jids {
+		if ran[jid] != 1 {
+			t.Fatalf("task %s ran %d times, want once (%d distinct ran)", jid, ran[jid], len(ran))
+		}
+	}
+	if len(ran) != len(jids) {
+		t.Fatalf("%d distinct tasks ran, want %d", len(ran), len(jids))
+	}
 }

@@ -66,9 +66,6 @@ type tableSQL struct {
 	bury     string
 	version  string
 	staged   string
-	// excludes: the claims take a last argument, the queues whose rows
-	// they leave out (a text[], never NULL).
-	excludes bool
 }
 
 // claimColumns are the columns a batch reads, in stagedJob's scan order:
@@ -78,16 +75,14 @@ const claimColumns = `id, job_name, job_args, queue, run_at, jid, created_at, op
 
 // byQueue makes the claims take rows of the queues in $4 only (a relay with
 // Config.Queues): the scan by id steps over other queues' rows, a heap
-// fetch each (see README, "Several groups of queues"). The claims' last
-// argument ($4, or $5 with byQueue) lists queues they leave out
-// (tableSQL.excludes).
+// fetch each (see README, "Several groups of queues").
 func newTableSQL(schema string, byQueue bool) tableSQL {
 	table := pgx.Identifier{schema, "staged_jobs"}.Sanitize()
-	// The last argument of the claims: the queues backpressure pauses for
-	// their length, left out of the claims (see backpressure.excluded).
-	where, backlogWhere := ` AND queue <> ALL($4::text[])`, ""
+	claim := claimSQL{table: table, queue: "t.queue", byQueue: byQueue,
+		returning: `t.id, t.job_name, t.job_args, t.queue, t.run_at, t.jid, t.created_at, t.options`}
+	backlogWhere := ""
 	if byQueue {
-		where, backlogWhere = ` AND queue = ANY($4::text[]) AND queue <> ALL($5::text[])`, ` WHERE queue = ANY($2::text[])`
+		backlogWhere = ` WHERE queue = ANY($2::text[])`
 	}
 	dead := pgx.Identifier{schema, "staged_jobs_dead"}.Sanitize()
 	migrations := pgx.Identifier{schema, "stagedrain_migrations"}.Sanitize()
@@ -106,13 +101,13 @@ func newTableSQL(schema string, byQueue bool) tableSQL {
 		// and the drain's deletes left, each claim) and "id = ANY" looked
 		// each row up in the index again. RETURNING gives exactly what it
 		// deleted, and only that is pushed.
-		claim: claimSQL(table, where),
+		claim: claim.sql(""),
 		// For a target with no scheduler (streams): rows whose run_at is
 		// not in the future only. The scan by id steps over the future
 		// rows below the batch's last id, each a heap fetch (see README).
 		// A run_at of infinity (a table without 008's CHECK) is never due:
 		// such rows are claimed too, to be dead-lettered.
-		claimDue: claimSQL(table, where+` AND (run_at IS NULL OR run_at <= now() OR NOT isfinite(run_at))`),
+		claimDue: claim.sql(` AND (t.run_at IS NULL OR t.run_at <= now() OR NOT isfinite(t.run_at))`),
 		// Microseconds until the earliest future run_at, NULL if none: when
 		// to wake for it. A scan of the table, which holds the backlog and
 		// the future rows (see README). Finite ones only: infinity minus
@@ -149,24 +144,53 @@ func newTableSQL(schema string, byQueue bool) tableSQL {
 				options = excluded.options, reason = excluded.reason, failed_at = excluded.failed_at, attempts = d.attempts + 1`,
 		// The schema version Migrate recorded; NULL when it recorded none,
 		// and an undefined_table error when it never ran.
-		version:  `SELECT max(version) FROM ` + migrations,
-		excludes: true,
+		version: `SELECT max(version) FROM ` + migrations,
 	}
 }
 
-// claimSQL is the claim statement, with extra conditions on the rows.
-func claimSQL(table, where string) string {
-	return `WITH b AS MATERIALIZED (SELECT ctid FROM ` + table +
+// claimSQL builds a source's claim statements. Every source's claims
+// take the same arguments and leave out the same rows; a source gives its
+// table, the SQL of a row's queue and what the claim returns.
+//
+// Arguments: $1 the limit, $2 the ids to skip, $3 the id to claim above,
+// with byQueue $4 the queues to take (Config.Queues), and last ($4, or $5
+// with byQueue) the queues to leave out: those backpressure pauses for
+// their length (backpressure.excluded), a text[], never NULL. Without the
+// last, a long backlog of a paused queue would be claimed and put back,
+// batch after batch, ahead of every other queue's rows.
+type claimSQL struct {
+	table string // quoted
+	// queue is the SQL of a row's queue (the row is t). A NULL one (a
+	// poison row of a table made by hand) is left out while any queue is.
+	queue     string
+	byQueue   bool
+	returning string // the columns RETURNING gives, of the row t
+}
+
+// sql is the claim statement, with extra conditions on the rows (of t).
+//
+// The exclusion tests the array's cardinality first: with nothing left
+// out (the common case) the queue's SQL is not evaluated, which for the
+// gem's json payload is a parse of each row the claim scans (measured: a
+// generic plan's scan of 200,000 rows took 131 ms with it, 57 ms without,
+// 43 ms with no exclusion at all).
+func (c claimSQL) sql(where string) string {
+	out := "$4"
+	if c.byQueue {
+		where += ` AND ` + c.queue + ` = ANY($4::text[])`
+		out = "$5"
+	}
+	where += ` AND (cardinality(` + out + `::text[]) = 0 OR ` + c.queue + ` <> ALL(` + out + `::text[]))`
+	return `WITH b AS MATERIALIZED (SELECT ctid FROM ` + c.table + ` t` +
 		` WHERE id > $3 AND id <> ALL($2)` + where + ` ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)` +
-		` DELETE FROM ` + table + ` t WHERE t.ctid = ANY(ARRAY(SELECT ctid FROM b)) RETURNING ` +
-		`t.id, t.job_name, t.job_args, t.queue, t.run_at, t.jid, t.created_at, t.options`
+		` DELETE FROM ` + c.table + ` t WHERE t.ctid = ANY(ARRAY(SELECT ctid FROM b)) RETURNING ` + c.returning
 }
 
 // claimBatch begins a transaction on conn and, in the same round trip,
 // claims (deletes) up to limit committed rows into dst[:0], sorted by id,
 // each read by scan (nil: staged_jobs' columns, stagedJobScan).
 // On success the transaction stays open: the caller commits what it pushed.
-// extra are the statement's arguments after $3 (the queues of byQueue).
+// extra are the statement's arguments after $3 (see claimSQL).
 func claimBatch(ctx context.Context, conn *pgx.Conn, sql string, scan rowScan, limit int, skip []int64, from int64, dst []stagedJob, extra ...any) ([]stagedJob, error) {
 	if scan == nil {
 		scan = stagedJobScan()

@@ -102,11 +102,14 @@ type Config struct {
 
 	// MaxQueueLength, when positive, is backpressure per destination
 	// queue: the relay pushes no more jobs to a queue that holds this many
-	// or more (Sidekiq's queue:<q> and asynq's pending list by LLEN, a
-	// stream by XLEN; checked in the push script, so a queue overshoots by
-	// at most one batch). Its rows stay staged, other queues flow, and it
-	// resumes once the queue is below the limit. Sidekiq's schedule and
-	// asynq's scheduled sets are not limited. Default 0: off.
+	// or more (Sidekiq's queue:<q> and asynq's pending list by LLEN; a
+	// stream by the entries its slowest consumer group has not
+	// acknowledged, pending plus lag, which needs Redis 7.0 or later (Run
+	// refuses an older one), or by XLEN while it has no group; checked in
+	// the push script, so a queue overshoots by at most one batch). Its
+	// rows stay staged, other queues flow, and it resumes once the queue is
+	// below the limit. Sidekiq's schedule and asynq's scheduled sets are
+	// not limited. Default 0: off.
 	MaxQueueLength int64
 
 	// RedisMaxMemoryRatio, when positive, pauses every push while Redis's

@@ -222,6 +222,7 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 			return nil
 		}
 		skip = append(skip, left...)
+		r.excluded = r.bp.leaveOut(r.excluded) // the claims that follow
 		if r.bp.stop() {
 			// Backpressure: the rest waits for the next drain
 			// (backpressure.go), pausedRetry away at most; the relay goes
@@ -266,10 +267,7 @@ func (r *Relay) claim(ctx context.Context, pool *pgxpool.Pool, buf *[]stagedJob,
 	if err != nil {
 		return c, fmt.Errorf("claim batch: %w", err)
 	}
-	args := r.claimArgs
-	if r.sql.excludes {
-		args = append(slices.Clip(args), r.excluded)
-	}
+	args := append(slices.Clip(r.claimArgs), r.excluded) // see claimSQL
 	*buf, err = claimBatch(ctx, conn.Conn(), r.sql.claim, r.src.scanner(), r.cfg.BatchSize, skip, from, *buf, args...)
 	if err != nil {
 		claimed{conn: conn}.rollback(ctx)

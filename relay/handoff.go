@@ -76,16 +76,51 @@ import (
 //
 // The guard count may instead be the text "<guards> <cmd> <limit>": the
 // key after the guard keys is then a length guard, whose length cmd (LLEN,
-// ZCARD, XLEN) must be below limit for the op to run (backpressure, see
-// backpressure.go); an op it stops runs nothing and delivers nothing.
+// ZCARD, XLEN, or XUNACKED) must be below limit for the op to run
+// (backpressure, see backpressure.go); an op it stops runs nothing and
+// delivers nothing. XUNACKED, for a stream, is what its slowest consumer
+// group has not acknowledged (see unacked below): the first op of a run to
+// a stream measures it, and each op that runs counts one entry more (each
+// such op adds one entry).
 //
 // It answers two elements per op: 1 and the last command's reply when the
 // op ran, 2 and the guard key that existed when a guard skipped it, 3 and
-// the length when a length guard stopped it, 0 and the error reply of the
-// command that failed (the op's later commands are not run). When the record holds this batch's field already, it runs no
-// op and answers two elements: -1 and the field's value (the ids the first
-// run delivered).
+// the length when a length guard stopped it (for XUNACKED, a pair: the
+// count and the slowest group, "" for none), 0 and the error reply of the
+// command that failed (the op's later commands are not run). When the
+// record holds this batch's field already, it runs no op and answers two
+// elements: -1 and the field's value (the ids the first run delivered).
 var handoffScript = redis.NewScript(`
+-- unacked is how many entries of the stream key its slowest consumer group
+-- has not acknowledged, and that group's name: the most, over the groups
+-- (XINFO GROUPS, Redis 7.0+), of pending (read, not acknowledged) plus lag
+-- (not yet read). Entries a group has acknowledged stay in the stream, so
+-- XLEN would never fall. A lag Redis cannot tell (nil: entries deleted
+-- after the group's last-delivered-id) is counted by XRANGE after that id,
+-- up to limit. With no group, or when XINFO fails, every entry counts
+-- (XLEN; no stream: 0, another type: the op's own command fails).
+local function unacked(key, limit)
+  local groups = redis.pcall('XINFO', 'GROUPS', key)
+  if groups.err or #groups == 0 then
+    local n = redis.pcall('XLEN', key)
+    if type(n) ~= 'number' then n = 0 end
+    return n, ''
+  end
+  local most, slowest = -1, ''
+  for _, g in ipairs(groups) do
+    local f = {}
+    for i = 1, #g, 2 do f[g[i]] = g[i + 1] end
+    local n = f['pending']
+    if type(f['lag']) == 'number' then
+      n = n + f['lag']
+    elseif n < limit then
+      n = n + #redis.call('XRANGE', key, '(' .. f['last-delivered-id'], '+', 'COUNT', limit - n)
+    end
+    if n > most then most, slowest = n, f['name'] end
+    if most >= limit then break end
+  end
+  return most, slowest
+end
 local token = redis.call('HGET', KEYS[1], 'token')
 if not token then
   return redis.error_reply('FENCED the fence is gone (Redis lost its data, or the key was deleted): this relay must take it again as leader')
@@ -111,6 +146,7 @@ end
 local k = 3
 local out = {}
 local done = {}
+local counted = {} -- XUNACKED: stream key -> {count, slowest group}
 while a <= #ARGV do
   local guard, ncmds, ids = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), ARGV[a + 2]
   local lencmd, limit
@@ -126,8 +162,18 @@ while a <= #ARGV do
     if status == 1 and redis.call('EXISTS', KEYS[k]) == 1 then status, reply = 2, KEYS[k] end
     k = k + 1
   end
+  local unackedOf
   if lencmd then
-    if status == 1 then
+    if lencmd == 'XUNACKED' then
+      if status == 1 then
+        unackedOf = counted[KEYS[k]]
+        if not unackedOf then
+          unackedOf = {unacked(KEYS[k], limit)}
+          counted[KEYS[k]] = unackedOf
+        end
+        if unackedOf[1] >= limit then status, reply = 3, unackedOf end
+      end
+    elseif status == 1 then
       -- A key of another type fails the op's own command (WRONGTYPE).
       local n = redis.pcall(lencmd, KEYS[k])
       if type(n) == 'number' and n >= limit then status, reply = 3, n end
@@ -159,6 +205,7 @@ while a <= #ARGV do
     k = k + nkeys
     a = a + nargs
   end
+  if status == 1 and unackedOf then unackedOf[1] = unackedOf[1] + 1 end
   if (status == 1 or status == 2) and ids ~= '' then done[#done + 1] = ids end
   out[#out + 1] = status
   out[#out + 1] = reply
@@ -631,7 +678,8 @@ type pushUnit struct {
 }
 
 // limit makes the current op, before any of its commands, run only while
-// key (queue's, measured by cmd: LLEN, ZCARD or XLEN) holds fewer than
+// key (queue's, measured by cmd: LLEN, ZCARD, XLEN, or XUNACKED for a
+// stream whose op adds one entry; see handoffScript) holds fewer than
 // maxLen entries. Without maxLen it does nothing.
 func (u *pushUnit) limit(queue, cmd, key string) {
 	if u.maxLen <= 0 {
@@ -777,9 +825,8 @@ func (op *unitOp) settle(i int, status, reply any) error {
 	case 1, 2:
 		op.reply, op.err, op.skipped, op.over = reply, nil, st == 2, false
 	case 3:
-		n, _ := reply.(int64)
 		op.reply, op.skipped, op.over = reply, false, true
-		op.err = replyError(fmt.Sprintf("BACKPRESSURE %s holds %d >= --max-queue-length %d", op.lenKey, n, op.limit))
+		op.err = replyError(op.overWhy(reply))
 	case 0:
 		msg, _ := reply.(string)
 		op.err = replyError(msg)
@@ -787,6 +834,22 @@ func (op *unitOp) settle(i int, status, reply any) error {
 		return fmt.Errorf("push: op %d answered %v: %w", i, status, errNoReply)
 	}
 	return nil
+}
+
+// overWhy is the reason of an op its length guard stopped, from the
+// guard's reply: the length, or for XUNACKED the count and the slowest
+// consumer group.
+func (op *unitOp) overWhy(reply any) string {
+	if r, ok := reply.([]any); ok && len(r) == 2 {
+		n, _ := r[0].(int64)
+		if group, _ := r[1].(string); group != "" {
+			return fmt.Sprintf("BACKPRESSURE %s: consumer group %q has %d entries not acknowledged (lag + pending) >= --max-queue-length %d",
+				op.lenKey, group, n, op.limit)
+		}
+		return fmt.Sprintf("BACKPRESSURE %s holds %d and has no consumer group >= --max-queue-length %d", op.lenKey, n, op.limit)
+	}
+	n, _ := reply.(int64)
+	return fmt.Sprintf("BACKPRESSURE %s holds %d >= --max-queue-length %d", op.lenKey, n, op.limit)
 }
 
 // replyError is Redis's error reply to one command of an op.

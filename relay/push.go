@@ -72,16 +72,21 @@ func (r *Relay) push(ctx context.Context, batch []stagedJob, now time.Time) (pus
 			}
 			batch = fresh
 		}
-		if over, why := r.bp.memory(ctx, r); over && !h.mustRun(len(res.redelivered)) {
+		u.reset()
+		u.maxLen = r.cfg.MaxQueueLength
+		if over, why := r.bp.memory(ctx, r); over {
 			// Backpressure: Redis is nearly full. Nothing is pushed; the
-			// batch's commit deletes only the rows delivered before.
+			// batch's commit deletes only the rows delivered before. With
+			// WAIT (mustRun), the script still runs, with no op, for the
+			// replicas to acknowledge those rows' push first.
 			for _, j := range batch {
 				res.deferred = append(res.deferred, rejectedJob{id: j.id, reason: why, held: true})
 			}
-			return res, nil
+			if !h.mustRun(len(res.redelivered)) {
+				return res, nil
+			}
+			break // WAIT needs a single Redis: no cluster, whose loop this is
 		}
-		u.reset()
-		u.maxLen = r.cfg.MaxQueueLength
 		r.target.add(u, batch, now, &res)
 		if len(u.ops) == 0 && !h.mustRun(len(res.redelivered)) {
 			return res, nil

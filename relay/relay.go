@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -278,7 +279,10 @@ func (r *Relay) checkRedis(ctx context.Context) error {
 	for attempt := 1; ; attempt++ {
 		err := r.cfg.Redis.Ping(ctx).Err()
 		if err == nil {
-			return r.checkClusterNode(ctx)
+			if err := r.checkClusterNode(ctx); err != nil {
+				return err
+			}
+			return r.checkStreamLag(ctx)
 		}
 		if ctx.Err() != nil {
 			return nil
@@ -311,6 +315,41 @@ func (r *Relay) checkClusterNode(ctx context.Context) error {
 		return fmt.Errorf("redis %s is a Redis Cluster node: the relay needs a cluster client to push per hash slot (stagedrain run --redis-mode cluster, or a *redis.ClusterClient)", DescribeRedis(r.cfg.Redis))
 	}
 	return nil
+}
+
+// checkStreamLag refuses MaxQueueLength with TargetStreams on a Redis
+// older than 7.0: a stream's length guard counts the entries its consumer
+// groups have not acknowledged, from XINFO GROUPS' lag, which Redis reports
+// since 7.0 (XLEN counts consumed entries too, so a paused stream would
+// never resume). A server that does not answer INFO server (renamed, a
+// proxy) is taken as it is; a cluster is checked through one of its nodes.
+func (r *Relay) checkStreamLag(ctx context.Context) error {
+	if r.cfg.Target != TargetStreams || r.cfg.MaxQueueLength <= 0 {
+		return nil
+	}
+	info, err := r.cfg.Redis.Info(ctx, "server").Result()
+	if err != nil {
+		return nil
+	}
+	return streamLagSupported(info, DescribeRedis(r.cfg.Redis))
+}
+
+// streamLagSupported reads redis_version from an INFO server reply, and
+// returns checkStreamLag's refusal, in one line, for a version below 7.0;
+// nil when it is 7.0 or later, or is not there to read.
+func streamLagSupported(info, server string) error {
+	version := ""
+	for line := range strings.SplitSeq(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
+			version = v
+		}
+	}
+	major, _, _ := strings.Cut(version, ".")
+	if n, err := strconv.Atoi(major); err != nil || n >= 7 {
+		return nil
+	}
+	return fmt.Errorf("redis %s is version %s: --max-queue-length (MaxQueueLength) with --target streams needs Redis 7.0 or later, "+
+		"whose XINFO GROUPS gives each consumer group's lag (XLEN counts the entries consumers took too)", server, version)
 }
 
 // healthySession is how long a database session must last before its

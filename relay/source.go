@@ -135,18 +135,19 @@ type stagedPushSource struct {
 // The column is json (the gem's first migration) or jsonb (its later one).
 const stagedPushAt = `CASE WHEN json_typeof((t.payload -> 'at')::json) = 'number' THEN (t.payload ->> 'at')::numeric END`
 
+// stagedPushQueue is a row's queue, as mapStagedPush reads it: the
+// payload's "queue", else "default" (a payload no worker could run gets
+// one too, never NULL).
+const stagedPushQueue = `coalesce(t.payload ->> 'queue', 'default')`
+
 func newStagedPushSource(schema string) *stagedPushSource {
 	table := pgx.Identifier{schema, sidekiqStagedPushTable}.Sanitize()
-	claim := func(where string) string {
-		return `WITH b AS MATERIALIZED (SELECT ctid FROM ` + table + ` t` +
-			` WHERE id > $3 AND id <> ALL($2)` + where + ` ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)` +
-			` DELETE FROM ` + table + ` t WHERE t.ctid = ANY(ARRAY(SELECT ctid FROM b)) RETURNING ` +
-			`t.id, t.payload::text, extract(epoch FROM t.created_at)::float8, to_json(t)::text`
-	}
+	claim := claimSQL{table: table, queue: stagedPushQueue,
+		returning: `t.id, t.payload::text, extract(epoch FROM t.created_at)::float8, to_json(t)::text`}
 	return &stagedPushSource{schema: schema, table: table, sql: tableSQL{
-		claim: claim(""),
+		claim: claim.sql(""),
 		// A job whose "at" is in the future stays staged until it is due.
-		claimDue: claim(` AND NOT coalesce(` + stagedPushAt + ` > extract(epoch FROM now()), false)`),
+		claimDue: claim.sql(` AND NOT coalesce(` + stagedPushAt + ` > extract(epoch FROM now()), false)`),
 		// Microseconds until the earliest future "at" (at most a day),
 		// NULL if none.
 		nextDue: `SELECT ceil(least(min(at) - extract(epoch FROM now()), 86400) * 1e6)::bigint FROM (SELECT ` +

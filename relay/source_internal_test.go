@@ -60,7 +60,7 @@ func testStagedPushReinsert(t *testing.T, typ string) {
 	src := newStagedPushSource(schema)
 	// The due-only claim leaves the row whose at is far ahead.
 	for i, claim := range []string{src.sql.claim, src.sql.claimDue} {
-		jobs, err := claimBatch(ctx, conn, claim, src.scan, 10, nil, fromStart, nil)
+		jobs, err := claimBatch(ctx, conn, claim, src.scan, 10, nil, fromStart, nil, []string{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -71,7 +71,7 @@ func (s *streamTarget) add(u *pushUnit, batch []stagedJob, now time.Time, res *p
 		}
 		s.ids = append(s.ids, j.id)
 		u.begin(s.ids[len(s.ids)-1 : len(s.ids) : len(s.ids)])
-		u.limit(j.queue, "XLEN", s.keys.stream(j.queue))
+		u.limit(j.queue, "XUNACKED", s.keys.stream(j.queue)) // what consumer groups have not acknowledged
 		cmd := make([]any, 0, 16)
 		if s.maxLen > 0 {
 			cmd = append(cmd, "MAXLEN", "~", s.maxLen)

@@ -247,7 +247,7 @@ func newRunFlags() (*flagSet, *runFlags) {
 	f.env("redis-namespace", "STAGEDRAIN_REDIS_NAMESPACE")
 	f.fs.Int64Var(&c.streamMaxLen, "stream-maxlen", 0, "with --target streams, trim each stream to about this many `entries` (XADD MAXLEN ~); 0 keeps every entry")
 	f.env("stream-maxlen", "STAGEDRAIN_STREAM_MAXLEN")
-	f.fs.Int64Var(&c.maxQueueLength, "max-queue-length", 0, "backpressure: push no more jobs to a queue that holds this many `jobs` (LLEN of Sidekiq's queue:<q> or asynq's pending list, XLEN of a stream); its jobs stay staged until it is below; 0 is off")
+	f.fs.Int64Var(&c.maxQueueLength, "max-queue-length", 0, "backpressure: push no more jobs to a queue that holds this many `jobs` (LLEN of Sidekiq's queue:<q> or asynq's pending list; a stream: entries its consumer groups have not acknowledged, Redis 7.0+); its jobs stay staged until it is below; 0 is off")
 	f.env("max-queue-length", "STAGEDRAIN_MAX_QUEUE_LENGTH")
 	f.fs.Float64Var(&c.memoryRatio, "redis-max-memory-ratio", 0, "backpressure: pause every push while Redis's used_memory / maxmemory is at or above this `ratio` (0-1, read every 500ms); off when 0 or Redis has no maxmemory")
 	f.env("redis-max-memory-ratio", "STAGEDRAIN_REDIS_MAX_MEMORY_RATIO")
