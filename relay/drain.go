@@ -55,7 +55,12 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 			r.metrics.wakeLate.Inc()
 		}
 		if over, _ := r.bp.memory(ctx, r); over {
-			// Backpressure: claim nothing while Redis is nearly full.
+			// Backpressure: claim nothing while Redis is nearly full, and
+			// stay awake meanwhile, so that commits do not notify a relay
+			// that would not drain them (the retry does).
+			if err := g.wake(ctx); err != nil {
+				return err
+			}
 			paused.Reset(pausedRetry)
 			pausedC = paused.C
 			continue
@@ -79,6 +84,12 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 				return nil
 			}
 			r.metrics.batchFailed(err)
+			// Awake while it cannot push (Redis down or hung): commits
+			// need not notify a relay that would not drain them; the retry
+			// does, and goes idle once it has drained.
+			if err := g.wake(ctx); err != nil {
+				return err
+			}
 			attempt++
 			wait := backoff(attempt, r.cfg.MaxBackoff)
 			level := zap.WarnLevel

@@ -19,8 +19,8 @@ func SetBeforePush(r *Relay, f func(ctx context.Context)) { r.hooks.beforePush =
 // number of LISTENs completed before its last drain began.
 func SetOnIdle(r *Relay, f func(listens int64)) { r.hooks.idle = f }
 
-// AwakeLockName is the gate's advisory lock name.
-var AwakeLockName = awakeLockName
+// IdleLockName is the gate's advisory lock name (held while the relay is idle).
+var IdleLockName = idleLockName
 
 // SetSummaryEvery sets how often r logs its summary line (default 10s).
 func SetSummaryEvery(r *Relay, d time.Duration) { r.summaryEvery = d }

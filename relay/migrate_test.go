@@ -512,7 +512,7 @@ func TestMigrateUpgradesTheWakeTrigger(t *testing.T) {
 			var key int32
 			var flag string
 			if err := conn.QueryRow(ctx, `SELECT hashtext($1), 'stagedrain.wake_' || $2::regclass::oid`,
-				relay.AwakeLockName(schema), pgx.Identifier{schema, "staged_jobs"}.Sanitize()).Scan(&key, &flag); err != nil {
+				relay.IdleLockName(schema), pgx.Identifier{schema, "staged_jobs"}.Sanitize()).Scan(&key, &flag); err != nil {
 				t.Fatal(err)
 			}
 			keyText := strconv.Itoa(int(key)) // how pg_get_triggerdef prints it
@@ -651,7 +651,7 @@ func catalog(t *testing.T, conn *pgx.Conn, schema string) []string {
 	var key int32
 	var oid uint32
 	if err := conn.QueryRow(ctx, `SELECT hashtext($1), $2::regclass::oid`,
-		relay.AwakeLockName(schema), pgx.Identifier{schema, "staged_jobs"}.Sanitize()).Scan(&key, &oid); err != nil {
+		relay.IdleLockName(schema), pgx.Identifier{schema, "staged_jobs"}.Sanitize()).Scan(&key, &oid); err != nil {
 		t.Fatal(err)
 	}
 	// pg_get_triggerdef prints a negative key as '-N'::integer.

@@ -234,7 +234,7 @@ func TestGatePerQueue(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
 	ctx := context.Background()
-	awakeA, awakeB := relay.AwakeLockName(h.schema)+":a", relay.AwakeLockName(h.schema)+":b"
+	awakeA, awakeB := relay.IdleLockName(h.schema)+":a", relay.IdleLockName(h.schema)+":b"
 
 	h.stage(relay.Job{Name: "First", Queue: "a"})
 	second := h.stage(relay.Job{Name: "Second", Queue: "a"})
@@ -252,7 +252,7 @@ func TestGatePerQueue(t *testing.T) {
 	if held := h.advisoryLocks(awakeA, "ExclusiveLock", true); held != 1 {
 		t.Fatalf("a's awake lock held by %d sessions during the second batch, want 1 (the relay)", held)
 	}
-	if held := h.advisoryLocks(relay.AwakeLockName(h.schema), "ExclusiveLock", true); held != 0 {
+	if held := h.advisoryLocks(relay.IdleLockName(h.schema), "ExclusiveLock", true); held != 0 {
 		t.Fatalf("the schema's awake lock held by %d sessions, want 0: a relay with a list holds its queues'", held)
 	}
 	// Listening from now on: no notification of the commits so far.

@@ -35,7 +35,7 @@ func readAwakeHolders(conn *pgx.Conn, schema string) ([]uint32, error) {
 		WHERE locktype = 'advisory' AND objsubid = 2 AND mode = 'ExclusiveLock' AND granted
 		  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
 		  AND classid::bigint = (hashtext($1)::bigint + 4294967296) % 4294967296
-		ORDER BY 1`, relay.AwakeLockName(schema))
+		ORDER BY 1`, relay.IdleLockName(schema))
 	if err != nil {
 		return nil, fmt.Errorf("read pg_locks: %w", err)
 	}

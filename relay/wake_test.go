@@ -51,7 +51,7 @@ func TestLateCommitIsDrainedWithoutNotifyOrPoll(t *testing.T) {
 	t.Cleanup(ts.Close)
 	h.run(r)
 	h.waitHeld(held)
-	if held := h.advisoryLocks(relay.AwakeLockName(h.schema), "ExclusiveLock", true); held != 1 {
+	if held := h.advisoryLocks(relay.IdleLockName(h.schema), "ExclusiveLock", true); held != 1 {
 		t.Fatalf("awake lock held exclusively by %d sessions during the second batch, want 1 (the relay)", held)
 	}
 
@@ -89,7 +89,7 @@ func TestLateCommitIsDrainedWithoutNotifyOrPoll(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatalf("the relay did not go idle within 15s; logs: %v", messages(h.logs))
 	}
-	if n := h.advisoryLocks(relay.AwakeLockName(h.schema), "ExclusiveLock", true); n != 0 {
+	if n := h.advisoryLocks(relay.IdleLockName(h.schema), "ExclusiveLock", true); n != 0 {
 		t.Fatalf("%d sessions hold awake after the drain went idle, want 0", n)
 	}
 	if got := h.queueJIDs("default"); len(got) != 2 {
@@ -190,14 +190,14 @@ func TestGateNotifiesOnlyWhileIdle(t *testing.T) {
 
 	// Awake: a session holds the awake lock as the relay does.
 	relayConn := testenv.Conn(t, testenv.DatabaseURL())
-	if _, err := relayConn.Exec(ctx, `SELECT pg_advisory_lock(hashtext($1), s) FROM generate_series(0, 15) s`, relay.AwakeLockName(h.schema)); err != nil {
+	if _, err := relayConn.Exec(ctx, `SELECT pg_advisory_lock(hashtext($1), s) FROM generate_series(0, 15) s`, relay.IdleLockName(h.schema)); err != nil {
 		t.Fatal(err)
 	}
 	awakeApp := testenv.Conn(t, testenv.DatabaseURL())
 	if _, err := awakeApp.Exec(ctx, "INSERT INTO "+table+" (job_name, job_args) VALUES ('WhileAwake', '[]'), ('AndAnother', '[]')"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := relayConn.Exec(ctx, `SELECT pg_advisory_unlock(hashtext($1), s) FROM generate_series(0, 15) s`, relay.AwakeLockName(h.schema)); err != nil {
+	if _, err := relayConn.Exec(ctx, `SELECT pg_advisory_unlock(hashtext($1), s) FROM generate_series(0, 15) s`, relay.IdleLockName(h.schema)); err != nil {
 		t.Fatal(err)
 	}
 	// Idle again: the next commit notifies once more, and it is the first
@@ -230,7 +230,7 @@ func TestPollOnlyNeitherListensNorIsNotified(t *testing.T) {
 	cfg.PollInterval = 50 * time.Millisecond
 	h.start(cfg)
 	testenv.WaitFor(t, 15*time.Second, "the relay to mark itself awake", func() (bool, string) {
-		n := h.advisoryLocks(relay.AwakeLockName(h.schema), "ExclusiveLock", true)
+		n := h.advisoryLocks(relay.IdleLockName(h.schema), "ExclusiveLock", true)
 		return n == 1, fmt.Sprintf("%d sessions hold it", n)
 	})
 	var listeners int
@@ -251,7 +251,7 @@ func TestPollOnlyNeitherListensNorIsNotified(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if held := h.advisoryLocks(relay.AwakeLockName(h.schema), "ShareLock", true); held != 0 {
+	if held := h.advisoryLocks(relay.IdleLockName(h.schema), "ShareLock", true); held != 0 {
 		t.Fatalf("awake lock held shared by %d sessions: the commit would notify", held)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -297,7 +297,7 @@ func TestTriggerHoldsNoGateLock(t *testing.T) {
 			rows, err := tx.Query(ctx, `SELECT CASE classid
 					WHEN hashtext($1)::oid THEN 'awake' ELSE 'other' END || ' ' || mode
 				FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() ORDER BY 1`,
-				relay.AwakeLockName(schema))
+				relay.IdleLockName(schema))
 			if err != nil {
 				return err
 			}
@@ -327,7 +327,7 @@ func TestTriggerHoldsNoGateLock(t *testing.T) {
 	// Awake: another session (the relay) holds every shard of 'awake'.
 	relayConn := testenv.Conn(t, testenv.DatabaseURL())
 	if _, err := relayConn.Exec(ctx, `SELECT pg_advisory_lock(hashtext($1), s) FROM generate_series(0, 15) s`,
-		relay.AwakeLockName(schema)); err != nil {
+		relay.IdleLockName(schema)); err != nil {
 		t.Fatal(err)
 	}
 	if held := fire(); len(held) != 0 {

@@ -304,7 +304,7 @@ func TestTriggerFlagIsPerQueueAndTable(t *testing.T) {
 	}
 	listenA, listenB := listen(t, url, schemaA), listen(t, url, schemaB)
 	// The relay of schema A's queue a is awake; nothing else is.
-	holdAwakeLock(t, url, relay.AwakeLockName(schemaA)+":a")
+	holdAwakeLock(t, url, relay.IdleLockName(schemaA)+":a")
 	insert := func(schema, queue string) string {
 		return `INSERT INTO ` + pgx.Identifier{schema, "staged_jobs"}.Sanitize() +
 			` (job_name, job_args, queue) SELECT 'Flag', '[]', '` + queue + `' FROM generate_series(1, 100)`
@@ -386,7 +386,7 @@ func TestPreparedTransactionOptsOutOfNotify(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n := h.advisoryLocks(relay.AwakeLockName(h.schema), "ExclusiveLock", true); n != 0 {
+		if n := h.advisoryLocks(relay.IdleLockName(h.schema), "ExclusiveLock", true); n != 0 {
 			t.Fatalf("%d sessions hold awake: the relay is not idle", n)
 		}
 		_, err = app.Exec(ctx, "PREPARE TRANSACTION '"+gid+"'")
