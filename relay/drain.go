@@ -19,8 +19,9 @@ import (
 func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan struct{}, g *gate) error {
 	log := r.log.Named("drain")
 	var bufs [2][]stagedJob
-	// A leader that died awake left commits that did not notify: the drain
-	// at start sees those that ended, and the checks of g.late the rest.
+	// Commits made while no relay was idle (none leading, or a leader
+	// that died or stepped down) did not notify: the drain at start sees
+	// those that ended, and the checks of g.late the rest.
 	if err := g.inProgress(ctx, false); err != nil {
 		return err
 	}
@@ -235,12 +236,19 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 		skip = append(skip, left...)
 		if r.bp.stop() {
 			// Backpressure: the rest waits for the next drain
-			// (backpressure.go), pausedRetry away at most; the relay goes
-			// idle meanwhile, so that commits notify and wake it (a queue
-			// not paused need not wait for the retry). The commits that
-			// saw it awake are drained by that retry, or, if still in
-			// progress now, as soon as they end (gate.sleep).
+			// (backpressure.go), pausedRetry away at most. Stopped by
+			// queues held back for their length, the relay goes idle
+			// meanwhile, so that commits notify and wake it (a queue not
+			// paused need not wait for the retry); the commits that saw
+			// it awake are drained by that retry, or, if still in progress
+			// now, as soon as they end (gate.sleep). Stopped because Redis
+			// is nearly full, it stays awake, as the drain loop's own
+			// memory check keeps it: every queue is paused, and a commit's
+			// notification would only wake a relay that pushes nothing.
 			next.rollback(ctx)
+			if r.bp.memOver {
+				return nil
+			}
 			return g.sleep(ctx)
 		}
 		if !full {
