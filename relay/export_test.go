@@ -68,3 +68,8 @@ func ReadmeGrants(t testing.TB, schema, role string) []string { return readmeGra
 // row held back whole). Only from r's idle hook (SetOnIdle), which runs
 // on the drain goroutine, the one that owns what it reads.
 func StoppedOnBackpressure(r *Relay) bool { return r.bp.stop() }
+
+// ExpireMemoryCheck makes r's next check of RedisMaxMemoryRatio read INFO
+// memory, however recent the last read. Only from a hook that runs on r's
+// drain goroutine (SetOnIdle, SetBeforePush, SetAfterPush), which owns it.
+func ExpireMemoryCheck(r *Relay) { r.bp.memChecked = time.Time{} }
