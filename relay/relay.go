@@ -72,7 +72,7 @@ type Relay struct {
 	state state
 
 	// gateTimeout is the lock_timeout of the leader's lock connection: the
-	// longest the gate waits, going awake, for commits looking at it.
+	// longest the gate waits, going idle, for commits looking at it.
 	gateTimeout time.Duration
 
 	// drainIdleInTx is the drain sessions'
@@ -420,9 +420,9 @@ var drainPlanSettings = map[string]string{
 	"plan_cache_mode": "force_generic_plan",
 }
 
-// defaultGateTimeout bounds how long the relay, going awake, waits for the
-// commits that are looking at the gate in that very instant (see wake.go),
-// and so how long a commit that looks just after them can be held up.
+// defaultGateTimeout bounds how long the relay, going idle, waits for the
+// commits that are looking at the gate in that very instant (see wake.go);
+// a commit that looks while it waits does not wait, and notifies.
 const defaultGateTimeout = 200 * time.Millisecond
 
 // isFatal reports whether err is one that retrying cannot fix.

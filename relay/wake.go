@@ -61,8 +61,9 @@ func (r *Relay) armDue(ctx context.Context, pool *pgxpool.Pool, due *time.Timer,
 // sql/010_wake_when_idle.sql, and 007 and 009 before it): a commit notifies
 // only while the relay holds the schema's "idle" advisory lock, that is
 // while it is idle and listening. While it drains, while a failed drain
-// waits to retry (Redis down or hung) and while nobody leads, nobody holds
-// "idle", and commits do not notify: the relay finds their rows by itself,
+// waits to retry (Redis down or hung), while memory backpressure pauses it,
+// in poll-only mode and while nobody leads, nobody holds "idle", and
+// commits do not notify: the relay finds their rows by itself,
 // or the next leader's drain at start does. Notifying commits are
 // serialized by PostgreSQL's notify lock; a relay that is not idle keeps
 // that cost off the app.

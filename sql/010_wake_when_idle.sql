@@ -10,7 +10,8 @@
 -- Now the leading relay holds 'idle' (hashtext('stagedrain-idle:<schema>'),
 -- 16 shards, the shard being the app backend's pid % 16) while it is idle
 -- and listening, and releases it while it drains, while it cannot push
--- (its drain failed and waits to retry) and when it stops leading. A relay
+-- (its drain failed and waits to retry), while Redis is nearly full
+-- (memory backpressure) and when it stops leading. A relay
 -- with a list of queues holds 'stagedrain-idle:<schema>:<queue>' for each
 -- of its queues instead. A row of queue Q notifies only while the schema's
 -- 'idle' or Q's 'idle' is held; with nobody holding either, a commit pays
