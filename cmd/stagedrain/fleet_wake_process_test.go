@@ -71,36 +71,45 @@ func (d *defaultsEnv) staged(schema string) int {
 
 // Two `stagedrain run --schemas s1,s2,s3,s4 --poll-interval 5s` on one
 // host (nothing else but DATABASE_URL and REDIS_URL), a long backlog in
-// every schema: the first leads all four, and when the second starts it
-// lets two of them go while it is draining them. Its lock connection
-// stays open for the two it keeps, and must not keep the wake gate
-// ('idle') of those it let go: else their commits would notify a process
-// that no longer drains them, and the new leader could never go idle (its
-// lock would only time out), so a job would wait for the 5s poll. After
-// the split no process holds the gate of a schema it does not lead, each
-// leader, idle, holds its own schemas', and a single job in every schema
-// is delivered by its NOTIFY, far sooner than the poll.
+// s1, s2 and s3, none in s4: the first leads all four, and when the second
+// starts it lets the last two go, s3 while it is draining it (awake) and
+// s4 idle, holding its wake gate ('idle'). Its lock connection stays open
+// for the two it keeps, and must not keep the gate of those it let go:
+// else their commits would notify a process that no longer drains them,
+// and the new leader could never go idle (its lock would only time out),
+// so a job would wait for the 5s poll. After the split no process holds
+// the gate of a schema it does not lead, each leader, idle, holds its own
+// schemas', and a single job in every schema is delivered by its NOTIFY,
+// far sooner than the poll.
 func TestDefaultsFleetWakeGateAfterSplit(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	d := newDefaultsEnv(t)
 	schemas := []string{"s1", "s2", "s3", "s4"}
-	// Enough that the first relay is still draining when the second joins
-	// (the issue's case); the test checks that it was.
+	// Enough that the first relay is still draining s3 when the second
+	// joins (the issue's case); the test checks that it was. s4 has none:
+	// its leader is idle from its first drain on.
 	const rows = 60_000
+	staged := map[string]int{"s1": rows, "s2": rows, "s3": rows, "s4": 0}
+	total := 0
 	for _, s := range schemas {
 		if _, err := relay.Migrate(ctx, d.conn, s); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := d.conn.Exec(ctx, "INSERT INTO "+pgx.Identifier{s, "staged_jobs"}.Sanitize()+
-			" (job_name, job_args) SELECT 'Bulk', '[1]' FROM generate_series(1, $1)", rows); err != nil {
-			t.Fatalf("stage %d rows in %s: %v", rows, s, err)
+			" (job_name, job_args) SELECT 'Bulk', '[1]' FROM generate_series(1, $1)", staged[s]); err != nil {
+			t.Fatalf("stage %d rows in %s: %v", staged[s], s, err)
 		}
+		total += staged[s]
 	}
 	args := []string{"--schemas", strings.Join(schemas, ","), "--poll-interval", "5s"}
 	a := d.start("relay a", args...)
 	a.failTail = 60
 	waitLines(t, a, "became leader", 4)
+	relaytest.WaitFor(t, 10*time.Second, "s4's leader idle (holding its wake gate)", func() (bool, string) {
+		l := d.fleetLocks([]string{"s4"})[0]
+		return l.leader != 0 && len(l.idle) == 1 && l.idle[0] == l.leader, fmt.Sprintf("led by %d, held by %s", l.leader, l.who)
+	})
 	b := d.start("relay b", args...)
 	b.failTail = 60
 
@@ -119,12 +128,8 @@ func TestDefaultsFleetWakeGateAfterSplit(t *testing.T) {
 	waitLines(t, b, "became leader", 2)
 	waitLines(t, a, "released leadership", 2)
 	checkUp(t, a, b)
-	midDrain := false
-	for _, n := range letGo {
-		midDrain = midDrain || n > 0
-	}
-	if !midDrain {
-		t.Fatalf("relay a had drained the schemas it let go (rows left: %v): the case needs a schema let go mid-drain; stage more rows", letGo)
+	if _, ok := letGo["s4"]; !ok || letGo["s3"] == 0 {
+		t.Fatalf("relay a let go of %v (rows still staged then): the case needs s3 let go mid-drain and s4 idle; stage more rows", letGo)
 	}
 	t.Logf("relay a let go of (rows still staged then): %v", letGo)
 
@@ -136,7 +141,7 @@ func TestDefaultsFleetWakeGateAfterSplit(t *testing.T) {
 			}
 		}
 		n, err := d.rdb.LLen(ctx, "queue:default").Result()
-		return len(left) == 0 && err == nil && n == int64(len(schemas)*rows), fmt.Sprintf("staged %v, queue:default %d (%v)", left, n, err)
+		return len(left) == 0 && err == nil && n == int64(total), fmt.Sprintf("staged %v, queue:default %d (%v)", left, n, err)
 	})
 	checkUp(t, a, b)
 
