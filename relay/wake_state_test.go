@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -112,66 +113,88 @@ func TestNoRelayCommitsDoNotNotify(t *testing.T) {
 	checkDidNotNotify(t, listener, h.schema, "a commit after the relay stopped")
 }
 
-// A relay whose Redis is down holds no idle lock while its drain fails and
-// retries: the commit that woke it (it was idle) notified, the ones after
-// do not. Once Redis is back the jobs are delivered, and the relay goes
-// idle again: its lock connection holds the idle lock, and a commit
-// notifies.
+// A relay whose Redis is down (stopped) or hung (SIGSTOP, past the
+// client's timeouts) holds no idle lock while its drain fails and retries:
+// the commit that woke it (it was idle) notified, the ones after do not.
+// Once Redis is back the jobs are delivered, and the relay goes idle
+// again: its lock connection holds the idle lock, and a commit notifies.
 func TestRedisDownRelayHoldsNoIdleLock(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t)
-	url := testenv.DatabaseURL()
-	srv := testenv.StartRedis(t)
-	rdb := redis.NewClient(testenv.RedisOptions(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", srv.Port)}))
-	t.Cleanup(func() { _ = rdb.Close() })
-	h.rdb = rdb
-	cfg := h.config()
-	cfg.Redis = rdb
-	cfg.PollInterval = time.Minute
-	_, idle := h.startSignaled(cfg)
-	h.waitIdleAfterListen(idle)
-	pid := leaderPIDOf(t, h.conn, h.schema)
-	if got := idleHolders(t, h.conn, h.schema); !slices.Equal(got, []uint32{pid}) {
-		t.Fatalf("the idle lock is held by %v beside an idle relay, want its lock connection %d", got, pid)
-	}
+	for _, tc := range []struct {
+		name        string
+		timeout     time.Duration // the client's read and write timeouts; 0: go-redis's
+		fault, heal func(*testenv.RedisServer)
+	}{
+		{"down", 0, (*testenv.RedisServer).Stop, (*testenv.RedisServer).Start},
+		{"hung", 300 * time.Millisecond,
+			func(s *testenv.RedisServer) { s.Signal(syscall.SIGSTOP) },
+			func(s *testenv.RedisServer) { s.Signal(syscall.SIGCONT) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t)
+			url := testenv.DatabaseURL()
+			srv := testenv.StartRedis(t)
+			rdb := redis.NewClient(testenv.RedisOptions(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", srv.Port),
+				ReadTimeout: tc.timeout, WriteTimeout: tc.timeout}))
+			t.Cleanup(func() { _ = rdb.Close() })
+			h.rdb = rdb
+			cfg := h.config()
+			cfg.Redis = rdb
+			cfg.PollInterval = time.Minute
+			_, idle := h.startSignaled(cfg)
+			h.waitIdleAfterListen(idle)
+			pid := leaderPIDOf(t, h.conn, h.schema)
+			if got := idleHolders(t, h.conn, h.schema); !slices.Equal(got, []uint32{pid}) {
+				t.Fatalf("the idle lock is held by %v beside an idle relay, want its lock connection %d", got, pid)
+			}
 
-	// Redis goes down; a commit wakes the idle relay, whose push fails.
-	srv.Stop()
-	app := testenv.Conn(t, url)
-	failed := h.logs.FilterMessage("batch failed, retrying").Len()
-	jids := []string{stageOn(t, h, app, "WhileDown")}
-	h.waitLog("batch failed, retrying", failed+1)
-	if got := idleHolders(t, h.conn, h.schema); len(got) != 0 {
-		t.Fatalf("the idle lock is held by %v after a failed drain, want nobody: commits would notify a relay that cannot push", got)
-	}
-	listener := listen(t, url, h.schema)
-	jids = append(jids, stageOn(t, h, app, "StillDown"))
-	checkDidNotNotify(t, listener, h.schema, "a commit beside a relay whose Redis is down")
-	h.waitLog("batch failed, retrying", failed+3)
-	if got := idleHolders(t, h.conn, h.schema); len(got) != 0 {
-		t.Fatalf("the idle lock is held by %v while the drain retries, want nobody", got)
-	}
-	if n := h.logs.FilterMessage("stepped down").Len(); n != 0 {
-		t.Fatalf("the relay stepped down while Redis was down; the case needs it leading")
-	}
-	if n := h.staged(); n != 2 {
-		t.Fatalf("%d rows staged while Redis is down, want 2", n)
-	}
+			// Redis fails; a commit wakes the idle relay, whose push fails.
+			tc.fault(srv)
+			healed := false
+			t.Cleanup(func() {
+				if !healed && tc.name == "hung" {
+					tc.heal(srv) // a stopped server would not stop
+				}
+			})
+			app := testenv.Conn(t, url)
+			failed := h.logs.FilterMessage("batch failed, retrying").Len()
+			jids := []string{stageOn(t, h, app, "WhileDown")}
+			h.waitLog("batch failed, retrying", failed+1)
+			if got := idleHolders(t, h.conn, h.schema); len(got) != 0 {
+				t.Fatalf("the idle lock is held by %v after a failed drain, want nobody: commits would notify a relay that cannot push", got)
+			}
+			listener := listen(t, url, h.schema)
+			jids = append(jids, stageOn(t, h, app, "StillDown"))
+			checkDidNotNotify(t, listener, h.schema, "a commit beside a relay whose Redis is "+tc.name)
+			h.waitLog("batch failed, retrying", failed+3)
+			if got := idleHolders(t, h.conn, h.schema); len(got) != 0 {
+				t.Fatalf("the idle lock is held by %v while the drain retries, want nobody", got)
+			}
+			if n := h.logs.FilterMessage("stepped down").Len(); n != 0 {
+				t.Fatalf("the relay stepped down while Redis was %s; the case needs it leading", tc.name)
+			}
+			if n := h.staged(); n != 2 {
+				t.Fatalf("%d rows staged while Redis is %s, want 2", n, tc.name)
+			}
 
-	// Redis is back: the retry delivers, and the relay goes idle again.
-	srv.Start()
-	h.waitQueueLen("default", 2, 15*time.Second)
-	testenv.WaitFor(t, 15*time.Second, "the relay idle again, its lock connection holding the idle lock", func() (bool, string) {
-		got := idleHolders(t, h.conn, h.schema)
-		return slices.Equal(got, []uint32{pid}), fmt.Sprintf("held by %v, want %d", got, pid)
-	})
-	jids = append(jids, stageOn(t, h, app, "BackUp"))
-	if got := nextNotifier(t, listener); got != app.PgConn().PID() {
-		t.Fatalf("notification from backend %d, want the commit beside the idle relay (%d)", got, app.PgConn().PID())
-	}
-	h.waitQueueLen("default", 3, 10*time.Second)
-	if got := h.queueJIDs("default"); !slices.Equal(got, jids) {
-		t.Fatalf("delivered %v, want %v", got, jids)
+			// Redis is back: the retry delivers, and the relay goes idle again.
+			tc.heal(srv)
+			healed = true
+			h.waitStaged(0)
+			testenv.WaitFor(t, 15*time.Second, "the relay idle again, its lock connection holding the idle lock", func() (bool, string) {
+				got := idleHolders(t, h.conn, h.schema)
+				return slices.Equal(got, []uint32{pid}), fmt.Sprintf("held by %v, want %d", got, pid)
+			})
+			jids = append(jids, stageOn(t, h, app, "BackUp"))
+			if got := nextNotifier(t, listener); got != app.PgConn().PID() {
+				t.Fatalf("notification from backend %d, want the commit beside the idle relay (%d)", got, app.PgConn().PID())
+			}
+			h.waitQueueLen("default", 3, 10*time.Second)
+			if got := h.queueJIDs("default"); !slices.Equal(got, jids) {
+				t.Fatalf("delivered %v, want %v", got, jids)
+			}
+		})
 	}
 }
 
