@@ -221,7 +221,11 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 		} else {
 			close(claimedNext)
 		}
+		awoke := g.awakeIfSlow(ctx) // a Redis that hangs: see slowPush
 		left, err := r.finish(ctx, cur, log)
+		if werr := awoke(); werr != nil && err == nil {
+			err = werr
+		}
 		<-claimedNext
 		switch {
 		case err != nil:

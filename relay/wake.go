@@ -126,7 +126,6 @@ func (g *gate) wake(ctx context.Context) error {
 	if g.awake {
 		return nil
 	}
-	g.awake = true
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	err := withTimeout(ctx, g.timeout, func(ctx context.Context) error {
@@ -134,9 +133,38 @@ func (g *gate) wake(ctx context.Context) error {
 		return err
 	})
 	if err != nil {
+		// Still idle: the locks may be held, and release tries again
+		// (unlocking a shard not held only raises a WARNING).
 		return fmt.Errorf("%w: mark awake: %w", errLostLock, err)
 	}
+	g.awake = true
 	return nil
+}
+
+// slowPush is how long a push may take, from an idle relay, before the
+// relay marks itself awake until it ends (awakeIfSlow). A push takes about
+// a millisecond; one that takes this long is most likely waiting on a Redis
+// that does not answer, for as long as the client's read timeout (3s by
+// default), and meanwhile every commit would notify a relay that cannot
+// drain.
+const slowPush = 100 * time.Millisecond
+
+// awakeIfSlow marks the relay awake, from another goroutine, if it is idle
+// and the work that starts now (a batch's push) is still running after
+// slowPush; done waits for that and returns its error. The caller touches
+// no other field of g until done returns.
+func (g *gate) awakeIfSlow(ctx context.Context) (done func() error) {
+	if g.awake {
+		return func() error { return nil }
+	}
+	woke := make(chan error, 1)
+	t := time.AfterFunc(slowPush, func() { woke <- g.wake(ctx) })
+	return func() error {
+		if t.Stop() {
+			return nil
+		}
+		return <-woke
+	}
 }
 
 // release gives back the gate's locks at the end of a lead, whatever ended
@@ -194,11 +222,13 @@ func (g *gate) inProgress(ctx context.Context, lock bool) error {
 			return nil
 		}
 	}
+	if lock {
+		// Idle even when the batch failed after its lock statement: the
+		// locks may be held, and release gives them back.
+		g.awake = false
+	}
 	if err != nil {
 		return fmt.Errorf("%w: mark idle: %w", errLostLock, err)
-	}
-	if lock {
-		g.awake = false
 	}
 	g.late.add(xids, time.Now())
 	return nil

@@ -388,3 +388,48 @@ func stageOn(t *testing.T, h *harness, conn *pgx.Conn, name string) string {
 	}
 	return jid
 }
+
+// A relay whose push waits on a Redis that has stopped answering marks
+// itself awake long before the client's read timeout ends the push
+// (slowPush): commits stop notifying a relay that cannot drain, from the
+// first hung push on, not from its failure. The read timeout here is a
+// minute, so the idle lock can only have been released by the slow push.
+func TestHungPushMarksTheRelayAwake(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	srv := testenv.StartRedis(t)
+	rdb := redis.NewClient(testenv.RedisOptions(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", srv.Port),
+		ReadTimeout: time.Minute, WriteTimeout: time.Minute}))
+	t.Cleanup(func() { _ = rdb.Close() })
+	h.rdb = rdb
+	cfg := h.config()
+	cfg.Redis = rdb
+	cfg.PollInterval = time.Minute
+	_, idle := h.startSignaled(cfg)
+	h.waitIdleAfterListen(idle)
+	pid := leaderPIDOf(t, h.conn, h.schema)
+	if got := idleHolders(t, h.conn, h.schema); !slices.Equal(got, []uint32{pid}) {
+		t.Fatalf("the idle lock is held by %v beside an idle relay, want its lock connection %d", got, pid)
+	}
+
+	srv.Signal(syscall.SIGSTOP)
+	t.Cleanup(func() { srv.Signal(syscall.SIGCONT) })
+	app := testenv.Conn(t, testenv.DatabaseURL())
+	jid := stageOn(t, h, app, "WhileHung")
+	testenv.WaitFor(t, 20*time.Second, "nobody holding the idle lock while the push hangs", func() (bool, string) {
+		got := idleHolders(t, h.conn, h.schema)
+		return len(got) == 0, fmt.Sprintf("held by %v", got)
+	})
+	if n := h.logs.FilterMessage("batch failed, retrying").Len(); n != 0 {
+		t.Fatalf("%d batches failed: the push was to hang for the client's minute", n)
+	}
+	srv.Signal(syscall.SIGCONT)
+	h.waitQueueLen("default", 1, 20*time.Second)
+	if got := h.queueJIDs("default"); !slices.Equal(got, []string{jid}) {
+		t.Fatalf("delivered %v, want [%s]", got, jid)
+	}
+	testenv.WaitFor(t, 15*time.Second, "the relay idle again", func() (bool, string) {
+		got := idleHolders(t, h.conn, h.schema)
+		return slices.Equal(got, []uint32{pid}), fmt.Sprintf("held by %v, want %d", got, pid)
+	})
+}
