@@ -127,7 +127,7 @@ type Config struct {
 	PollInterval time.Duration
 
 	// PollOnly makes the relay neither LISTEN nor go idle for the wake
-	// trigger (it holds the gate awake while it leads, so commits never
+	// trigger (it never takes the gate's idle lock, so commits never
 	// NOTIFY): it drains on the fallback poll alone, every
 	// PollInterval. For a DatabaseURL that goes through PgBouncer in
 	// transaction pooling mode, where LISTEN does not work. Default false.

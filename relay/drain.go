@@ -19,8 +19,9 @@ import (
 func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan struct{}, g *gate) error {
 	log := r.log.Named("drain")
 	var bufs [2][]stagedJob
-	// A leader that died awake left commits that did not notify: the drain
-	// at start sees those that ended, and the checks of g.late the rest.
+	// Commits made while no relay was idle (none leading, or a leader
+	// that died or stepped down) did not notify: the drain at start sees
+	// those that ended, and the checks of g.late the rest.
 	if err := g.inProgress(ctx, false); err != nil {
 		return err
 	}
@@ -55,7 +56,12 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 			r.metrics.wakeLate.Inc()
 		}
 		if over, _ := r.bp.memory(ctx, r); over {
-			// Backpressure: claim nothing while Redis is nearly full.
+			// Backpressure: claim nothing while Redis is nearly full, and
+			// stay awake meanwhile, so that commits do not notify a relay
+			// that would not drain them (the retry does).
+			if err := g.wake(ctx); err != nil {
+				return err
+			}
 			paused.Reset(pausedRetry)
 			pausedC = paused.C
 			continue
@@ -79,6 +85,12 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 				return nil
 			}
 			r.metrics.batchFailed(err)
+			// Awake while it cannot push (Redis down or hung): commits
+			// need not notify a relay that would not drain them; the retry
+			// does, and goes idle once it has drained.
+			if err := g.wake(ctx); err != nil {
+				return err
+			}
 			attempt++
 			wait := backoff(attempt, r.cfg.MaxBackoff)
 			level := zap.WarnLevel
@@ -209,7 +221,11 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 		} else {
 			close(claimedNext)
 		}
+		awoke := g.awakeIfSlow(ctx) // a Redis that hangs: see slowPush
 		left, err := r.finish(ctx, cur, log)
+		if werr := awoke(); werr != nil && err == nil {
+			err = werr
+		}
 		<-claimedNext
 		switch {
 		case err != nil:
@@ -225,12 +241,19 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 		r.excluded = r.bp.leaveOut(r.excluded) // the claims that follow
 		if r.bp.stop() {
 			// Backpressure: the rest waits for the next drain
-			// (backpressure.go), pausedRetry away at most; the relay goes
-			// idle meanwhile, so that commits notify and wake it (a queue
-			// not paused need not wait for the retry). The commits that
-			// saw it awake are drained by that retry, or, if still in
-			// progress now, as soon as they end (gate.sleep).
+			// (backpressure.go), pausedRetry away at most. Stopped by
+			// queues held back for their length, the relay goes idle
+			// meanwhile, so that commits notify and wake it (a queue not
+			// paused need not wait for the retry); the commits that saw
+			// it awake are drained by that retry, or, if still in progress
+			// now, as soon as they end (gate.sleep). Stopped because Redis
+			// is nearly full, it stays awake, as the drain loop's own
+			// memory check keeps it: every queue is paused, and a commit's
+			// notification would only wake a relay that pushes nothing.
 			next.rollback(ctx)
+			if r.bp.memOver {
+				return nil
+			}
 			return g.sleep(ctx)
 		}
 		if !full {

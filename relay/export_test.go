@@ -19,8 +19,8 @@ func SetBeforePush(r *Relay, f func(ctx context.Context)) { r.hooks.beforePush =
 // number of LISTENs completed before its last drain began.
 func SetOnIdle(r *Relay, f func(listens int64)) { r.hooks.idle = f }
 
-// AwakeLockName is the gate's advisory lock name.
-var AwakeLockName = awakeLockName
+// IdleLockName is the gate's advisory lock name (held while the relay is idle).
+var IdleLockName = idleLockName
 
 // SetSummaryEvery sets how often r logs its summary line (default 10s).
 func SetSummaryEvery(r *Relay, d time.Duration) { r.summaryEvery = d }
@@ -68,3 +68,8 @@ func ReadmeGrants(t testing.TB, schema, role string) []string { return readmeGra
 // row held back whole). Only from r's idle hook (SetOnIdle), which runs
 // on the drain goroutine, the one that owns what it reads.
 func StoppedOnBackpressure(r *Relay) bool { return r.bp.stop() }
+
+// ExpireMemoryCheck makes r's next check of RedisMaxMemoryRatio read INFO
+// memory, however recent the last read. Only from a hook that runs on r's
+// drain goroutine (SetOnIdle, SetBeforePush, SetAfterPush), which owns it.
+func ExpireMemoryCheck(r *Relay) { r.bp.memChecked = time.Time{} }

@@ -26,7 +26,7 @@ import (
 // share is the process's connections:
 //
 //   - one lock connection, which holds every leader lock the process has
-//     and the gate locks of each schema it leads while that one drains
+//     and the gate locks of each schema it leads while that one is idle
 //     (each lead gives its gate locks back when it ends: the connection
 //     stays open); the count of the fleet's members every
 //     LeaderInterval/2 is its keepalive (as keepLock's ping is a single

@@ -94,27 +94,29 @@ const (
 // Each gate lock has 16 shards (two-key advisory locks: hashtext(name),
 // shard); a committing backend uses shard pg_backend_pid() % 16.
 const (
-	// Every shard, in order. A lock_timeout part way leaves the shards
-	// before it held, which the relay treats as awake (see wake).
-	// Each lock of $1 in turn.
+	// Every shard of each lock of $1 in turn. A lock_timeout part way
+	// leaves the shards before it held, which the relay gives back (see
+	// gate.inProgress).
 	gateLockSQL = `SELECT pg_advisory_lock(hashtext(k), s) FROM unnest($1::text[]) k, generate_series(0, 15) s`
 	// Unlocking a shard not held only raises a WARNING.
 	gateUnlockSQL = `SELECT pg_advisory_unlock(hashtext(k), s) FROM unnest($1::text[]) k, generate_series(0, 15) s`
 )
 
-func awakeLockName(schema string) string { return "stagedrain-awake:" + schema }
+// idleLockName is the gate's lock of schema (sql/010_wake_when_idle.sql):
+// held while its relay is idle, so that commits notify.
+func idleLockName(schema string) string { return "stagedrain-idle:" + schema }
 
 // gateLockNames are the gate's lock names for a relay of queues, or of
 // all queues when queues is empty.
 func gateLockNames(schema string, queues []string) []string {
 	if len(queues) == 0 {
-		return []string{awakeLockName(schema)}
+		return []string{idleLockName(schema)}
 	}
-	var awake []string
+	var idle []string
 	for _, q := range queues {
-		awake = append(awake, awakeLockName(schema)+":"+q)
+		idle = append(idle, idleLockName(schema)+":"+q)
 	}
-	return awake
+	return idle
 }
 
 // groupNameWords spells group for its name locks: its length in bytes,

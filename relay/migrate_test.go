@@ -436,11 +436,13 @@ func tableExists(t *testing.T, conn *pgx.Conn, schema, table string) bool {
 }
 
 // A schema whose wake trigger is 006's (no WHEN, the function with the
-// barrier) or 007's (the WHEN on the schema's awake lock, a look in two
-// statements) gets the later wake migrations from Migrate: 009's function
-// (one-expression looks, the opt-out) and its trigger, whose WHEN flags
-// the queue already queued; Migrate again applies nothing. The migrations
-// of other things, recorded, stay as they are.
+// barrier), 007's (the WHEN on the schema's awake lock, a look in two
+// statements) or 009's (one-expression looks, the opt-out, the WHEN that
+// flags the queue already queued; a commit notifies unless a relay holds
+// 'awake') gets the later wake migrations from Migrate, up to 010's
+// function and trigger: a commit notifies only while a relay holds the
+// schema's or the row's queue's 'idle'. Migrate again applies nothing.
+// The migrations of other things, recorded, stay as they are.
 func TestMigrateUpgradesTheWakeTrigger(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct {
@@ -449,8 +451,9 @@ func TestMigrateUpgradesTheWakeTrigger(t *testing.T) {
 		forget    []int  // the versions to unrecord
 		wantApply []string
 	}{
-		{from: "006_queue_gate.sql", plain: true, forget: []int{7, 9}, wantApply: []string{"007_wake_no_barrier.sql", "009_wake_once.sql"}},
-		{from: "007_wake_no_barrier.sql", forget: []int{9}, wantApply: []string{"009_wake_once.sql"}},
+		{from: "006_queue_gate.sql", plain: true, forget: []int{7, 9, 10}, wantApply: []string{"007_wake_no_barrier.sql", "009_wake_once.sql", "010_wake_when_idle.sql"}},
+		{from: "007_wake_no_barrier.sql", forget: []int{9, 10}, wantApply: []string{"009_wake_once.sql", "010_wake_when_idle.sql"}},
+		{from: "009_wake_once.sql", forget: []int{10}, wantApply: []string{"010_wake_when_idle.sql"}},
 	} {
 		t.Run(tt.from, func(t *testing.T) {
 			t.Parallel()
@@ -496,7 +499,7 @@ func TestMigrateUpgradesTheWakeTrigger(t *testing.T) {
 				}
 				return trigger, function
 			}
-			if trig, fn := definitions(); strings.Contains(trig, "WHEN") != !tt.plain || strings.Contains(fn, "stagedrain.notify") {
+			if trig, fn := definitions(); strings.Contains(trig, "WHEN") != !tt.plain || strings.Contains(fn, "stagedrain-idle") {
 				t.Fatalf("setup: not %s's trigger:\n%s\n%s", tt.from, trig, fn)
 			}
 
@@ -510,9 +513,9 @@ func TestMigrateUpgradesTheWakeTrigger(t *testing.T) {
 			}
 			trig, fn := definitions()
 			var key int32
-			var flag string
-			if err := conn.QueryRow(ctx, `SELECT hashtext($1), 'stagedrain.wake_' || $2::regclass::oid`,
-				relay.AwakeLockName(schema), pgx.Identifier{schema, "staged_jobs"}.Sanitize()).Scan(&key, &flag); err != nil {
+			var flag, queuePrefix string
+			if err := conn.QueryRow(ctx, `SELECT hashtext($1), 'stagedrain.wake_' || $2::regclass::oid, $1 || ':'`,
+				relay.IdleLockName(schema), pgx.Identifier{schema, "staged_jobs"}.Sanitize()).Scan(&key, &flag, &queuePrefix); err != nil {
 				t.Fatal(err)
 			}
 			keyText := strconv.Itoa(int(key)) // how pg_get_triggerdef prints it
@@ -521,15 +524,16 @@ func TestMigrateUpgradesTheWakeTrigger(t *testing.T) {
 			}
 			for _, want := range []string{
 				fmt.Sprintf("(current_setting('%s'::text, true) IS DISTINCT FROM new.queue)", flag),
-				fmt.Sprintf("pg_try_advisory_lock_shared(%s, (pg_backend_pid() %% 16)) AND pg_advisory_unlock_shared(%s, (pg_backend_pid() %% 16))", keyText, keyText),
+				fmt.Sprintf("(NOT (pg_try_advisory_lock_shared(%s, (pg_backend_pid() %% 16)) AND pg_advisory_unlock_shared(%s, (pg_backend_pid() %% 16))))", keyText, keyText),
+				fmt.Sprintf("(NOT (pg_try_advisory_lock_shared(hashtext(('%s'::text || new.queue)), (pg_backend_pid() %% 16)) AND pg_advisory_unlock_shared(hashtext(('%s'::text || new.queue)), (pg_backend_pid() %% 16))))", queuePrefix, queuePrefix),
 				fmt.Sprintf("(set_config('%s'::text, new.queue, true) IS NOT NULL)", flag),
 			} {
 				if !strings.Contains(trig, want) {
 					t.Fatalf("trigger after Migrate:\n%s\nwant it to contain\n%s", trig, want)
 				}
 			}
-			if strings.Contains(fn, "barrier") || !strings.Contains(fn, "stagedrain.notify") {
-				t.Fatalf("stagedrain_wake() after Migrate is not 009's:\n%s", fn)
+			if strings.Contains(fn, "barrier") || !strings.Contains(fn, "stagedrain.notify") || !strings.Contains(fn, "'stagedrain-idle:'") || strings.Contains(fn, "stagedrain-awake") {
+				t.Fatalf("stagedrain_wake() after Migrate is not 010's:\n%s", fn)
 			}
 			again, err := relay.Migrate(ctx, conn, schema)
 			if err != nil || len(again.Applied) != 0 {
@@ -544,7 +548,7 @@ func TestMigrateUpgradesTheWakeTrigger(t *testing.T) {
 // same columns (name, type, nullability, default), constraints, indexes,
 // functions, triggers, relations and comments, and the same
 // stagedrain_migrations rows. Each schema's name, its hashtext key of
-// 'awake' and its staged_jobs' oid (both in the trigger's WHEN) are
+// 'idle' and its staged_jobs' oid (both in the trigger's WHEN) are
 // normalized.
 func TestBaselineMatchesUpgrade(t *testing.T) {
 	t.Parallel()
@@ -589,7 +593,7 @@ func TestBaselineMatchesUpgrade(t *testing.T) {
 }
 
 // catalog describes schema's objects, one line each, in a stable order,
-// with the schema's name, its 'awake' key and its staged_jobs' oid
+// with the schema's name, its 'idle' key and its staged_jobs' oid
 // replaced by placeholders.
 func catalog(t *testing.T, conn *pgx.Conn, schema string) []string {
 	t.Helper()
@@ -651,12 +655,12 @@ func catalog(t *testing.T, conn *pgx.Conn, schema string) []string {
 	var key int32
 	var oid uint32
 	if err := conn.QueryRow(ctx, `SELECT hashtext($1), $2::regclass::oid`,
-		relay.AwakeLockName(schema), pgx.Identifier{schema, "staged_jobs"}.Sanitize()).Scan(&key, &oid); err != nil {
+		relay.IdleLockName(schema), pgx.Identifier{schema, "staged_jobs"}.Sanitize()).Scan(&key, &oid); err != nil {
 		t.Fatal(err)
 	}
 	// pg_get_triggerdef prints a negative key as '-N'::integer.
 	normal := strings.NewReplacer(pgx.Identifier{schema}.Sanitize(), "SCHEMA", schema, "SCHEMA",
-		"'"+strconv.Itoa(int(key))+"'::integer", "AWAKE_KEY", strconv.Itoa(int(key)), "AWAKE_KEY", "wake_"+strconv.FormatUint(uint64(oid), 10), "wake_OID")
+		"'"+strconv.Itoa(int(key))+"'::integer", "IDLE_KEY", strconv.Itoa(int(key)), "IDLE_KEY", "wake_"+strconv.FormatUint(uint64(oid), 10), "wake_OID")
 	for i := range lines {
 		lines[i] = normal.Replace(lines[i])
 	}

@@ -144,8 +144,8 @@ func (e *privilegeEnv) statements(ctx context.Context) error {
 			b := &pgx.Batch{}
 			b.Queue(tryLockSQL, r.lockKey)
 			b.Queue(unlockSQL, r.lockKey)
-			b.Queue(gateLockSQL, []string{awakeLockName(e.schema)})
-			b.Queue(gateUnlockSQL, []string{awakeLockName(e.schema)})
+			b.Queue(gateLockSQL, []string{idleLockName(e.schema)})
+			b.Queue(gateUnlockSQL, []string{idleLockName(e.schema)})
 			b.Queue(inProgressSQL)
 			b.Queue(stillInProgressSQL, []int64{1})
 			return tx.SendBatch(ctx, b).Close()

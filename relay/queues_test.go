@@ -226,17 +226,18 @@ func TestQueueConflict(t *testing.T) {
 	}
 }
 
-// The gate per queue (sql/006_queue_gate.sql, 007), driven exactly as
+// The gate per queue (sql/006_queue_gate.sql, 010), driven exactly as
 // TestLateCommitIsDrainedWithoutNotifyOrPoll drives the schema's: a relay
-// of {a} awake holds a's awake lock, not the schema's; a commit to a sees
-// it awake (takes no lock, will not notify) and commits only after the
-// relay went idle, which drains when it ends; a commit to b, whose relay
-// is absent, notifies meanwhile.
+// of {a} holds a's idle lock while it is idle, never the schema's, and
+// none while it drains; a commit to a that looks at the gate while it
+// drains keeps no lock, will not notify, and commits only after the relay
+// went idle, which drains when it ends. Once it is idle, a commit to a
+// notifies, and a commit to b, whose relay is absent, does not.
 func TestGatePerQueue(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
 	ctx := context.Background()
-	awakeA, awakeB := relay.AwakeLockName(h.schema)+":a", relay.AwakeLockName(h.schema)+":b"
+	idleA, idleB := relay.IdleLockName(h.schema)+":a", relay.IdleLockName(h.schema)+":b"
 
 	h.stage(relay.Job{Name: "First", Queue: "a"})
 	second := h.stage(relay.Job{Name: "Second", Queue: "a"})
@@ -251,17 +252,12 @@ func TestGatePerQueue(t *testing.T) {
 	held, unblock := h.holdAwake(r)
 	h.run(r)
 	h.waitHeld(held)
-	if held := h.advisoryLocks(awakeA, "ExclusiveLock", true); held != 1 {
-		t.Fatalf("a's awake lock held by %d sessions during the second batch, want 1 (the relay)", held)
+	for _, name := range []string{idleA, relay.IdleLockName(h.schema)} {
+		if held := h.advisoryLocks(name, "ExclusiveLock", true); held != 0 {
+			t.Fatalf("%s held by %d sessions during the second batch, want none (the relay is awake)", name, held)
+		}
 	}
-	if held := h.advisoryLocks(relay.AwakeLockName(h.schema), "ExclusiveLock", true); held != 0 {
-		t.Fatalf("the schema's awake lock held by %d sessions, want 0: a relay with a list holds its queues'", held)
-	}
-	// Listening from now on: no notification of the commits so far.
-	listener := testenv.Conn(t, testenv.DatabaseURL())
-	if _, err := listener.Exec(ctx, "LISTEN "+pgx.Identifier{relay.ChannelName(h.schema)}.Sanitize()); err != nil {
-		t.Fatal(err)
-	}
+	listener := listen(t, testenv.DatabaseURL(), h.schema)
 
 	// A commit to a, checked now: the relay of a is awake.
 	appConn := testenv.Conn(t, testenv.DatabaseURL())
@@ -277,28 +273,26 @@ func TestGatePerQueue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if held := h.advisoryLocks(awakeA, "ShareLock", true); held != 0 {
-		t.Fatalf("a's awake lock held shared by %d sessions: the app's transaction decided to notify", held)
+	var locks int
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()`).Scan(&locks); err != nil || locks != 0 {
+		t.Fatalf("the app's transaction holds %d advisory locks after the gate check (%v), want none", locks, err)
 	}
 
-	// A commit to b meanwhile: nobody drains b awake, so it notifies.
-	jb := h.stage(relay.Job{Name: "ToB", Queue: "b"})
-	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if _, err := listener.WaitForNotification(wctx); err != nil {
-		t.Fatalf("no notification for a commit to b while only a's relay is awake: %v", err)
-	}
-	if held := h.advisoryLocks(awakeB, "ExclusiveLock", true); held != 0 {
-		t.Fatalf("b's awake lock held by %d sessions", held)
-	}
-
-	// The relay goes idle, noting the app's transaction in progress; it
-	// drains when that commits, with the poll a minute away.
+	// The relay goes idle: it takes a's idle lock (and no other), noting
+	// the app's transaction in progress; it drains when that commits,
+	// with the poll a minute away.
 	unblock()
 	testenv.WaitFor(t, 15*time.Second, "the relay to go idle", func() (bool, string) {
-		n := h.advisoryLocks(awakeA, "ExclusiveLock", true)
-		return n == 0, fmt.Sprintf("%d hold a's awake lock; queue: %v", n, h.queueJIDs("a"))
+		n := h.advisoryLocks(idleA, "ExclusiveLock", true)
+		return n == 1, fmt.Sprintf("%d hold a's idle lock; queue: %v", n, h.queueJIDs("a"))
 	})
+	for _, name := range []string{idleB, relay.IdleLockName(h.schema)} {
+		if held := h.advisoryLocks(name, "ExclusiveLock", true); held != 0 {
+			t.Fatalf("%s held by %d sessions beside an idle relay of {a}, want none", name, held)
+		}
+	}
+	// A commit to b: nobody drains b, so it does not notify.
+	jb := h.stage(relay.Job{Name: "ToB", Queue: "b"})
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -306,6 +300,21 @@ func TestGatePerQueue(t *testing.T) {
 	if got := h.queueJIDs("a"); got[1] != second || got[2] != late {
 		t.Fatalf("delivered %v, want the late job %s last", got, late)
 	}
+	// A commit to a now: the relay of a is idle, so it notifies, and it
+	// is the first notification (b's commit and the late one sent none).
+	testenv.WaitFor(t, 15*time.Second, "the relay to go idle again", func() (bool, string) {
+		n := h.advisoryLocks(idleA, "ExclusiveLock", true)
+		return n == 1, fmt.Sprintf("%d hold a's idle lock", n)
+	})
+	toA := testenv.Conn(t, testenv.DatabaseURL())
+	if _, err := toA.Exec(ctx, "INSERT INTO "+pgx.Identifier{h.schema, "staged_jobs"}.Sanitize()+" (job_name, job_args, queue) VALUES ('ToA', '[]', 'a')"); err != nil {
+		t.Fatal(err)
+	}
+	if pid := nextNotifier(t, listener); pid != toA.PgConn().PID() {
+		t.Fatalf("first notification from backend %d, want the commit to a beside its idle relay (%d); b's commit was %d's, the late one %d's",
+			pid, toA.PgConn().PID(), h.conn.PgConn().PID(), appConn.PgConn().PID())
+	}
+	h.waitQueueLen("a", 4, 10*time.Second)
 	// b's row is not the relay's.
 	var staged string
 	if err := h.conn.QueryRow(ctx, "SELECT jid FROM "+pgx.Identifier{h.schema, "staged_jobs"}.Sanitize()).Scan(&staged); err != nil || staged != jb {

@@ -73,7 +73,7 @@ type Relay struct {
 	state state
 
 	// gateTimeout is the lock_timeout of the leader's lock connection: the
-	// longest the gate waits, going awake, for commits looking at it.
+	// longest the gate waits, going idle, for commits looking at it.
 	gateTimeout time.Duration
 
 	// drainIdleInTx is the drain sessions'
@@ -379,10 +379,13 @@ func (r *Relay) leadWith(ctx context.Context, lockConn *pgx.Conn, lockMu *sync.M
 	r.handoff.reset() // a new leadership takes the fence at its first push
 	r.poisoned = nil  // and looks at every row again
 	r.summary.poisonKept(0, 0)
-	gt := &gate{mu: lockMu, conn: lockConn,
-		timeout: r.gateTimeout + lockQueryTimeout(r.cfg.LeaderInterval),
-		late:    lateCommits{window: r.cfg.PollInterval}}
-	gt.awakeKeys = gateLockNames(r.cfg.Schema, r.cfg.Queues)
+	// Awake at first (commits do not notify): the drain at start goes idle
+	// when it has found nothing left; in poll-only mode it never does,
+	// since nobody listens.
+	gt := &gate{mu: lockMu, conn: lockConn, awake: true, pinned: r.cfg.PollOnly,
+		idleKeys: gateLockNames(r.cfg.Schema, r.cfg.Queues),
+		timeout:  r.gateTimeout + lockQueryTimeout(r.cfg.LeaderInterval),
+		late:     lateCommits{window: r.cfg.PollInterval}}
 	defer func(ctx context.Context) {
 		if rerr := gt.release(ctx); rerr != nil && err == nil {
 			err = rerr
@@ -394,13 +397,7 @@ func (r *Relay) leadWith(ctx context.Context, lockConn *pgx.Conn, lockMu *sync.M
 		wake = make(chan struct{}, 1)
 	}
 	trySendWakeup(wake) // drain at start
-	if r.cfg.PollOnly {
-		// Awake for good: commits never NOTIFY, since nobody listens.
-		if err := gt.wake(ctx); err != nil {
-			return err
-		}
-		gt.pinned = true
-	} else if shared == nil {
+	if !r.cfg.PollOnly && shared == nil {
 		g.Go(func() error { return r.listen(ctx, wake, pool) })
 	}
 	if shared == nil {
@@ -466,9 +463,9 @@ var drainPlanSettings = map[string]string{
 	"plan_cache_mode": "force_generic_plan",
 }
 
-// defaultGateTimeout bounds how long the relay, going awake, waits for the
-// commits that are looking at the gate in that very instant (see wake.go),
-// and so how long a commit that looks just after them can be held up.
+// defaultGateTimeout bounds how long the relay, going idle, waits for the
+// commits that are looking at the gate in that very instant (see wake.go);
+// a commit that looks while it waits does not wait, and notifies.
 const defaultGateTimeout = 200 * time.Millisecond
 
 // isFatal reports whether err is one that retrying cannot fix.

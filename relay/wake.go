@@ -58,19 +58,23 @@ func (r *Relay) armDue(ctx context.Context, pool *pgxpool.Pool, due *time.Timer,
 }
 
 // gate tells committing transactions whether to NOTIFY (see
-// sql/007_wake_no_barrier.sql and sql/009_wake_once.sql): while the relay holds the schema's "awake"
-// advisory lock, commits do not notify, since the relay is draining and will
-// find their rows by itself. Notifying commits are serialized by
-// PostgreSQL's notify lock; a relay that stays awake while jobs flow keeps
+// sql/010_wake_when_idle.sql, and 007 and 009 before it): a commit notifies
+// only while the relay holds the schema's "idle" advisory lock, that is
+// while it is idle and listening. While it drains, while a failed drain
+// waits to retry (Redis down or hung), while memory backpressure pauses it,
+// in poll-only mode and while nobody leads, nobody holds "idle", and
+// commits do not notify: the relay finds their rows by itself,
+// or the next leader's drain at start does. Notifying commits are
+// serialized by PostgreSQL's notify lock; a relay that is not idle keeps
 // that cost off the app.
 //
-// Going idle, the relay releases "awake" and, in the same round trip,
-// reads the ids of the transactions in progress: a commit that saw it awake
-// has ended by then, and the drain that follows sees its rows, or is one of
-// them, and the relay drains again as soon as one of them ends (late, and
-// its timer). No commit is left without either a notification or a drain
-// that sees it; a commit that ends later than the fallback poll's interval
-// after the relay went idle waits for the poll.
+// Going idle, the relay takes "idle" and, in the same round trip, reads the
+// ids of the transactions in progress: a commit that saw it awake has ended
+// by then, and the drain that follows sees its rows, or is one of them, and
+// the relay drains again as soon as one of them ends (late, and its timer).
+// No commit is left without either a notification or a drain that sees it;
+// a commit that ends later than the fallback poll's interval after the
+// relay went idle waits for the poll. Going awake only releases "idle".
 //
 // The locks live on the leader's lock connection, which can outlive the
 // lead: a fleet's schemas share one that stays open while it lets a schema
@@ -78,25 +82,28 @@ func (r *Relay) armDue(ctx context.Context, pool *pgxpool.Pool, due *time.Timer,
 // (a second lead would take them twice and release them once). So every
 // lead ends with release, whatever ended it, before its leader lock is
 // unlocked; a relay of one schema then closes the connection too. In
-// poll-only mode the relay is awake for good (pinned) while it leads: no
-// commit notifies, and the fallback poll does all the waking.
+// poll-only mode the relay never goes idle (pinned): no commit notifies,
+// and the fallback poll does all the waking.
 //
 // The gate's statements run to their end when the lead's context ends,
 // within the gate's timeout: pgx closes a connection whose statement is
 // cancelled, and a fleet's lock connection holds every schema's locks.
 //
 // A relay with Config.Queues holds the locks of its queues instead
-// ("awake:<queue>", sql/006_queue_gate.sql): a schema-wide "awake" would
-// keep commits to other groups' queues from notifying their idle relays.
+// ("idle:<queue>"): a schema-wide "idle" would make commits to other
+// groups' queues notify a relay that does not drain them.
 type gate struct {
-	mu        *sync.Mutex // guards conn, shared with keepLock
-	conn      *pgx.Conn
-	awakeKeys []string // the schema's lock, or one per queue of Config.Queues
-	awake     bool
-	pinned    bool          // poll-only: never goes idle
-	idleAt    time.Time     // when the relay last went idle, or a drain ended
-	timeout   time.Duration // bounds each statement: lock_timeout plus the lock connection's query timeout
-	late      lateCommits
+	mu       *sync.Mutex // guards conn, shared with keepLock
+	conn     *pgx.Conn
+	idleKeys []string // the schema's lock, or one per queue of Config.Queues
+	// awake is true while the relay holds no "idle" lock: commits do not
+	// notify. A lead starts awake, and goes idle at the end of its first
+	// drain.
+	awake   bool
+	pinned  bool          // poll-only: never goes idle
+	idleAt  time.Time     // when the relay last went idle, or a drain ended
+	timeout time.Duration // bounds each statement: lock_timeout plus the lock connection's query timeout
+	late    lateCommits
 }
 
 const (
@@ -113,51 +120,66 @@ const (
 		  AND transactionid::text::bigint = ANY($1::bigint[])`
 )
 
-// wake marks the relay awake. If commits that decided to notify hold a
-// shard of "awake" past the lock connection's lock_timeout, the shards
-// before it are held and the rest are not: the relay counts as awake (its
-// sleep releases them all), and commits on the shards not held go on
-// notifying.
+// wake marks the relay awake: it releases "idle", so that commits stop
+// notifying. It never waits for the app.
 func (g *gate) wake(ctx context.Context) error {
 	if g.awake {
 		return nil
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	// Awake even when it fails: the shards before the failure may be
-	// held, and release gives them back.
-	g.awake = true
 	err := withTimeout(ctx, g.timeout, func(ctx context.Context) error {
-		_, err := g.conn.Exec(ctx, gateLockSQL, g.awakeKeys)
+		_, err := g.conn.Exec(ctx, gateUnlockSQL, g.idleKeys)
 		return err
 	})
-	if err != nil && !isLockTimeout(err) {
+	if err != nil {
+		// Still idle: the locks may be held, and release tries again
+		// (unlocking a shard not held only raises a WARNING).
 		return fmt.Errorf("%w: mark awake: %w", errLostLock, err)
 	}
+	g.awake = true
 	return nil
+}
+
+// slowPush is how long a push may take, from an idle relay, before the
+// relay marks itself awake until it ends (awakeIfSlow). A push takes about
+// a millisecond; one that takes this long is most likely waiting on a Redis
+// that does not answer, for as long as the client's read timeout (3s by
+// default), and meanwhile every commit would notify a relay that cannot
+// drain.
+const slowPush = 100 * time.Millisecond
+
+// awakeIfSlow marks the relay awake, from another goroutine, if it is idle
+// and the work that starts now (a batch's push) is still running after
+// slowPush; done waits for that and returns its error. The caller touches
+// no other field of g until done returns.
+func (g *gate) awakeIfSlow(ctx context.Context) (done func() error) {
+	if g.awake {
+		return func() error { return nil }
+	}
+	woke := make(chan error, 1)
+	t := time.AfterFunc(slowPush, func() { woke <- g.wake(ctx) })
+	return func() error {
+		if t.Stop() {
+			return nil
+		}
+		return <-woke
+	}
 }
 
 // release gives back the gate's locks at the end of a lead, whatever ended
 // it: ctx (a fleet letting the schema go, or shutting down), a step-down
-// (fenced, lost lock, a fatal error), and poll-only's pin. Without it a
-// fleet's lock connection, which stays open, would keep the schema's
-// commits from notifying whoever leads it next. No drain follows, nor a
-// look at the transactions in progress: the next leader's drain at start,
-// and its own look (drainLoop), see the commits that saw this lead awake.
-// It runs after ctx has ended, within the gate's timeout.
+// (fenced, lost lock, a fatal error). Without it a fleet's lock
+// connection, which stays open, would keep the schema's commits notifying
+// a relay that no longer drains it, and keep the next leader from going
+// idle. No drain follows, nor a look at the transactions in progress: the
+// next leader's drain at start, and its own look (drainLoop), see the
+// commits that did not notify. It runs after ctx has ended, within the
+// gate's timeout.
 func (g *gate) release(ctx context.Context) error {
-	if !g.awake {
-		return nil
-	}
-	g.awake, g.pinned = false, false
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	err := withTimeout(ctx, g.timeout, func(ctx context.Context) error {
-		_, err := g.conn.Exec(ctx, gateUnlockSQL, g.awakeKeys)
-		return err
-	})
-	if err != nil {
-		return fmt.Errorf("%w: release the wake gate: %w", errLostLock, err)
+	g.pinned = false
+	if err := g.wake(ctx); err != nil {
+		return fmt.Errorf("release the wake gate: %w", err)
 	}
 	return nil
 }
@@ -170,25 +192,41 @@ func (g *gate) sleep(ctx context.Context) error {
 	if !g.awake || g.pinned {
 		return nil
 	}
-	g.awake = false
 	g.idleAt = time.Now()
 	return g.inProgress(ctx, true)
 }
 
-// inProgress adds the transactions in progress to g.late, releasing
-// "awake" first when unlock is set; in one round trip.
-func (g *gate) inProgress(ctx context.Context, unlock bool) error {
+// inProgress adds the transactions in progress to g.late, taking "idle"
+// first when lock is set; in one round trip. If commits looking at the gate
+// hold a shard of "idle" past the lock connection's lock_timeout, the
+// relay gives back the shards it took and stays awake: the caller's next
+// empty claim tries again.
+func (g *gate) inProgress(ctx context.Context, lock bool) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	b := &pgx.Batch{}
-	if unlock {
-		b.Queue(gateUnlockSQL, g.awakeKeys)
+	if lock {
+		b.Queue(gateLockSQL, g.idleKeys)
 	}
 	var xids []int64
 	b.Queue(inProgressSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&xids) })
 	err := withTimeout(ctx, g.timeout, func(ctx context.Context) error {
 		return g.conn.SendBatch(ctx, b).Close()
 	})
+	if lock && isLockTimeout(err) {
+		err = withTimeout(ctx, g.timeout, func(ctx context.Context) error {
+			_, err := g.conn.Exec(ctx, gateUnlockSQL, g.idleKeys)
+			return err
+		})
+		if err == nil {
+			return nil
+		}
+	}
+	if lock {
+		// Idle even when the batch failed after its lock statement: the
+		// locks may be held, and release gives them back.
+		g.awake = false
+	}
 	if err != nil {
 		return fmt.Errorf("%w: mark idle: %w", errLostLock, err)
 	}

@@ -2,7 +2,6 @@ package relay_test
 
 import (
 	"context"
-	"fmt"
 	"net/http/httptest"
 	"sync"
 	"sync/atomic"
@@ -16,12 +15,13 @@ import (
 )
 
 // The missed wake-up, driven exactly: a transaction checks the gate while
-// the relay is awake (so it will not NOTIFY) and commits only after the
-// relay has gone idle and its drain loop waits. The relay noted it as in
-// progress when it went idle, sees it end, and drains: the job arrives within the bound
-// of sql/007_wake_no_barrier.sql (twice the lag after the relay went idle,
-// plus the check), with the poll a minute away and no notification, as the
-// wake-up cause late_commit shows.
+// the relay is awake (nobody holds "idle", so it will not NOTIFY) and
+// commits only after the relay has gone idle (taken "idle") and its drain
+// loop waits. The relay noted it as in progress when it went idle, sees it
+// end, and drains: the job arrives within the bound of
+// sql/010_wake_when_idle.sql (007's: twice the lag after the relay went
+// idle, plus the check), with the poll a minute away and no notification,
+// as the wake-up cause late_commit shows.
 func TestLateCommitIsDrainedWithoutNotifyOrPoll(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
@@ -51,13 +51,13 @@ func TestLateCommitIsDrainedWithoutNotifyOrPoll(t *testing.T) {
 	t.Cleanup(ts.Close)
 	h.run(r)
 	h.waitHeld(held)
-	if held := h.advisoryLocks(relay.AwakeLockName(h.schema), "ExclusiveLock", true); held != 1 {
-		t.Fatalf("awake lock held exclusively by %d sessions during the second batch, want 1 (the relay)", held)
+	if held := h.advisoryLocks(relay.IdleLockName(h.schema), "ExclusiveLock", true); held != 0 {
+		t.Fatalf("idle lock held exclusively by %d sessions during the second batch, want none (the relay is awake)", held)
 	}
 
-	// The app's transaction runs the gate check now (SET CONSTRAINTS ALL
-	// IMMEDIATE runs the deferred trigger at INSERT) and sees the relay
-	// awake: it takes no lock and will not notify.
+	// The app's transaction runs the gate check now (its WHEN looks at
+	// INSERT; SET CONSTRAINTS ALL IMMEDIATE would run the function there
+	// too) and sees the relay awake: it keeps no lock and will not notify.
 	appConn := testenv.Conn(t, testenv.DatabaseURL())
 	tx, err := appConn.Begin(ctx)
 	if err != nil {
@@ -89,8 +89,8 @@ func TestLateCommitIsDrainedWithoutNotifyOrPoll(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatalf("the relay did not go idle within 15s; logs: %v", messages(h.logs))
 	}
-	if n := h.advisoryLocks(relay.AwakeLockName(h.schema), "ExclusiveLock", true); n != 0 {
-		t.Fatalf("%d sessions hold awake after the drain went idle, want 0", n)
+	if n := h.advisoryLocks(relay.IdleLockName(h.schema), "ExclusiveLock", true); n != 1 {
+		t.Fatalf("%d sessions hold the idle lock after the drain went idle, want 1 (the relay)", n)
 	}
 	if got := h.queueJIDs("default"); len(got) != 2 {
 		t.Fatalf("queue holds %v before the late commit, want the 2 earlier jobs", got)
@@ -126,21 +126,27 @@ func TestLateCommitIsDrainedWithoutNotifyOrPoll(t *testing.T) {
 // second batch on, so with BatchSize 1 and two jobs staged the relay is
 // held awake once held is closed (waitHeld waits for it).
 func (h *harness) holdAwake(r *relay.Relay) (held <-chan struct{}, unblock func()) {
+	return h.holdAfterPush(r, 2)
+}
+
+// holdAfterPush makes r stop after its nth successful push (counted over
+// its leads) until the returned unblock is called (or the test ends).
+func (h *harness) holdAfterPush(r *relay.Relay, n int32) (held <-chan struct{}, unblock func()) {
 	h.t.Helper()
 	var pushes atomic.Int32
-	secondPushed := make(chan struct{})
+	nthPushed := make(chan struct{})
 	release := make(chan struct{})
 	var releaseOnce sync.Once
 	unblock = func() { releaseOnce.Do(func() { close(release) }) }
 	h.t.Cleanup(unblock) // before the relay's own cleanup, which waits for Run
 	relay.SetAfterPush(r, func(context.Context) error {
-		if pushes.Add(1) == 2 {
-			close(secondPushed)
+		if pushes.Add(1) == n {
+			close(nthPushed)
 			<-release
 		}
 		return nil
 	})
-	return secondPushed, unblock
+	return nthPushed, unblock
 }
 
 func (h *harness) waitHeld(held <-chan struct{}) {
@@ -167,123 +173,176 @@ func (h *harness) advisoryLocks(name, mode string, granted bool) int {
 	return n
 }
 
-// With the relay idle, a commit notifies; with it awake, the trigger does
-// not notify; idle again, commits notify again. Told apart by the sending
-// backend of the notifications that arrive.
+// holdIdleLock takes every shard of the gate lock name exclusively on
+// conn, as a relay does while it is idle and listening.
+func holdIdleLock(t *testing.T, conn *pgx.Conn, name string) {
+	t.Helper()
+	if _, err := conn.Exec(context.Background(), `SELECT pg_advisory_lock(hashtext($1), s) FROM generate_series(0, 15) s`, name); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// releaseIdleLock gives back what holdIdleLock took on conn.
+func releaseIdleLock(t *testing.T, conn *pgx.Conn, name string) {
+	t.Helper()
+	if _, err := conn.Exec(context.Background(), `SELECT pg_advisory_unlock(hashtext($1), s) FROM generate_series(0, 15) s`, name); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// checkDidNotNotify checks that the commits to schema made before it sent
+// listener (LISTENing since before them) no notification: it notifies
+// schema's channel from a session of its own, and that must be the first
+// notification to arrive, since notifications arrive in commit order.
+// what names those commits in the failure.
+func checkDidNotNotify(t *testing.T, listener *pgx.Conn, schema, what string) {
+	t.Helper()
+	marker := testenv.ConnTo(t, listener.Config().ConnString())
+	if _, err := marker.Exec(context.Background(), `SELECT pg_notify($1, 'marker')`, relay.ChannelName(schema)); err != nil {
+		t.Fatal(err)
+	}
+	if pid := nextNotifier(t, listener); pid != marker.PgConn().PID() {
+		t.Fatalf("the first notification came from backend %d, before the marker's (%d): %s notified", pid, marker.PgConn().PID(), what)
+	}
+}
+
+// appLocks returns the advisory locks conn's session holds.
+func appLocks(t *testing.T, conn *pgx.Conn) []string {
+	t.Helper()
+	rows, err := conn.Query(context.Background(), `SELECT classid || '/' || objid || '/' || objsubid || ' ' || mode FROM pg_locks
+		WHERE locktype = 'advisory' AND pid = pg_backend_pid()`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	locks, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return locks
+}
+
+// A commit notifies only while a session holds the gate's "idle" lock, as
+// an idle relay does: with nobody holding it (no relay, or a relay that is
+// draining) the trigger does not notify; held, it does; given back, it
+// does not again. Told apart by the sending backend of the first
+// notification to arrive after each step (they arrive in commit order).
 func TestGateNotifiesOnlyWhileIdle(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
 	ctx := context.Background()
 	table := pgx.Identifier{h.schema, "staged_jobs"}.Sanitize()
-	listener := testenv.Conn(t, testenv.DatabaseURL())
-	if _, err := listener.Exec(ctx, "LISTEN "+pgx.Identifier{relay.ChannelName(h.schema)}.Sanitize()); err != nil {
-		t.Fatal(err)
-	}
+	listener := listen(t, testenv.DatabaseURL(), h.schema)
+	idleName := relay.IdleLockName(h.schema)
 
-	// Idle: nobody holds the awake lock, so the commit notifies.
-	h.stage(relay.Job{Name: "WhileIdle"})
-	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if _, err := listener.WaitForNotification(wctx); err != nil {
-		t.Fatalf("no notification for a commit while the relay is idle: %v", err)
-	}
+	// Nobody idle: the commit (h.conn's) does not notify.
+	h.stage(relay.Job{Name: "NobodyIdle"})
 
-	// Awake: a session holds the awake lock as the relay does.
+	// Idle: a session holds every shard of "idle", as an idle relay does,
+	// and the commit notifies; it is the first notification to arrive.
 	relayConn := testenv.Conn(t, testenv.DatabaseURL())
-	if _, err := relayConn.Exec(ctx, `SELECT pg_advisory_lock(hashtext($1), s) FROM generate_series(0, 15) s`, relay.AwakeLockName(h.schema)); err != nil {
+	holdIdleLock(t, relayConn, idleName)
+	idleApp := testenv.Conn(t, testenv.DatabaseURL())
+	if _, err := idleApp.Exec(ctx, "INSERT INTO "+table+" (job_name, job_args) VALUES ('WhileIdle', '[]'), ('AndAnother', '[]')"); err != nil {
 		t.Fatal(err)
 	}
-	awakeApp := testenv.Conn(t, testenv.DatabaseURL())
-	if _, err := awakeApp.Exec(ctx, "INSERT INTO "+table+" (job_name, job_args) VALUES ('WhileAwake', '[]'), ('AndAnother', '[]')"); err != nil {
-		t.Fatal(err)
+	if pid := nextNotifier(t, listener); pid != idleApp.PgConn().PID() {
+		t.Fatalf("first notification from backend %d, want the commit while idle (%d); the commit with nobody idle is %d",
+			pid, idleApp.PgConn().PID(), h.conn.PgConn().PID())
 	}
-	if _, err := relayConn.Exec(ctx, `SELECT pg_advisory_unlock(hashtext($1), s) FROM generate_series(0, 15) s`, relay.AwakeLockName(h.schema)); err != nil {
-		t.Fatal(err)
-	}
-	// Idle again: the next commit notifies once more, and it is the first
-	// notification since the one while idle (notifications arrive in
-	// commit order): the commit while awake sent none.
-	h.stage(relay.Job{Name: "IdleAgain"})
-	wctx2, cancel2 := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel2()
-	n, err := listener.WaitForNotification(wctx2)
-	if err != nil {
-		t.Fatalf("no notification for a commit after the relay went idle: %v", err)
-	}
-	if n.PID == awakeApp.PgConn().PID() {
-		t.Fatal("the commit while the relay was awake notified")
-	}
-	if n.PID != h.conn.PgConn().PID() {
-		t.Fatalf("notification from backend %d, want the idle commit's %d", n.PID, h.conn.PgConn().PID())
-	}
+
+	// Awake again (the lock given back): no notification.
+	releaseIdleLock(t, relayConn, idleName)
+	h.stage(relay.Job{Name: "AwakeAgain"})
+	checkDidNotNotify(t, listener, h.schema, "the commit with the idle lock given back")
 }
 
-// In poll-only mode the relay opens no listener and marks itself awake for
-// good: commits take the branch that does not notify, and the poll
-// delivers.
+// In poll-only mode the relay opens no listener and never goes idle: while
+// it leads, nobody holds its "idle" lock, after every drain (checked from
+// the idle hook, on the drain goroutine, when the drain has just ended),
+// so commits do not notify, and the poll delivers.
 func TestPollOnlyNeitherListensNorIsNotified(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
 	ctx := context.Background()
+	url := testenv.DatabaseURL()
 	cfg := h.config()
 	cfg.PollOnly = true
 	cfg.PollInterval = 50 * time.Millisecond
-	h.start(cfg)
-	testenv.WaitFor(t, 15*time.Second, "the relay to mark itself awake", func() (bool, string) {
-		n := h.advisoryLocks(relay.AwakeLockName(h.schema), "ExclusiveLock", true)
-		return n == 1, fmt.Sprintf("%d sessions hold it", n)
+	r, err := relay.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	locks := testenv.ConnTo(t, url) // the hook's
+	type look struct {
+		holders []uint32
+		err     error
+	}
+	looks := make(chan look, 1000)
+	relay.SetOnIdle(r, func(int64) {
+		got, err := readIdleHolders(locks, h.schema)
+		select {
+		case looks <- look{got, err}:
+		default:
+		}
 	})
+	h.run(r)
+	// checkDrains checks the idle lock after n more drains.
+	checkDrains := func(n int) {
+		t.Helper()
+		for range n {
+			select {
+			case l := <-looks:
+				if l.err != nil {
+					t.Fatal(l.err)
+				}
+				if len(l.holders) != 0 {
+					t.Fatalf("the idle lock is held by backends %v after a poll-only drain, want nobody", l.holders)
+				}
+			case <-time.After(15 * time.Second):
+				t.Fatalf("no drain ended within 15s; logs: %v", messages(h.logs))
+			}
+		}
+	}
+	checkDrains(3)
+	if st := r.Status(); st.Role != relay.RoleLeader {
+		t.Fatalf("role %s after 3 drains, want leader", st.Role)
+	}
 	var listeners int
 	if err := h.conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE query IN ($1, '-- ' || $1)`,
 		"listen "+pgx.Identifier{relay.ChannelName(h.schema)}.Sanitize()).Scan(&listeners); err != nil || listeners != 0 {
 		t.Fatalf("%d sessions LISTEN on the schema's channel (%v), want none in poll-only mode", listeners, err)
 	}
 
-	tx, err := h.conn.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck // committed below
-	if _, err := tx.Exec(ctx, "SET CONSTRAINTS ALL IMMEDIATE"); err != nil {
-		t.Fatal(err)
-	}
-	jid, err := h.stager.Stage(ctx, tx, relay.Job{Name: "Polled"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if held := h.advisoryLocks(relay.AwakeLockName(h.schema), "ShareLock", true); held != 0 {
-		t.Fatalf("awake lock held shared by %d sessions: the commit would notify", held)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
+	listener := listen(t, url, h.schema)
+	jid := h.stage(relay.Job{Name: "Polled"})
+	checkDidNotNotify(t, listener, h.schema, "the commit beside a poll-only relay")
 	h.waitQueueLen("default", 1, 10*time.Second)
 	if got := h.queueJIDs("default"); got[0] != jid {
 		t.Fatalf("delivered %v, want %s", got, jid)
 	}
+	checkDrains(2) // after the drain that delivered it
 }
 
-// The trigger (migration 007) holds no gate lock after it ran, whether it
-// notified (the relay idle) or not (awake): a commit never makes the relay
-// wait, going awake or idle, and pays for no lock it keeps. Checked on the
-// trigger itself, fired at INSERT with SET CONSTRAINTS ALL IMMEDIATE,
-// through pg_locks.
+// The trigger (migration 010, one-expression looks since 009) holds no
+// gate lock after it ran, whether it notified (a relay idle) or not
+// (nobody idle): a commit never makes the relay wait, going idle, and
+// pays for no lock it keeps. Checked on the trigger itself, fired at
+// INSERT with SET CONSTRAINTS ALL IMMEDIATE, through pg_locks; which
+// commit notified is told by the backend of the first notification.
 func TestTriggerHoldsNoGateLock(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	schema := testenv.Schema(t)
-	app := testenv.Conn(t, testenv.DatabaseURL())
-	if _, err := relay.Migrate(ctx, app, schema); err != nil {
+	url := testenv.DatabaseURL()
+	awakeApp, idleApp := testenv.Conn(t, url), testenv.Conn(t, url)
+	if _, err := relay.Migrate(ctx, awakeApp, schema); err != nil {
 		t.Fatal(err)
 	}
-	listener := testenv.Conn(t, testenv.DatabaseURL())
-	if _, err := listener.Exec(ctx, "LISTEN "+pgx.Identifier{relay.ChannelName(schema)}.Sanitize()); err != nil {
-		t.Fatal(err)
-	}
+	listener := listen(t, url, schema)
 	stager := relay.NewStager(schema)
-	// fire stages a job with the trigger run at once, and returns the
-	// advisory locks the transaction holds after it, then commits.
-	fire := func() []string {
+	// fire stages a job on app with the trigger run at once, and returns
+	// the advisory locks the transaction holds after it, then commits.
+	fire := func(app *pgx.Conn) []string {
 		t.Helper()
 		var held []string
 		err := pgx.BeginFunc(ctx, app, func(tx pgx.Tx) error {
@@ -295,9 +354,9 @@ func TestTriggerHoldsNoGateLock(t *testing.T) {
 			}
 			// Two-key advisory locks show their first key as classid.
 			rows, err := tx.Query(ctx, `SELECT CASE classid
-					WHEN hashtext($1)::oid THEN 'awake' ELSE 'other' END || ' ' || mode
+					WHEN hashtext($1)::oid THEN 'idle' ELSE 'other' END || ' ' || mode
 				FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() ORDER BY 1`,
-				relay.AwakeLockName(schema))
+				relay.IdleLockName(schema))
 			if err != nil {
 				return err
 			}
@@ -309,31 +368,23 @@ func TestTriggerHoldsNoGateLock(t *testing.T) {
 		}
 		return held
 	}
-	notified := func() bool {
-		c, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-		defer cancel()
-		_, err := listener.WaitForNotification(c)
-		return err == nil
+
+	// Nobody idle: the look takes the lock shared and gives it back.
+	if held := fire(awakeApp); len(held) != 0 {
+		t.Fatalf("a commit that found nobody idle holds %v, want no gate lock", held)
+	}
+	if held := appLocks(t, awakeApp); len(held) != 0 {
+		t.Fatalf("after a commit that found nobody idle, the app's session holds %v, want no advisory lock", held)
 	}
 
-	// Idle: nobody holds 'awake'.
-	if held := fire(); len(held) != 0 {
+	// Idle: another session (the relay) holds every shard of 'idle'.
+	relayConn := testenv.Conn(t, url)
+	holdIdleLock(t, relayConn, relay.IdleLockName(schema))
+	if held := fire(idleApp); len(held) != 0 {
 		t.Fatalf("a commit that found the relay idle holds %v, want no gate lock", held)
 	}
-	if !notified() {
-		t.Fatal("a commit that found the relay idle did not notify")
-	}
-
-	// Awake: another session (the relay) holds every shard of 'awake'.
-	relayConn := testenv.Conn(t, testenv.DatabaseURL())
-	if _, err := relayConn.Exec(ctx, `SELECT pg_advisory_lock(hashtext($1), s) FROM generate_series(0, 15) s`,
-		relay.AwakeLockName(schema)); err != nil {
-		t.Fatal(err)
-	}
-	if held := fire(); len(held) != 0 {
-		t.Fatalf("a commit that found the relay awake holds %v, want no gate lock", held)
-	}
-	if notified() {
-		t.Fatal("a commit that found the relay awake notified")
+	if pid := nextNotifier(t, listener); pid != idleApp.PgConn().PID() {
+		t.Fatalf("first notification from backend %d, want the commit that found the relay idle (%d); the one that found nobody idle is %d",
+			pid, idleApp.PgConn().PID(), awakeApp.PgConn().PID())
 	}
 }

@@ -15,17 +15,7 @@ import (
 	"github.com/stagedrain/stagedrain/relay/internal/testenv"
 )
 
-// The tests of sql/009_wake_once.sql.
-
-// holdAwakeLock takes every shard of the gate lock name exclusively on a
-// session of its own, as a relay does while awake, until the test ends.
-func holdAwakeLock(t *testing.T, url, name string) {
-	t.Helper()
-	c := testenv.ConnTo(t, url)
-	if _, err := c.Exec(context.Background(), `SELECT pg_advisory_lock(hashtext($1), s) FROM generate_series(0, 15) s`, name); err != nil {
-		t.Fatal(err)
-	}
-}
+// The tests of sql/009_wake_once.sql, as 010 keeps it.
 
 // listen LISTENs on schema's channel on a session of its own.
 func listen(t *testing.T, url, schema string) *pgx.Conn {
@@ -37,26 +27,35 @@ func listen(t *testing.T, url, schema string) *pgx.Conn {
 	return c
 }
 
-// nextNotifier waits for listener's next notification and returns the
-// backend that sent it.
+// nextNotifier waits for listener's next notification, past a relay's
+// listener heartbeats, and returns the backend that sent it.
 func nextNotifier(t *testing.T, listener *pgx.Conn) uint32 {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	n, err := listener.WaitForNotification(ctx)
-	if err != nil {
-		t.Fatalf("no notification: %v", err)
+	for {
+		n, err := listener.WaitForNotification(ctx)
+		if err != nil {
+			t.Fatalf("no notification: %v", err)
+		}
+		if n.Payload != "heartbeat" {
+			return n.PID
+		}
 	}
-	return n.PID
 }
 
 // A COMMIT cancelled while it runs the wake trigger's function (as a
 // driver cancels when the app's context ends) leaves the app's session
-// holding no advisory lock: the look at 'awake' takes and releases its
+// holding no advisory lock: the look at 'idle' takes and releases its
 // shard in one expression, and PostgreSQL acts on a cancel only between
 // statements (or while waiting). With the take and the release in two
 // statements, as in 007, some of these cancels land between them, and the
 // session keeps the shard after the failed COMMIT.
+//
+// Relays of the queues q0 and q1 are idle (a session holds their idle
+// locks) and nobody holds the schema's: so each row queues the trigger,
+// and the function's look at the schema's 'idle' succeeds, taking and
+// releasing a shard, before its look at the queue's fails and it notifies.
 //
 // Each COMMIT's rows alternate between two queues, so that each row
 // queues the trigger (one event per change of queue) and the COMMIT runs
@@ -75,6 +74,10 @@ func TestCancelledCommitLeavesNoGateLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	killer := testenv.Conn(t, testenv.DatabaseURL())
+	relayConn := testenv.Conn(t, testenv.DatabaseURL())
+	for _, q := range []string{"q0", "q1"} {
+		holdIdleLock(t, relayConn, relay.IdleLockName(schema)+":"+q)
+	}
 	table := pgx.Identifier{schema, "staged_jobs"}.Sanitize()
 	insert := `INSERT INTO ` + table + ` (job_name, job_args, queue)
 		SELECT 'Cancelled', '[]', 'q' || (i % 2) FROM generate_series(1, 2000) i`
@@ -178,11 +181,12 @@ func TestCancelledCommitLeavesNoGateLock(t *testing.T) {
 	t.Logf("%d COMMITs, %d cancelled inside stagedrain_wake(), no lock left", attempts, inTrigger)
 }
 
-// With the relay idle, a transaction that stages many rows of one queue
-// runs the wake function once (fired here by SET CONSTRAINTS ALL
-// IMMEDIATE, as at COMMIT, and counted by track_functions), and a queue
-// change queues it once more; the commit notifies. 007 ran it once per
-// row.
+// With the relay idle (a session holds the schema's idle lock), a
+// transaction that stages many rows of one queue runs the wake function
+// once (fired here by SET CONSTRAINTS ALL IMMEDIATE, as at COMMIT, and
+// counted by track_functions), and a queue change queues it once more;
+// the commit notifies. 007 ran it once per row. With nobody idle it runs
+// it never, and the commit does not notify.
 func TestTriggerRunsOncePerTransactionAndQueue(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -194,6 +198,7 @@ func TestTriggerRunsOncePerTransactionAndQueue(t *testing.T) {
 	listener := listen(t, testenv.DatabaseURL(), schema)
 	table := pgx.Identifier{schema, "staged_jobs"}.Sanitize()
 	fn := pgx.Identifier{schema, "stagedrain_wake"}.Sanitize() + "()"
+	relayConn := testenv.Conn(t, testenv.DatabaseURL())
 	stage := func(tx pgx.Tx, queue string, n int) {
 		t.Helper()
 		if _, err := tx.Exec(ctx, `INSERT INTO `+table+` (job_name, job_args, queue)
@@ -236,7 +241,19 @@ func TestTriggerRunsOncePerTransactionAndQueue(t *testing.T) {
 		}
 	}
 
-	// 10,000 rows in one statement, then 100 statements of 100.
+	// Nobody idle: no row queues the trigger.
+	run(func(tx pgx.Tx) {
+		stage(tx, "default", 1000)
+		stage(tx, "other", 10)
+		if n := calls(tx); n != 0 {
+			t.Errorf("rows staged with nobody idle ran stagedrain_wake() %d times, want never", n)
+		}
+	})
+	checkDidNotNotify(t, listener, schema, "the commit with nobody idle")
+
+	// Idle from here on: 10,000 rows in one statement, then 100
+	// statements of 100.
+	holdIdleLock(t, relayConn, relay.IdleLockName(schema))
 	run(func(tx pgx.Tx) {
 		stage(tx, "default", 10000)
 		for range 100 {
@@ -289,7 +306,9 @@ func TestTriggerRunsOncePerTransactionAndQueue(t *testing.T) {
 // queue do not keep its rows of another queue, or of another schema's
 // table, from notifying their idle relays; rows only of the awake queue do
 // not notify. Told apart, as in TestGateNotifiesOnlyWhileIdle, by which
-// commit's notification arrives first.
+// commit's notification arrives first. The relays of schema A's queue b
+// and of schema B's queue b are idle (a session holds their idle locks);
+// nobody holds A's queue a's, nor either schema's.
 func TestTriggerFlagIsPerQueueAndTable(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -303,8 +322,10 @@ func TestTriggerFlagIsPerQueueAndTable(t *testing.T) {
 		}
 	}
 	listenA, listenB := listen(t, url, schemaA), listen(t, url, schemaB)
-	// The relay of schema A's queue a is awake; nothing else is.
-	holdAwakeLock(t, url, relay.AwakeLockName(schemaA)+":a")
+	// The relay of schema A's queue a is awake; those of b are idle.
+	relayConn := testenv.ConnTo(t, url)
+	holdIdleLock(t, relayConn, relay.IdleLockName(schemaA)+":b")
+	holdIdleLock(t, relayConn, relay.IdleLockName(schemaB)+":b")
 	insert := func(schema, queue string) string {
 		return `INSERT INTO ` + pgx.Identifier{schema, "staged_jobs"}.Sanitize() +
 			` (job_name, job_args, queue) SELECT 'Flag', '[]', '` + queue + `' FROM generate_series(1, 100)`
@@ -386,8 +407,8 @@ func TestPreparedTransactionOptsOutOfNotify(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n := h.advisoryLocks(relay.AwakeLockName(h.schema), "ExclusiveLock", true); n != 0 {
-			t.Fatalf("%d sessions hold awake: the relay is not idle", n)
+		if n := h.advisoryLocks(relay.IdleLockName(h.schema), "ExclusiveLock", true); n != 1 {
+			t.Fatalf("%d sessions hold the idle lock, want 1: the relay is not idle", n)
 		}
 		_, err = app.Exec(ctx, "PREPARE TRANSACTION '"+gid+"'")
 		return jid, err

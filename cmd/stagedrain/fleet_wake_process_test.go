@@ -16,29 +16,29 @@ import (
 // fleetLocksSQL reads, from one look at pg_locks, each schema's leader
 // (the backend holding its leader lock, 'stagedrain:<schema>', a one-key
 // lock) and the backends holding a shard of its wake gate
-// ('stagedrain-awake:<schema>', a two-key lock), each named by its
-// application_name.
+// ('stagedrain-idle:<schema>', a two-key lock, held by a leader while it
+// is idle), each named by its application_name.
 const fleetLocksSQL = `WITH l AS MATERIALIZED (
 		SELECT l.pid, l.classid::bigint AS classid, l.objid::bigint AS objid, l.objsubid, l.mode
 		FROM pg_locks l
 		WHERE l.locktype = 'advisory' AND l.granted
 		  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())),
 	k AS (SELECT s AS schema, hashtextextended('stagedrain:' || s, 0) AS lead,
-		(hashtext('stagedrain-awake:' || s)::bigint + 4294967296) % 4294967296 AS awake
+		(hashtext('stagedrain-idle:' || s)::bigint + 4294967296) % 4294967296 AS idle
 		FROM unnest($1::text[]) s)
 	SELECT k.schema,
 		coalesce((SELECT min(l.pid) FROM l WHERE l.objsubid = 1 AND l.mode = 'ExclusiveLock'
 			AND l.classid = (k.lead >> 32) & 4294967295 AND l.objid = k.lead & 4294967295), 0),
 		coalesce((SELECT array_agg(DISTINCT l.pid ORDER BY l.pid) FROM l
-			WHERE l.objsubid = 2 AND l.mode = 'ExclusiveLock' AND l.classid = k.awake), '{}'),
+			WHERE l.objsubid = 2 AND l.mode = 'ExclusiveLock' AND l.classid = k.idle), '{}'),
 		coalesce((SELECT string_agg(DISTINCT a.pid || ' ' || a.application_name, ', ') FROM l JOIN pg_stat_activity a USING (pid)
-			WHERE l.objsubid = 2 AND l.classid = k.awake), '')
+			WHERE l.objsubid = 2 AND l.classid = k.idle), '')
 	FROM k ORDER BY 1`
 
 type schemaLocks struct {
 	schema string
 	leader int32   // 0: nobody
-	awake  []int32 // the backends holding a shard of its gate
+	idle   []int32 // the backends holding a shard of its gate
 	who    string  // those backends' application_names
 }
 
@@ -50,7 +50,7 @@ func (d *defaultsEnv) fleetLocks(schemas []string) []schemaLocks {
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (schemaLocks, error) {
 		var s schemaLocks
-		err := row.Scan(&s.schema, &s.leader, &s.awake, &s.who)
+		err := row.Scan(&s.schema, &s.leader, &s.idle, &s.who)
 		return s, err
 	})
 	if err != nil {
@@ -71,35 +71,45 @@ func (d *defaultsEnv) staged(schema string) int {
 
 // Two `stagedrain run --schemas s1,s2,s3,s4 --poll-interval 5s` on one
 // host (nothing else but DATABASE_URL and REDIS_URL), a long backlog in
-// every schema: the first leads all four, and when the second starts it
-// lets two of them go while it is draining them, awake. Its lock
-// connection stays open for the two it keeps, and must not keep the wake
-// gate of those it let go: else their commits never NOTIFY (the new
-// leader's own go-awake only times out), and a job waits for the 5s poll.
-// After the split no process holds the gate of a schema it does not lead,
-// and a single job in every schema is delivered by its NOTIFY, far sooner
-// than the poll.
+// s1, s2 and s3, none in s4: the first leads all four, and when the second
+// starts it lets the last two go, s3 while it is draining it (awake) and
+// s4 idle, holding its wake gate ('idle'). Its lock connection stays open
+// for the two it keeps, and must not keep the gate of those it let go:
+// else their commits would notify a process that no longer drains them,
+// and the new leader could never go idle (its lock would only time out),
+// so a job would wait for the 5s poll. After the split no process holds
+// the gate of a schema it does not lead, each leader, idle, holds its own
+// schemas', and a single job in every schema is delivered by its NOTIFY,
+// far sooner than the poll.
 func TestDefaultsFleetWakeGateAfterSplit(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	d := newDefaultsEnv(t)
 	schemas := []string{"s1", "s2", "s3", "s4"}
-	// Enough that the first relay is still draining when the second joins
-	// (the issue's case); the test checks that it was.
+	// Enough that the first relay is still draining s3 when the second
+	// joins (the issue's case); the test checks that it was. s4 has none:
+	// its leader is idle from its first drain on.
 	const rows = 60_000
+	staged := map[string]int{"s1": rows, "s2": rows, "s3": rows, "s4": 0}
+	total := 0
 	for _, s := range schemas {
 		if _, err := relay.Migrate(ctx, d.conn, s); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := d.conn.Exec(ctx, "INSERT INTO "+pgx.Identifier{s, "staged_jobs"}.Sanitize()+
-			" (job_name, job_args) SELECT 'Bulk', '[1]' FROM generate_series(1, $1)", rows); err != nil {
-			t.Fatalf("stage %d rows in %s: %v", rows, s, err)
+			" (job_name, job_args) SELECT 'Bulk', '[1]' FROM generate_series(1, $1)", staged[s]); err != nil {
+			t.Fatalf("stage %d rows in %s: %v", staged[s], s, err)
 		}
+		total += staged[s]
 	}
 	args := []string{"--schemas", strings.Join(schemas, ","), "--poll-interval", "5s"}
 	a := d.start("relay a", args...)
 	a.failTail = 60
 	waitLines(t, a, "became leader", 4)
+	relaytest.WaitFor(t, 10*time.Second, "s4's leader idle (holding its wake gate)", func() (bool, string) {
+		l := d.fleetLocks([]string{"s4"})[0]
+		return l.leader != 0 && len(l.idle) == 1 && l.idle[0] == l.leader, fmt.Sprintf("led by %d, held by %s", l.leader, l.who)
+	})
 	b := d.start("relay b", args...)
 	b.failTail = 60
 
@@ -118,12 +128,8 @@ func TestDefaultsFleetWakeGateAfterSplit(t *testing.T) {
 	waitLines(t, b, "became leader", 2)
 	waitLines(t, a, "released leadership", 2)
 	checkUp(t, a, b)
-	midDrain := false
-	for _, n := range letGo {
-		midDrain = midDrain || n > 0
-	}
-	if !midDrain {
-		t.Fatalf("relay a had drained the schemas it let go (rows left: %v): the case needs a schema let go mid-drain; stage more rows", letGo)
+	if _, ok := letGo["s4"]; !ok || letGo["s3"] == 0 {
+		t.Fatalf("relay a let go of %v (rows still staged then): the case needs s3 let go mid-drain and s4 idle; stage more rows", letGo)
 	}
 	t.Logf("relay a let go of (rows still staged then): %v", letGo)
 
@@ -135,19 +141,19 @@ func TestDefaultsFleetWakeGateAfterSplit(t *testing.T) {
 			}
 		}
 		n, err := d.rdb.LLen(ctx, "queue:default").Result()
-		return len(left) == 0 && err == nil && n == int64(len(schemas)*rows), fmt.Sprintf("staged %v, queue:default %d (%v)", left, n, err)
+		return len(left) == 0 && err == nil && n == int64(total), fmt.Sprintf("staged %v, queue:default %d (%v)", left, n, err)
 	})
 	checkUp(t, a, b)
 
 	// The split: each process leads two schemas, and holds no wake gate
-	// of a schema it does not lead.
+	// of a schema it does not lead (idle, it holds those it leads).
 	locks := d.fleetLocks(schemas)
 	perLeader := map[int32][]string{}
 	for _, s := range locks {
 		perLeader[s.leader] = append(perLeader[s.leader], s.schema)
-		for _, pid := range s.awake {
+		for _, pid := range s.idle {
 			if pid != s.leader {
-				t.Errorf("schema %s is led by backend %d, and its wake gate is held by %d (awake holders: %s)", s.schema, s.leader, pid, s.who)
+				t.Errorf("schema %s is led by backend %d, and its wake gate is held by %d (idle holders: %s)", s.schema, s.leader, pid, s.who)
 			}
 		}
 	}
@@ -172,9 +178,9 @@ func TestDefaultsFleetWakeGateAfterSplit(t *testing.T) {
 	}
 	var took []string
 	for _, s := range schemas {
-		relaytest.WaitFor(t, 10*time.Second, s+"'s leader idle (nobody holding its wake gate)", func() (bool, string) {
+		relaytest.WaitFor(t, 10*time.Second, s+"'s leader idle (holding its wake gate, alone)", func() (bool, string) {
 			l := d.fleetLocks([]string{s})[0]
-			return len(l.awake) == 0, fmt.Sprintf("held by %s", l.who)
+			return l.leader != 0 && len(l.idle) == 1 && l.idle[0] == l.leader, fmt.Sprintf("led by %d, held by %s", l.leader, l.who)
 		})
 		start := time.Now()
 		jid := d.stageIn(s)
