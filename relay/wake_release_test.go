@@ -357,12 +357,18 @@ func TestWakeGateIdleAfterBackpressureStop(t *testing.T) {
 			return nil
 		}()
 	})
-	// Queue full is over its limit from the first push: each batch of its
-	// rows is held back whole, and the fourth in a row stops the drain.
-	if err := h.rdb.LPush(ctx, h.key("queue:full"), slices.Repeat([]any{"x"}, 10)...).Err(); err != nil {
-		t.Fatal(err)
+	// Queues full0..full4 are over their limit from the first push, and
+	// each holds one batch of rows, in id order: each batch is held back
+	// whole (a queue found full is left out of the claims after it, so it
+	// takes one full queue per batch), and the fourth in a row stops the
+	// drain.
+	full := []string{"full0", "full1", "full2", "full3", "full4"}
+	for _, q := range full {
+		if err := h.rdb.LPush(ctx, h.key("queue:"+q), slices.Repeat([]any{"x"}, 10)...).Err(); err != nil {
+			t.Fatal(err)
+		}
+		h.stageMany(jobsTo(q, 10, "")...)
 	}
-	h.stageMany(jobsTo("full", 60, "")...)
 	h.run(r)
 	select {
 	case err := <-checked:
@@ -376,7 +382,9 @@ func TestWakeGateIdleAfterBackpressureStop(t *testing.T) {
 	if got := h.queueJIDs("flow"); got[0] != flowJID {
 		t.Fatalf("queue flow holds %v, want %s", got, flowJID)
 	}
-	if n := h.rdb.LLen(ctx, h.key("queue:full")).Val(); n != 10 {
-		t.Fatalf("queue:full holds %d, want the 10 it had (paused)", n)
+	for _, q := range full {
+		if n := h.rdb.LLen(ctx, h.key("queue:"+q)).Val(); n != 10 {
+			t.Fatalf("queue:%s holds %d, want the 10 it had (paused)", q, n)
+		}
 	}
 }
