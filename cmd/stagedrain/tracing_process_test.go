@@ -135,7 +135,9 @@ func TestRunConsoleTraces(t *testing.T) {
 	type consoleSpan struct {
 		Name     string
 		SpanKind int
-		Links    []struct{ SpanContext struct{ TraceID, SpanID string } }
+		Links    []struct {
+			SpanContext struct{ TraceID, SpanID string }
+		}
 	}
 	line, err := p.stderr.wait(15*time.Second, func(l logLine) bool {
 		var s consoleSpan
