@@ -165,6 +165,7 @@ func (f *fleet) run(ctx context.Context) error {
 		zap.Int("batch_size", r.cfg.BatchSize),
 		zap.Duration("poll_interval", r.cfg.PollInterval),
 		zap.Bool("poll_only", r.cfg.PollOnly),
+		zap.String("tracing", describeTracing(r.cfg.TracerProvider)),
 		zap.Int("drain_conns", fleetDrainConns),
 	)
 	defer f.forgetAll()
@@ -298,6 +299,20 @@ func (s *fleetSession) discover(ctx context.Context) error {
 				zap.String("schema", name), zap.String("table", f.table))
 		}
 		f.missing[name] = !ok
+	}
+	// A pattern that matches nothing yet (a typo, or no tenant migrated)
+	// would leave the relay silent after "starting": say so once, until it
+	// matches. f.missing holds patterns too: a name has no '*'.
+	for _, pattern := range r.cfg.Schemas {
+		if !IsSchemaPattern(pattern) {
+			continue
+		}
+		ok := slices.ContainsFunc(found, func(s string) bool { return matchSchemaPattern(pattern, s) })
+		if !ok && !f.missing[pattern] {
+			r.log.Warn("no schema matches a pattern of Schemas yet: waiting for one (stagedrain migrate --schemas)",
+				zap.String("pattern", pattern), zap.String("table", f.table))
+		}
+		f.missing[pattern] = !ok
 	}
 	changed := false
 	for _, name := range found {

@@ -46,16 +46,25 @@ func DescribeDatabase(connString string) string {
 // ("host=... user=...") cannot start so, as "=" is not a scheme's.
 var urlScheme = regexp.MustCompile(`^\s*([A-Za-z][A-Za-z0-9+.-]*)://`)
 
+// keywordValue matches the start of a keyword/value connection string:
+// "host=...", "dbname = ...".
+var keywordValue = regexp.MustCompile(`^\s*[A-Za-z_]+\s*=`)
+
 // CheckDatabaseURL reports whether connString parses, with an error that
 // never contains the string itself. A URL of any scheme but postgres or
 // postgresql (a typo such as postgress://) is named as such: pgx would read
 // it as a keyword/value string and say only that it is not one.
 func CheckDatabaseURL(connString string) error {
-	if m := urlScheme.FindStringSubmatch(connString); m != nil {
-		if m[1] != "postgres" && m[1] != "postgresql" { // pgx, too, reads only these, in lower case
-			return fmt.Errorf("unknown URL scheme %q: want postgres://user:password@host:port/db or postgresql://user:password@host:port/db "+
-				"(or a keyword/value string: host=... user=... dbname=...)", m[1])
-		}
+	m := urlScheme.FindStringSubmatch(connString)
+	if m != nil && m[1] != "postgres" && m[1] != "postgresql" { // pgx, too, reads only these, in lower case
+		return fmt.Errorf("unknown URL scheme %q: want postgres://user:password@host:port/db or postgresql://user:password@host:port/db "+
+			"(or a keyword/value string: host=... user=... dbname=...)", m[1])
+	}
+	// Neither a URL nor keyword/value (user@host:5432/db, host:5432/db):
+	// pgx would say only that it is not keyword/value.
+	if m == nil && strings.TrimSpace(connString) != "" && !keywordValue.MatchString(connString) {
+		return errors.New("not a URL (no postgres:// scheme) nor a keyword/value string: want a URL like postgres://user:password@host:5432/db " +
+			"(or host=... user=... dbname=...)")
 	}
 	if _, err := pgx.ParseConfig(connString); err != nil {
 		return redactErr(err)

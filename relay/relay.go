@@ -208,6 +208,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		zap.Int("batch_size", r.cfg.BatchSize),
 		zap.Duration("poll_interval", r.cfg.PollInterval),
 		zap.Bool("poll_only", r.cfg.PollOnly),
+		zap.String("tracing", describeTracing(r.cfg.TracerProvider)),
 		zap.String("timestamp_format", string(r.cfg.TimestampFormat)),
 	)
 	if err := r.checkRedis(ctx); err != nil {

@@ -112,6 +112,26 @@ func ListSchemas(ctx context.Context, db DB, items []string, table string) ([]st
 	return found, nil
 }
 
+// matchSchemaPattern reports whether a pattern of a schema list matches
+// name as listSchemasSQL's LIKE does: '*' matches any run of characters,
+// every other character itself.
+func matchSchemaPattern(pattern, name string) bool {
+	parts := strings.Split(pattern, "*")
+	if !strings.HasPrefix(name, parts[0]) {
+		return false
+	}
+	name = name[len(parts[0]):]
+	last := parts[len(parts)-1]
+	for _, p := range parts[1 : len(parts)-1] {
+		i := strings.Index(name, p)
+		if i < 0 {
+			return false
+		}
+		name = name[i+len(p):]
+	}
+	return len(parts) > 1 && strings.HasSuffix(name, last) || len(parts) == 1 && name == ""
+}
+
 // schemaNames returns the items of a list that are names, not patterns.
 func schemaNames(items []string) []string {
 	return slices.DeleteFunc(slices.Clone(items), IsSchemaPattern)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 
 	"go.opentelemetry.io/otel"
@@ -164,6 +165,20 @@ func logDroppedTraces(log *zap.Logger, batch []stagedJob) {
 				zap.String("jid", batch[i].jid), zap.String("reason", bad))
 		}
 	}
+}
+
+// describeTracing is the "tracing" field of the "starting" line: "off"
+// without a TracerProvider, what the provider says of itself when it is a
+// fmt.Stringer (stagedrain's says where its spans go: "otlp-http
+// http://collector:4318", "console (stderr)"), else "on".
+func describeTracing(tp trace.TracerProvider) string {
+	switch p := tp.(type) {
+	case nil:
+		return "off"
+	case fmt.Stringer:
+		return p.String()
+	}
+	return "on"
 }
 
 // batchTracer makes the relay's span of each batch; nil when tracing is

@@ -81,7 +81,7 @@ func newBenchFlags() (*flagSet, *benchFlags) {
 	f.env("writers", "STAGEDRAIN_BENCH_WRITERS")
 	f.fs.StringVar(&c.scenarios, "scenarios", strings.Join(benchDefaultScenarios, ","), "comma-separated `list` of scenarios to run: tps, latency, idle, backlog, schemas (one relay --schemas of 10 schemas: the others' latency while one drains the --backlog), scale (1, 10, 100 and 1,000 schemas: connections, idle statements, RSS, latency; not run by default: several minutes)")
 	f.env("scenarios", "STAGEDRAIN_BENCH_SCENARIOS")
-	f.fs.BoolVar(&c.quick, "quick", false, "a smoke run: 500ms scenarios, a 1s idle window (its figures not judged), a 10,000-job backlog, scale at 1 and 10 schemas only (an explicit --duration or --backlog wins)")
+	f.fs.BoolVar(&c.quick, "quick", false, "a smoke run: 500ms scenarios (each until it has 50 jobs), a 1s idle window, a 10,000-job backlog, scale at 1 and 10 schemas only (an explicit --duration or --backlog wins); the same rows, none judged")
 	f.env("quick", "STAGEDRAIN_BENCH_QUICK")
 	f.required("database-url", "redis-url", "scenarios")
 	return f, c

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -22,21 +23,30 @@ var benchScratchRE = regexp.MustCompile(`scratch database (\S+), schema (\S+), R
 // benchRelayRE matches bench's progress line for each relay it starts.
 var benchRelayRE = regexp.MustCompile(`relay started \(pid (\d+)\)`)
 
-// benchCountRE and benchWALRE match the idle rows' figures: a count (it
-// may be negative: the difference of two runs) over the window.
+// benchCountRE and benchWALRE match the idle rows' figures: a count (never
+// negative: read live at the window's start and end) over the window.
 var (
-	benchCountRE = regexp.MustCompile(`^-?[0-9,]+ in [0-9.]+m?s$`)
-	benchWALRE   = regexp.MustCompile(`^-?[0-9,]+ B in [0-9.]+m?s$`)
+	benchCountRE = regexp.MustCompile(`^[0-9,]+ in [0-9.]+m?s$`)
+	benchWALRE   = regexp.MustCompile(`^[0-9,]+ B in [0-9.]+m?s$`)
 )
 
+// benchNegativeRE matches a cell whose figure is negative.
+var benchNegativeRE = regexp.MustCompile(`^-[0-9]`)
+
+// benchRunTimeout bounds a quick bench run in the tests: it takes 30-60s on
+// an idle 2-core machine, and several times that while other tests load it.
+const benchRunTimeout = 6 * time.Minute
+
 // A quick bench prints the machine and a table with a row of figures for
-// every scenario, judges none of the idle figures (its window is too short
-// for their targets), and leaves nothing behind: no scratch database, schema
-// or Redis key, and no relay process.
+// every scenario, the rows of the README's table in its order, no negative
+// figure, and judges nothing (its scenarios are too short for their
+// targets); it leaves nothing behind: no scratch database, schema or Redis
+// key, and no relay process. Its figures hold on a loaded machine: each
+// timed scenario counts until it has committed a minimum of jobs.
 func TestBenchQuick(t *testing.T) {
 	t.Parallel()
 	p := startProc(t, "bench", childEnv(), "bench", "--quick")
-	if code := p.wait(90 * time.Second); code != 0 {
+	if code := p.wait(benchRunTimeout); code != 0 {
 		t.Fatalf("exit code %d, want 0; output:\n%s", code, p.output())
 	}
 	out := p.stdout.snapshot()
@@ -87,11 +97,16 @@ func TestBenchQuick(t *testing.T) {
 	}
 	for _, prefix := range []string{
 		"app TPS, no relay", "app TPS, polling relay", "app TPS, relay and trigger",
-		"backlog drain, 10,000 jobs", "backlog drain, last tenth", "relay peak RSS",
+		"backlog drain, 4 queues", "relay peak RSS",
 	} {
 		if cells := row(prefix); cells != nil && number(cells, 2) <= 0 {
 			t.Errorf("row %q: achieved %q, want a positive figure", prefix, cells[2])
 		}
+	}
+	// A 10,000-job backlog may reach Redis in too few LLENs to compare its
+	// tenths: then the row says so.
+	if cells := row("backlog drain, last tenth"); cells != nil && cells[7] != "not judged (too few observations)" && number(cells, 2) <= 0 {
+		t.Errorf("row %q: achieved %q, want a positive figure", cells[0], cells[2])
 	}
 	// The idle figures are measured, but their window (1s) is too short for
 	// their targets (per second over start-up's noise, per 30s of
@@ -130,15 +145,63 @@ func TestBenchQuick(t *testing.T) {
 			t.Errorf("row %q: %s; want every committed job in Redis", prefix, cells[8])
 		}
 	}
-	for name, cells := range rows {
-		if name == "scenario" || strings.HasPrefix(name, "idle relay") {
-			continue
-		}
-		if cells[6] != "-" && cells[7] != "PASS" && cells[7] != "MISS" {
-			t.Errorf("row %q has target %q and result %q, want PASS or MISS", name, cells[6], cells[7])
-		}
+	checkBenchQuickRows(t, p)
+	// The README's table shows what the bench prints: the same rows, by
+	// name and in order.
+	if names, _, _ := benchTable(t, p); !slices.Equal(names[1:], readmeBenchRows(t)) {
+		t.Errorf("bench --quick prints the rows\n  %s\nthe README's table has\n  %s",
+			strings.Join(names[1:], "\n  "), strings.Join(readmeBenchRows(t), "\n  "))
 	}
 	checkBenchLeftNothing(t, p)
+}
+
+// checkBenchQuickRows checks every row of a quick bench's table: no
+// negative figure, and no PASS or MISS (a row with a target says "not
+// judged (quick)", or why else it is not judged).
+func checkBenchQuickRows(t *testing.T, p *proc) {
+	t.Helper()
+	names, rows, all := benchTable(t, p)
+	for _, name := range names[1:] {
+		cells := rows[name]
+		for i := 1; i <= 5; i++ {
+			if benchNegativeRE.MatchString(cells[i]) {
+				t.Errorf("row %q column %d = %q: a negative figure", name, i, cells[i])
+			}
+		}
+		switch {
+		case cells[7] == "PASS" || cells[7] == "MISS":
+			t.Errorf("row %q: result %q in a quick run, want \"not judged (quick)\"", name, cells[7])
+		case cells[6] != "-" && !strings.HasPrefix(cells[7], "not judged ("):
+			t.Errorf("row %q has target %q and result %q, want \"not judged (quick)\"", name, cells[6], cells[7])
+		}
+	}
+	if t.Failed() {
+		t.Logf("the table:\n%s", all)
+	}
+}
+
+// readmeBenchRows returns the scenarios of the bench table in README.md's
+// Performance section, in order.
+func readmeBenchRows(t *testing.T) []string {
+	t.Helper()
+	text := readRepoFile(t, "README.md")
+	_, perf, ok := strings.Cut(text, "\n## Performance\n")
+	if !ok {
+		t.Fatal("README.md has no \"## Performance\" section")
+	}
+	perf, _, _ = strings.Cut(perf, "\n## ")
+	var names []string
+	for _, l := range lines(perf) {
+		if cells := strings.Split(l, "|"); len(cells) == 9 {
+			if name := strings.TrimSpace(cells[0]); name != "scenario" {
+				names = append(names, name)
+			}
+		}
+	}
+	if len(names) == 0 {
+		t.Fatal("README.md's Performance section has no bench table (rows of 9 cells)")
+	}
+	return names
 }
 
 // SIGINT in the middle of a scenario stops bench with exit 1, and it still
@@ -302,10 +365,20 @@ func TestBenchIdleCountsWhatPostgreSQLCounts(t *testing.T) {
 // cells by its scenario, and the whole output.
 func benchRows(t *testing.T, p *proc) (map[string][]string, string) {
 	t.Helper()
+	_, rows, all := benchTable(t, p)
+	return rows, all
+}
+
+// benchTable reads the result table of a bench run's stdout: the
+// scenarios in order (the header's "scenario" first), each row's cells by
+// its scenario, and the whole output.
+func benchTable(t *testing.T, p *proc) ([]string, map[string][]string, string) {
+	t.Helper()
 	var text []string
 	for _, l := range p.stdout.snapshot() {
 		text = append(text, l.raw)
 	}
+	var names []string
 	rows := make(map[string][]string)
 	for _, l := range text {
 		cells := strings.Split(l, "|")
@@ -315,9 +388,13 @@ func benchRows(t *testing.T, p *proc) (map[string][]string, string) {
 		for i := range cells {
 			cells[i] = strings.TrimSpace(cells[i])
 		}
+		names = append(names, cells[0])
 		rows[cells[0]] = cells
 	}
-	return rows, strings.Join(text, "\n")
+	if len(names) == 0 || names[0] != "scenario" {
+		t.Fatalf("no table with a header \"scenario | ...\" in stdout:\n%s", strings.Join(text, "\n"))
+	}
+	return names, rows, strings.Join(text, "\n")
 }
 
 // benchNumber reads the figure at the start of a cell: 1,234 or 1.5ms or
@@ -334,14 +411,16 @@ func benchNumber(cell string) (float64, bool) {
 }
 
 // A quick bench of the many-schemas scenarios prints the fairness rows (the
-// other schemas' latency while one drains its backlog, judged against
-// p99 <= 50ms, and the backlog's rate) and, for 1 and 10 schemas, the
-// scale rows: connections, idle statements, RSS and latency, each with a
-// figure. It leaves nothing behind.
+// other schemas' latency while one drains its backlog, against p99 <=
+// 50ms, and the backlog's rate) and, for 1 and 10 schemas, the scale rows:
+// connections, idle statements, RSS and latency, each with a figure. It
+// leaves nothing behind. --duration 1ms stands for a machine so busy that
+// no job commits within a timed window: the latency rows have figures all
+// the same, as the load goes on until it has a minimum of jobs.
 func TestBenchQuickSchemas(t *testing.T) {
 	t.Parallel()
-	p := startProc(t, "bench", childEnv(), "bench", "--quick", "--scenarios", "schemas,scale")
-	if code := p.wait(120 * time.Second); code != 0 {
+	p := startProc(t, "bench", childEnv(), "bench", "--quick", "--scenarios", "schemas,scale", "--duration", "1ms")
+	if code := p.wait(benchRunTimeout); code != 0 {
 		t.Fatalf("exit code %d, want 0; output:\n%s", code, p.output())
 	}
 	rows, all := benchRows(t, p)
@@ -374,13 +453,17 @@ func TestBenchQuickSchemas(t *testing.T) {
 			t.Errorf("row %q: %s; want every committed job in Redis", cells[0], cells[8])
 		}
 	}
-	if cells := row("schemas: 9 schemas' latency while 1 drains 10,000 jobs"); cells != nil {
-		latencies(cells)
-		if cells[6] != "p99 <= 50ms" || (cells[7] != "PASS" && cells[7] != "MISS") {
-			t.Errorf("fairness row: target %q, result %q; want \"p99 <= 50ms\" and PASS or MISS", cells[6], cells[7])
+	if cells := row("schemas: 9 schemas' latency while 1 drains its backlog"); cells != nil {
+		// A 10,000-job backlog may drain, on a fast machine, between two
+		// of the others' commits (100/s): then there is nothing to judge.
+		if cells[7] != "not judged (no job in the window)" {
+			latencies(cells)
+		}
+		if cells[6] != "p99 <= 50ms" || !strings.HasPrefix(cells[7], "not judged (") || !strings.Contains(cells[8], "a backlog of 10,000 jobs") {
+			t.Errorf("fairness row: target %q, result %q, note %q; want \"p99 <= 50ms\", not judged, and the backlog's size", cells[6], cells[7], cells[8])
 		}
 	}
-	if cells := row("schemas: the backlog of 1 schema, 10,000 jobs"); cells != nil {
+	if cells := row("schemas: the backlog of 1 schema"); cells != nil {
 		positive(cells, 2)
 	}
 	for _, name := range []string{"scale, 1 schema", "scale, 10 schemas"} {
@@ -405,5 +488,33 @@ func TestBenchQuickSchemas(t *testing.T) {
 			latencies(cells)
 		}
 	}
+	checkBenchQuickRows(t, p)
 	checkBenchLeftNothing(t, p)
+}
+
+// The idle statements a second are the difference of two runs, never
+// negative: when the shorter run counted more (its start-up or shutdown
+// varied), the figure is 0 and says it was clamped.
+func TestIdleStatementsNeverNegative(t *testing.T) {
+	t.Parallel()
+	run := func(xacts int64, ran time.Duration) idleRun {
+		return idleRun{whole: idleReading{xacts: xacts}, ran: ran}
+	}
+	for _, tt := range []struct {
+		short, long idleRun
+		want        float64
+		clamped     bool
+	}{
+		{run(40, 2*time.Second), run(100, 12*time.Second), 6, false},
+		{run(120, 2*time.Second), run(100, 12*time.Second), 0, true},
+	} {
+		got, span, clamped, err := idleStatements(tt.short, tt.long)
+		if err != nil || got != tt.want || clamped != tt.clamped || span != 10*time.Second {
+			t.Errorf("idleStatements(%d in %s, %d in %s) = %v/s over %s, clamped %v, %v; want %v/s over 10s, clamped %v",
+				tt.short.whole.xacts, tt.short.ran, tt.long.whole.xacts, tt.long.ran, got, span, clamped, err, tt.want, tt.clamped)
+		}
+	}
+	if _, _, _, err := idleStatements(run(1, 5*time.Second), run(2, 5*time.Second)); err == nil {
+		t.Error("idleStatements of two runs of the same length: nil error, want one")
+	}
 }

@@ -325,6 +325,11 @@ func (c *runFlags) config(f *flagSet) (relay.Config, func() redis.UniversalClien
 	if err != nil {
 		return relay.Config{}, nil, err
 	}
+	if !metricsOff(c.metricsAddr) {
+		if err := checkMetricsAddr(c.metricsAddr); err != nil {
+			return relay.Config{}, nil, usagef("run: %s %s", f.source("metrics-addr"), err)
+		}
+	}
 	cfg := relay.Config{
 		DatabaseURL:         c.databaseURL,
 		Schema:              c.schema,
@@ -364,7 +369,7 @@ func (c *runFlags) config(f *flagSet) (relay.Config, func() redis.UniversalClien
 	return cfg, newRedis, nil
 }
 
-func runCmd(ctx context.Context, args []string, stdout io.Writer) error {
+func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	f, c := newRunFlags()
 	if err := f.parse(args, stdout); err != nil {
 		return err
@@ -380,11 +385,12 @@ func runCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	defer log.Sync() //nolint:errcheck // stdout
 	warnUnknownEnv(log)
 
-	tp, flushTraces, err := tracerProvider(ctx, os.Getenv)
+	// Spans (console) go to stderr, beside the logs on stdout.
+	tp, flushTraces, err := tracerProvider(ctx, os.Getenv, stderr)
 	if err != nil {
 		return err
 	}
-	if tp != nil { // tracing.go: OTEL_EXPORTER_OTLP_ENDPOINT is set
+	if tp != nil { // tracing.go: an exporter is chosen by OTEL_* variables
 		cfg.TracerProvider = tp
 		defer func() { _ = withTimeout(context.WithoutCancel(ctx), 5*time.Second, flushTraces) }()
 	}

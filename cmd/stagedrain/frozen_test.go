@@ -17,10 +17,12 @@ import (
 func TestFrozenLeaderLosesLead(t *testing.T) {
 	t.Parallel()
 	// The documented bound, and slack for a busy 2-core machine running
-	// the race detector.
+	// the race detector (other tests' processes share both cores). Under
+	// 10s all the same: B leads because PostgreSQL ended the frozen
+	// leader's session, not because A woke up.
 	const (
 		bound = 1250*time.Millisecond + 625*time.Millisecond
-		slack = 600 * time.Millisecond
+		slack = 2 * time.Second
 	)
 	e := newRelayEnv(t)
 	a := e.startRelay("relay A", "--log-level", "debug")

@@ -40,6 +40,28 @@ func registerMetricsAddr(f *flagSet, addr *string) {
 // "off" is the way to turn off from the environment what an image turns on.
 func metricsOff(addr string) bool { return addr == "" || addr == "off" }
 
+// checkMetricsAddr checks that addr is an address to listen on, host:port
+// or :port, before anything starts: a malformed one (a port alone, such
+// as 9187) is a bad flag value, exit 2; an address that cannot be had
+// (in use) fails later, exit 1.
+func checkMetricsAddr(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err == nil && port == "" {
+		err = errors.New("no port")
+	}
+	if err == nil {
+		_, err = net.LookupPort("tcp", port)
+	}
+	if err != nil {
+		var ae *net.AddrError
+		if errors.As(err, &ae) {
+			err = errors.New(ae.Err)
+		}
+		return fmt.Errorf("%q is not host:port (%v): want :9187 (every address) or 127.0.0.1:9187", addr, err)
+	}
+	return nil
+}
+
 // listenMetrics opens run's HTTP listener on addr. An address another
 // process holds fails with one line saying what to do about it.
 func listenMetrics(f *flagSet, addr string) (net.Listener, error) {
@@ -203,6 +225,9 @@ func healthCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	if metricsOff(*addr) {
 		return usagef("health: %s is off: no /readyz to ask; set --metrics-addr (or $STAGEDRAIN_METRICS_ADDR) to the address of run's listener, which run opens only when given one", f.source("metrics-addr"))
+	}
+	if err := checkMetricsAddr(*addr); err != nil {
+		return usagef("health: %s %s", f.source("metrics-addr"), err)
 	}
 	url, err := readyzURL(*addr)
 	if err != nil {

@@ -23,7 +23,7 @@ func inProcessRelay(t *testing.T, args ...string) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	out := newLineLog()
 	done := make(chan error, 1)
-	go func() { done <- runCmd(ctx, args, out) }()
+	go func() { done <- runCmd(ctx, args, out, io.Discard) }()
 	stop = sync.OnceFunc(func() {
 		cancel()
 		select {

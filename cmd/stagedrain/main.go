@@ -109,7 +109,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stderr, usageLine(ue))
 			return 2
 		}
-		fmt.Fprintf(stderr, "stagedrain: %s\n", oneLine(err.Error()))
+		fmt.Fprintf(stderr, "stagedrain: %s\n", errLine(err))
 		return 1
 	}
 }
@@ -122,7 +122,7 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	case "migrate":
 		return migrateCmd(ctx, rest, stdout)
 	case "run":
-		return runCmd(ctx, rest, stdout)
+		return runCmd(ctx, rest, stdout, stderr)
 	case "status":
 		return statusCmd(ctx, rest, stdout, stderr)
 	case "health":

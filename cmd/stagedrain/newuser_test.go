@@ -1,10 +1,19 @@
 package main
 
 import (
+	"context"
 	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
+
+	"github.com/stagedrain/stagedrain/relay"
 	"github.com/stagedrain/stagedrain/relay/relaytest"
 )
 
@@ -160,5 +169,160 @@ func TestDatabaseURLScheme(t *testing.T) {
 		if strings.Contains(r.stderr, "s3cretpw") || strings.Contains(r.stderr, "keyword/value (") {
 			t.Errorf("%v: stderr = %q shows the password or pgx's keyword/value message", args, r.stderr)
 		}
+	}
+}
+
+// run --schemas with a pattern that matches no schema holding the table
+// says so once, at warn, with the pattern and the table, instead of
+// nothing after "starting"; once a schema matches it is found, and the
+// warning does not come again.
+func TestRunSchemasPatternMatchesNothing(t *testing.T) {
+	t.Parallel()
+	base, schemas := testSchemas(t, "_a")
+	pattern := base + "_*"
+	_, ns := relaytest.Redis(t)
+	p := startProc(t, "relay", childEnv(), "run", "--schemas", pattern, "--redis-namespace", ns, "--poll-interval", "100ms")
+	const msg = "no schema matches a pattern of Schemas yet: waiting for one (stagedrain migrate --schemas)"
+	w := p.waitLog(rootLogger, msg, 15*time.Second)
+	if w.str("level") != "warn" || w.str("pattern") != pattern || w.str("table") != "staged_jobs" {
+		t.Errorf("%s; want level warn, pattern %q, table staged_jobs", w.raw, pattern)
+	}
+	// Discovery runs every 100ms (jittered): a warning per look would
+	// come within 2s.
+	if again, err := p.stdout.wait(2*time.Second, func(l logLine) bool { return l.is(rootLogger, msg) && l.index > w.index }); err == nil {
+		t.Errorf("the warning came again: %s", again.raw)
+	}
+	if _, err := relay.Migrate(context.Background(), testConn(t), schemas[0]); err != nil {
+		t.Fatal(err)
+	}
+	found := p.waitLog(rootLogger, "schema found", 15*time.Second)
+	if found.str("schema") != schemas[0] {
+		t.Errorf("%s; want schema %s", found.raw, schemas[0])
+	}
+	if n := p.count(rootLogger, msg); n != 1 {
+		t.Errorf("%d lines %q, want 1", n, msg)
+	}
+	p.signal(syscall.SIGTERM)
+	if code := p.wait(15 * time.Second); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM; output:\n%s", code, p.output())
+	}
+}
+
+// A wrong PostgreSQL password, under the default sslmode (prefer: TLS
+// first, then without) on a server without TLS, exits 1 with one line that
+// leads with the server's answer (password authentication failed), not
+// with its refusal of TLS; never with the password. A private PostgreSQL
+// with scram-sha-256 checks the password (the shared one trusts).
+func TestWrongPasswordLeadsWithTheCause(t *testing.T) {
+	t.Parallel()
+	dir, err := os.MkdirTemp("", "stagedrain-hba-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	hba := filepath.Join(dir, "pg_hba.conf")
+	// Readable by the server's OS user (postgres, when the tests run as root).
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(hba, []byte("host all postgres 127.0.0.1/32 trust\nhost all all 127.0.0.1/32 scram-sha-256\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	srv := relaytest.StartPostgres(t, "hba_file="+hba)
+	admin := relaytest.Conn(t, srv.URL())
+	if _, err := admin.Exec(context.Background(), "CREATE ROLE app LOGIN PASSWORD 'right-pw'"); err != nil {
+		t.Fatal(err)
+	}
+	url := fmt.Sprintf("postgres://app:wrong-pw@127.0.0.1:%d/postgres", srv.Port) // no sslmode: prefer
+	_, ns := relaytest.Redis(t)
+	for _, args := range [][]string{
+		{"status", "--database-url", url},
+		{"migrate", "--database-url", url},
+		{"run", "--database-url", url, "--redis-url", relaytest.RedisURL(), "--redis-namespace", ns},
+	} {
+		r := runCLI(args...)
+		checkOneLineError(t, r, 1, `password authentication failed for user "app"`)
+		auth := strings.Index(r.stderr, "password authentication failed")
+		if tls := strings.Index(r.stderr, "server refused TLS"); tls >= 0 && tls < auth {
+			t.Errorf("%s: stderr %q leads with the TLS refusal, want the password failure first", args[0], r.stderr)
+		}
+		if strings.Contains(r.stderr, "wrong-pw") || strings.Contains(r.stdout, "wrong-pw") {
+			t.Errorf("%s: the output shows the password: %q %q", args[0], r.stdout, r.stderr)
+		}
+	}
+}
+
+// A --metrics-addr that is not host:port (a port alone: 9187) is a bad
+// flag value: exit 2 with one line saying what it wants, from the command
+// line or its variable, for run and health. (An address in use is exit 1:
+// TestMetricsAddrInUse.)
+func TestMetricsAddrMalformed(t *testing.T) {
+	// Not parallel: t.Setenv.
+	db := noDatabaseURL(t)
+	for _, tt := range []struct {
+		args []string
+		env  string
+		want string
+	}{
+		{[]string{"run", "--database-url", db, "--metrics-addr", "9187"}, "", `run: --metrics-addr "9187" is not host:port`},
+		{[]string{"run", "--database-url", db, "--metrics-addr", "localhost:"}, "", `run: --metrics-addr "localhost:" is not host:port (no port)`},
+		{[]string{"run", "--database-url", db}, "9187", `run: $STAGEDRAIN_METRICS_ADDR (--metrics-addr) "9187" is not host:port`},
+		{[]string{"health", "--metrics-addr", "9187"}, "", `health: --metrics-addr "9187" is not host:port`},
+	} {
+		t.Run(strings.Join(tt.args, " ")+" "+tt.env, func(t *testing.T) {
+			if tt.env != "" {
+				t.Setenv("STAGEDRAIN_METRICS_ADDR", tt.env)
+			}
+			checkUsageError(t, runCLI(tt.args...), tt.want, "want :9187 (every address) or 127.0.0.1:9187")
+		})
+	}
+}
+
+// A DATABASE_URL or REDIS_URL without a scheme (host:port/db, user@host/db)
+// is a usage error that names the form wanted, not pgx's "failed to parse
+// as keyword/value" (or, for user@host/db?sslmode=disable, which pgx reads
+// as one odd keyword, a relay that retries a connection to nowhere); a
+// keyword/value string still works.
+func TestURLWithoutScheme(t *testing.T) {
+	t.Parallel()
+	// Processes, with a deadline: a check that lets such a URL through
+	// leaves run retrying forever.
+	exit := func(env string, args ...string) (int, string) {
+		t.Helper()
+		p := startProc(t, strings.Join(args, " "), childEnv(env), args...)
+		code := p.wait(60 * time.Second)
+		var stderr []string
+		for _, l := range p.stderr.snapshot() {
+			stderr = append(stderr, l.raw)
+		}
+		if len(p.stdout.snapshot()) != 0 || len(stderr) != 1 {
+			t.Errorf("%v with %s: stdout %d lines, stderr %q; want nothing and one line", args, env, len(p.stdout.snapshot()), stderr)
+		}
+		return code, strings.Join(stderr, "\n")
+	}
+	for _, u := range []string{"127.0.0.1:5432/test", "postgres@127.0.0.1:5432/test?sslmode=disable"} {
+		for _, args := range [][]string{{"run"}, {"migrate"}, {"status"}, {"dead", "list"}, {"bench"}} {
+			code, stderr := exit("DATABASE_URL="+u, args...)
+			for _, want := range []string{"$DATABASE_URL (--database-url): not a URL", "want a URL like postgres://user:password@host:5432/db"} {
+				if code != 2 || !strings.Contains(stderr, want) {
+					t.Errorf("%v with DATABASE_URL=%s: exit %d, stderr %q; want 2 and %q", args, u, code, stderr, want)
+				}
+			}
+		}
+	}
+	for _, args := range [][]string{{"run"}, {"status"}, {"bench"}} {
+		code, stderr := exit("REDIS_URL=127.0.0.1:6379/0", args...)
+		if want := "$REDIS_URL (--redis-url) cannot be parsed (want redis://[user:password@]host:port/db"; code != 2 || !strings.Contains(stderr, want) {
+			t.Errorf("%v with REDIS_URL=127.0.0.1:6379/0: exit %d, stderr %q; want 2 and %q", args, code, stderr, want)
+		}
+	}
+	// keyword/value: past the checks, to the server (no such database: 1).
+	cfg, err := pgx.ParseConfig(noDatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv := fmt.Sprintf("DATABASE_URL=host=%s port=%d user=%s dbname=%s sslmode=disable", cfg.Host, cfg.Port, cfg.User, cfg.Database)
+	if code, stderr := exit(kv, "status"); code != 1 || !strings.Contains(stderr, "stagedrain_no_such_database") {
+		t.Errorf("status with a keyword/value DATABASE_URL: exit %d, stderr %q; want 1 and the missing database named", code, stderr)
 	}
 }

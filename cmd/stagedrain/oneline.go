@@ -1,9 +1,11 @@
 package main
 
 import (
+	"errors"
 	"slices"
 	"strings"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 )
@@ -33,6 +35,47 @@ func oneLine(msg string) string {
 		b.WriteString(p)
 	}
 	return b.String()
+}
+
+// errLine is how the CLI shows an error, on its exit line and in a log
+// line: oneLine of its message, with the server's answer first (causeFirst).
+func errLine(err error) string { return oneLine(causeFirst(err)) }
+
+// causeFirst returns err's message with the attempts of pgx's connect error
+// reordered so that those the server answered (a *pgconn.PgError: a wrong
+// password, a missing role or database) come before those it did not. With
+// sslmode=prefer (the default), pgx tries TLS first and then without: a
+// server without TLS refuses the first ("tls error: server refused TLS
+// connection") and rejects the password of the second, and the refusal,
+// which is not the problem, would lead.
+func causeFirst(err error) string {
+	msg := err.Error()
+	var ce *pgconn.ConnectError
+	if !errors.As(err, &ce) {
+		return msg
+	}
+	joined, ok := ce.Unwrap().(interface{ Unwrap() []error })
+	if !ok {
+		return msg
+	}
+	var answered, others []string
+	for _, attempt := range joined.Unwrap() {
+		var pgErr *pgconn.PgError
+		if errors.As(attempt, &pgErr) {
+			answered = append(answered, attempt.Error())
+		} else {
+			others = append(others, attempt.Error())
+		}
+	}
+	if len(answered) == 0 || len(others) == 0 {
+		return msg
+	}
+	old := ce.Error()
+	prefix, _, ok := strings.Cut(old, "\n\t")
+	if !ok {
+		return msg
+	}
+	return strings.Replace(msg, old, prefix+"\n\t"+strings.Join(append(answered, others...), "\n\t"), 1)
 }
 
 // oneLineErrors is a zapcore.Core that writes every error field as
@@ -67,7 +110,7 @@ func oneLineFields(fields []zapcore.Field) []zapcore.Field {
 		if out == nil {
 			out = slices.Clone(fields)
 		}
-		out[i] = zap.String(f.Key, oneLine(err.Error()))
+		out[i] = zap.String(f.Key, errLine(err))
 	}
 	if out == nil {
 		return fields

@@ -421,8 +421,10 @@ func TestRunRedisRefused(t *testing.T) {
 }
 
 // Two relays on one schema: one drains, the other waits; when the leader is
-// SIGKILLed, the standby takes over within 2s and delivers what follows,
-// every job exactly once.
+// SIGKILLed, the standby takes over (by design within 625ms: it tries
+// every 500ms, jittered; the bound below leaves a busy 2-core machine room
+// and still fails a standby that only tries after seconds) and delivers
+// what follows, every job exactly once.
 func TestFailover(t *testing.T) {
 	t.Parallel()
 	e := newRelayEnv(t)
@@ -456,8 +458,8 @@ func TestFailover(t *testing.T) {
 	}
 	failover := at.Sub(killed)
 	t.Logf("failover: B became leader %s after A was killed (seen by the test after %s)", failover, leader.seen.Sub(killed))
-	if failover <= 0 || failover > 2*time.Second {
-		t.Errorf("B became leader %s after A was killed, want within 2s", failover)
+	if failover <= 0 || failover > 4*time.Second {
+		t.Errorf("B became leader %s after A was killed, want within 4s (625ms by design)", failover)
 	}
 
 	jids = append(jids, e.stage("FailoverJob", 5)...)

@@ -3,10 +3,12 @@ package main
 import (
 	"context"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -69,6 +71,9 @@ func TestRunExportsBatchSpans(t *testing.T) {
 	e := newRelayEnv(t)
 	p := startProc(t, "relay", childEnv("OTEL_EXPORTER_OTLP_ENDPOINT="+url, "OTEL_BSP_SCHEDULE_DELAY=50"),
 		"run", "--schema", e.schema, "--redis-namespace", e.ns)
+	if got, want := p.waitLog(rootLogger, "starting", 15*time.Second).str("tracing"), "otlp-http "+url; got != want {
+		t.Errorf("the starting line says tracing %q, want %q", got, want)
+	}
 	p.waitLog(rootLogger, "became leader", 15*time.Second)
 
 	const traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -104,5 +109,66 @@ func TestRunExportsBatchSpans(t *testing.T) {
 	p.signal(syscall.SIGTERM)
 	if code := p.wait(15 * time.Second); code != 0 {
 		t.Fatalf("exit code %d after SIGTERM; output:\n%s", code, p.output())
+	}
+}
+
+// stagedrain run with OTEL_TRACES_EXPORTER=console, and no collector,
+// writes each batch's span as a JSON line on stderr, linked to the trace a
+// job was staged in, while its logs stay JSON lines on stdout; the starting
+// line says where spans go. Without any OTEL_* variable it says "off".
+func TestRunConsoleTraces(t *testing.T) {
+	t.Parallel()
+	e := newRelayEnv(t)
+	p := startProc(t, "relay", childEnv("OTEL_TRACES_EXPORTER=console"), "run", "--schema", e.schema, "--redis-namespace", e.ns)
+	if got := p.waitLog(rootLogger, "starting", 15*time.Second).str("tracing"); got != "console (stderr)" {
+		t.Errorf("the starting line says tracing %q, want \"console (stderr)\"", got)
+	}
+	p.waitLog(rootLogger, "became leader", 15*time.Second)
+
+	const traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
+	if _, err := e.conn.Exec(context.Background(), "INSERT INTO "+pgx.Identifier{e.schema, "staged_jobs"}.Sanitize()+
+		` (job_name, job_args, options) VALUES ('WelcomeEmailJob', '[42]',
+		jsonb_build_object('traceparent', '00-`+traceID+`-00f067aa0ba902b7-01'))`); err != nil {
+		t.Fatal(err)
+	}
+	// stdouttrace's span: {"Name":..., "SpanKind":..., "Links":[{"SpanContext":{"TraceID":...}}], ...}
+	type consoleSpan struct {
+		Name     string
+		SpanKind int
+		Links    []struct {
+			SpanContext struct{ TraceID, SpanID string }
+		}
+	}
+	line, err := p.stderr.wait(15*time.Second, func(l logLine) bool {
+		var s consoleSpan
+		return json.Unmarshal([]byte(l.raw), &s) == nil && len(s.Links) == 1 && s.Links[0].SpanContext.TraceID == traceID
+	})
+	if err != nil {
+		t.Fatalf("no span on stderr linked to the staged trace: %v; output:\n%s", err, p.output())
+	}
+	var span consoleSpan
+	_ = json.Unmarshal([]byte(line.raw), &span)
+	if span.Name != "send default" || span.Links[0].SpanContext.SpanID != "00f067aa0ba902b7" {
+		t.Errorf("span %q linked to span %s, want \"send default\" linked to 00f067aa0ba902b7: %s", span.Name, span.Links[0].SpanContext.SpanID, line.raw)
+	}
+	p.signal(syscall.SIGTERM)
+	if code := p.wait(15 * time.Second); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM; output:\n%s", code, p.output())
+	}
+	// The logs on stdout, the spans on stderr: no span among the logs.
+	checkAllJSON(t, p)
+	for _, l := range p.stdout.snapshot() {
+		if strings.Contains(l.raw, `"SpanContext"`) {
+			t.Errorf("a span on stdout, among the logs: %s", l.raw)
+		}
+	}
+
+	off := startProc(t, "relay without tracing", childEnv(), "run", "--schema", e.schema, "--redis-namespace", e.ns)
+	if got := off.waitLog(rootLogger, "starting", 15*time.Second).str("tracing"); got != "off" {
+		t.Errorf("without OTEL_* variables the starting line says tracing %q, want \"off\"", got)
+	}
+	off.signal(syscall.SIGTERM)
+	if code := off.wait(15 * time.Second); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM; output:\n%s", code, off.output())
 	}
 }
