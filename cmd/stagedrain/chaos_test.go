@@ -1380,6 +1380,14 @@ func (c *chaos) verdict() *chaosFigures {
 	if !c.gap.endedAt.IsZero() {
 		f.gapAt = c.gap.endedAt.Sub(c.start)
 	}
+	// A relay started by the last fault may not have installed its signal
+	// handler yet (it does before its first line, "starting"), and would
+	// die of the signal: wait for that line first.
+	for _, p := range c.live {
+		relaytest.WaitFor(t, 30*time.Second, p.name+" to log starting", func() (bool, string) {
+			return p.count(rootLogger, "starting") > 0, "no starting line yet"
+		})
+	}
 	for _, p := range c.live {
 		p.signal(syscall.SIGTERM)
 	}
