@@ -27,11 +27,13 @@ import (
 )
 
 // benchScenarios are the scenario groups of bench, in the order they run.
-var benchScenarios = []string{"tps", "latency", "idle", "backlog", "schemas", "scale"}
+var benchScenarios = []string{"tps", "latency", "idle", "backlog", "schemas", "scale", "app-cost"}
 
 // benchDefaultScenarios are those a run without --scenarios runs: all but
 // scale, which migrates 1,000 schemas and runs three relays for each of
-// its four sizes (several minutes).
+// its four sizes (several minutes), and app-cost, which runs the writers
+// for --duration 24 times, some beside a relay of 200 schemas (several
+// minutes).
 var benchDefaultScenarios = []string{"tps", "latency", "idle", "backlog", "schemas"}
 
 // benchFlags are bench's flags.
@@ -55,6 +57,7 @@ type benchConfig struct {
 	scaleSteps      []int         // the scale scenario's numbers of schemas
 	scaleWarmup     time.Duration // the scale scenario's idleWarmup
 	scaleWindow     time.Duration // and idleWindow
+	appCostSchemas  []int         // the app-cost scenario's fleets: numbers of schemas
 	writers         int           // app writers of the TPS and the 5,000/s scenarios
 	quick           bool          // figures too short for their targets are not judged
 	run             map[string]bool
@@ -73,15 +76,15 @@ func newBenchFlags() (*flagSet, *benchFlags) {
 	f.env("database-url", "DATABASE_URL")
 	f.fs.StringVar(&c.redisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis `URL` (password never printed)")
 	f.env("redis-url", "REDIS_URL")
-	f.fs.DurationVar(&c.duration, "duration", 8*time.Second, "length of each app-TPS and latency scenario")
+	f.fs.DurationVar(&c.duration, "duration", 8*time.Second, "length of each app-TPS and latency scenario, and of each of app-cost's runs")
 	f.env("duration", "STAGEDRAIN_BENCH_DURATION")
 	f.fs.IntVar(&c.backlog, "backlog", 1_000_000, "jobs staged before the backlog drain")
 	f.env("backlog", "STAGEDRAIN_BENCH_BACKLOG")
 	f.fs.IntVar(&c.writers, "writers", 16, "concurrent app writers of the TPS and 5,000 jobs/s scenarios")
 	f.env("writers", "STAGEDRAIN_BENCH_WRITERS")
-	f.fs.StringVar(&c.scenarios, "scenarios", strings.Join(benchDefaultScenarios, ","), "comma-separated `list` of scenarios to run: tps, latency, idle, backlog, schemas (one relay --schemas of 10 schemas: the others' latency while one drains the --backlog), scale (1, 10, 100 and 1,000 schemas: connections, idle statements, RSS, latency; not run by default: several minutes)")
+	f.fs.StringVar(&c.scenarios, "scenarios", strings.Join(benchDefaultScenarios, ","), "comma-separated `list` of scenarios to run: tps, latency, idle, backlog, schemas (one relay --schemas of 10 schemas: the others' latency while one drains the --backlog), scale (1, 10, 100 and 1,000 schemas: connections, idle statements, RSS, latency; not run by default: several minutes), app-cost (the app's write TPS with no relay, a polling relay, a relay, a relay whose Redis hangs, and a relay of 20 and of 200 schemas, each against the same with the triggers disabled, in alternating runs; the relay's CPU per 1,000 jobs; not run by default: several minutes)")
 	f.env("scenarios", "STAGEDRAIN_BENCH_SCENARIOS")
-	f.fs.BoolVar(&c.quick, "quick", false, "a smoke run: 500ms scenarios (each until it has 50 jobs), a 1s idle window, a 10,000-job backlog, scale at 1 and 10 schemas only (an explicit --duration or --backlog wins); the same rows, none judged")
+	f.fs.BoolVar(&c.quick, "quick", false, "a smoke run: 500ms scenarios (each until it has 50 jobs), a 1s idle window, a 10,000-job backlog, scale at 1 and 10 schemas only, app-cost's fleets of 4 and 8 (an explicit --duration or --backlog wins); the same rows, none judged")
 	f.env("quick", "STAGEDRAIN_BENCH_QUICK")
 	f.required("database-url", "redis-url", "scenarios")
 	return f, c
@@ -108,10 +111,12 @@ func (c *benchFlags) config(f *flagSet) (benchConfig, error) {
 		idleWarmup: 10 * time.Second, idleWindow: 60 * time.Second,
 		backlog: c.backlog, writers: c.writers, quick: c.quick, run: make(map[string]bool),
 		scaleSteps: []int{1, 10, 100, 1000}, scaleWarmup: 5 * time.Second, scaleWindow: 30 * time.Second,
+		appCostSchemas: []int{20, 200},
 	}
 	if c.quick {
 		cfg.idleWarmup, cfg.idleWindow = 500*time.Millisecond, time.Second
 		cfg.scaleSteps, cfg.scaleWarmup, cfg.scaleWindow = []int{1, 10}, 500*time.Millisecond, time.Second
+		cfg.appCostSchemas = []int{4, 8}
 		if !set["duration"] {
 			cfg.tpsDuration, cfg.latencyDuration = 500*time.Millisecond, 500*time.Millisecond
 		}
@@ -197,7 +202,8 @@ type bench struct {
 	metricsAddr bool       // run --help lists --metrics-addr
 	relay       *relayProc // the running relay, if any
 	created     bool       // the scratch schema (or database) may exist
-	tenants     []string   // the scratch schemas of the schemas and scale scenarios, which may exist
+	tenants     []string   // the scratch schemas of the schemas, scale and app-cost scenarios, which may exist
+	hungRedis   *hungRedis // the app-cost scenario's Redis that hangs, while it listens
 
 	machine []string
 	rows    []benchRow
@@ -252,6 +258,11 @@ func (b *bench) run(ctx context.Context) error {
 	if b.cfg.run["scale"] {
 		if err := b.benchScale(ctx); err != nil {
 			return fmt.Errorf("scale: %w", err)
+		}
+	}
+	if b.cfg.run["app-cost"] {
+		if err := b.benchAppCost(ctx); err != nil {
+			return fmt.Errorf("app cost: %w", err)
 		}
 	}
 	return nil
@@ -394,6 +405,11 @@ func (b *bench) cleanup(parent context.Context) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), time.Minute)
 	defer cancel()
 	var errs []error
+	if b.hungRedis != nil {
+		// First: a relay's reads from it end at once, and so does the relay.
+		b.hungRedis.close()
+		b.hungRedis = nil
+	}
 	if b.relay != nil {
 		if _, err := b.stopRelay(); err != nil {
 			errs = append(errs, err)
@@ -456,6 +472,11 @@ func (b *bench) startRelay(pollOnly bool) (*relayProc, error) {
 // startRelayOn is startRelay with schemaArgs (--schema or --schemas and its
 // value) naming what it drains.
 func (b *bench) startRelayOn(pollOnly bool, schemaArgs ...string) (*relayProc, error) {
+	return b.startRelayWith(b.redisURL, pollOnly, schemaArgs...)
+}
+
+// startRelayWith is startRelayOn with the relay's Redis at redisURL.
+func (b *bench) startRelayWith(redisURL string, pollOnly bool, schemaArgs ...string) (*relayProc, error) {
 	args := append([]string{"run"}, schemaArgs...)
 	args = append(args, "--redis-namespace", b.ns, "--log-level", "warn")
 	if pollOnly && b.pollOnly {
@@ -473,7 +494,7 @@ func (b *bench) startRelayOn(pollOnly bool, schemaArgs ...string) (*relayProc, e
 	}
 	// The URLs go through the environment, not argv, where ps would show
 	// a password.
-	cmd.Env = append(cmd.Env, "DATABASE_URL="+b.dbURL, "REDIS_URL="+b.redisURL)
+	cmd.Env = append(cmd.Env, "DATABASE_URL="+b.dbURL, "REDIS_URL="+redisURL)
 	cmd.Stdout, cmd.Stderr = b.out, b.out // warnings and errors only
 	cmd.WaitDelay = 5 * time.Second
 	if err := cmd.Start(); err != nil {
@@ -524,6 +545,34 @@ func (p *relayProc) peakRSS() (int64, error) {
 		}
 	}
 	return 0, errors.New("no VmHWM in /proc/<pid>/status")
+}
+
+// cpu is the CPU time the relay has used so far, user and system: utime
+// plus stime of /proc/<pid>/stat, in clock ticks of USER_HZ, which Linux
+// fixes at 100 a second for every architecture.
+func (p *relayProc) cpu() (time.Duration, error) {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
+	if err != nil {
+		return 0, fmt.Errorf("read relay CPU time: %w", err)
+	}
+	// Field 2, the command's name, is in parentheses and may hold spaces:
+	// field 3 on are those after the last ')'. utime and stime are fields
+	// 14 and 15.
+	i := bytes.LastIndexByte(stat, ')')
+	fields := strings.Fields(string(stat[i+1:]))
+	if i < 0 || len(fields) < 13 {
+		return 0, fmt.Errorf("read relay CPU time: /proc/%d/stat has too few fields", p.cmd.Process.Pid)
+	}
+	var ticks int64
+	for _, f := range fields[11:13] {
+		n, err := strconv.ParseInt(f, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("read relay CPU time: parse %q: %w", f, err)
+		}
+		ticks += n
+	}
+	const userHZ = 100
+	return time.Duration(ticks) * time.Second / userHZ, nil
 }
 
 // stopRelay records the running relay's peak RSS, then stops it with

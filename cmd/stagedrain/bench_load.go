@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -29,16 +30,7 @@ func (b *bench) benchTPS(ctx context.Context) error {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	triggers := func(on bool) error {
-		verb := "DISABLE"
-		if on {
-			verb = "ENABLE"
-		}
-		if _, err := conn.Exec(ctx, "ALTER TABLE "+b.table()+" "+verb+" TRIGGER USER"); err != nil {
-			return fmt.Errorf("%s triggers: %w", strings.ToLower(verb), err)
-		}
-		return nil
-	}
+	triggers := func(on bool) error { return setTriggers(ctx, conn, []string{b.table()}, on) }
 
 	pollingLabel := "app TPS, polling relay, triggers disabled"
 	if b.pollOnly {
@@ -102,6 +94,24 @@ func (b *bench) benchTPS(ctx context.Context) error {
 	return nil
 }
 
+// setTriggers enables (on) or disables the user triggers of tables
+// (quoted): stagedrain_wake, the only one a migrated staged_jobs has. One
+// round trip, one transaction.
+func setTriggers(ctx context.Context, conn *pgx.Conn, tables []string, on bool) error {
+	verb := "DISABLE"
+	if on {
+		verb = "ENABLE"
+	}
+	var sql strings.Builder
+	for _, t := range tables {
+		fmt.Fprintf(&sql, "ALTER TABLE %s %s TRIGGER USER;", t, verb)
+	}
+	if _, err := conn.PgConn().Exec(ctx, sql.String()).ReadAll(); err != nil {
+		return fmt.Errorf("%s triggers: %w", strings.ToLower(verb), err)
+	}
+	return nil
+}
+
 // tpsWithRelay runs appTPS while a relay drains.
 func (b *bench) tpsWithRelay(ctx context.Context, label string, pollOnly bool, d time.Duration) (float64, error) {
 	p, err := b.startRelay(pollOnly)
@@ -133,10 +143,20 @@ const minCommits = 50
 // transaction is one INSERT statement (autocommit), as pgbench runs a
 // one-statement script.
 func (b *bench) appTPS(ctx context.Context, label string, d time.Duration) (float64, error) {
-	insert := "INSERT INTO " + b.table() + " (job_name, job_args) VALUES ('BenchTPSJob', jsonb_build_array($1::bigint))"
-	conns, err := b.writerConns(ctx, b.cfg.writers, insert)
+	tps, _, err := b.appTPSOn(ctx, label, d, []string{b.table()})
+	return tps, err
+}
+
+// appTPSOn is appTPS with each transaction's row in one of tables (quoted),
+// picked at random; it returns the commits too.
+func (b *bench) appTPSOn(ctx context.Context, label string, d time.Duration, tables []string) (float64, int64, error) {
+	inserts := make([]string, len(tables))
+	for i, t := range tables {
+		inserts[i] = "INSERT INTO " + t + " (job_name, job_args) VALUES ('BenchTPSJob', jsonb_build_array($1::bigint))"
+	}
+	conns, err := b.writerConns(ctx, b.cfg.writers, inserts...)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer closeAll(ctx, conns)
 	b.progress("%s: %d writers, %s ...", label, len(conns), d)
@@ -147,6 +167,10 @@ func (b *bench) appTPS(ctx context.Context, label string, d time.Duration) (floa
 	for _, conn := range conns {
 		g.Go(func() error {
 			for n := int64(0); time.Now().Before(end) || total.Load() < minCommits; n++ {
+				insert := inserts[0]
+				if len(inserts) > 1 {
+					insert = inserts[rand.IntN(len(inserts))]
+				}
 				if _, err := conn.Exec(gctx, insert, n); err != nil {
 					return fmt.Errorf("stage: %w", err)
 				}
@@ -156,19 +180,20 @@ func (b *bench) appTPS(ctx context.Context, label string, d time.Duration) (floa
 		})
 	}
 	if err := g.Wait(); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	// Every writer's last commit returned by now: the rate is over the
 	// time they all took, d or more.
 	took := time.Since(start)
 	tps := float64(total.Load()) / took.Seconds()
 	b.progress("%s: %.0f TPS (%d commits in %s)", label, tps, total.Load(), took.Round(time.Millisecond))
-	return tps, nil
+	return tps, total.Load(), nil
 }
 
-// writerConns opens n connections to the scratch database, each with sql
-// prepared so that no round trip of the timed loop prepares it.
-func (b *bench) writerConns(ctx context.Context, n int, sql string) ([]*pgx.Conn, error) {
+// writerConns opens n connections to the scratch database, each with every
+// statement of sqls prepared so that no round trip of the timed loop
+// prepares one.
+func (b *bench) writerConns(ctx context.Context, n int, sqls ...string) ([]*pgx.Conn, error) {
 	conns := make([]*pgx.Conn, 0, n)
 	for range n {
 		conn, err := b.connect(ctx)
@@ -177,9 +202,11 @@ func (b *bench) writerConns(ctx context.Context, n int, sql string) ([]*pgx.Conn
 			return nil, err
 		}
 		conns = append(conns, conn)
-		if _, err := conn.Prepare(ctx, sql, sql); err != nil {
-			closeAll(ctx, conns)
-			return nil, fmt.Errorf("prepare: %w", err)
+		for _, sql := range sqls {
+			if _, err := conn.Prepare(ctx, sql, sql); err != nil {
+				closeAll(ctx, conns)
+				return nil, fmt.Errorf("prepare: %w", err)
+			}
 		}
 	}
 	return conns, nil

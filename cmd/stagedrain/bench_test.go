@@ -148,9 +148,9 @@ func TestBenchQuick(t *testing.T) {
 	checkBenchQuickRows(t, p)
 	// The README's table shows what the bench prints: the same rows, by
 	// name and in order.
-	if names, _, _ := benchTable(t, p); !slices.Equal(names[1:], readmeBenchRows(t)) {
+	if names, _, _ := benchTable(t, p); !slices.Equal(names[1:], readmeBenchRows(t)[0]) {
 		t.Errorf("bench --quick prints the rows\n  %s\nthe README's table has\n  %s",
-			strings.Join(names[1:], "\n  "), strings.Join(readmeBenchRows(t), "\n  "))
+			strings.Join(names[1:], "\n  "), strings.Join(readmeBenchRows(t)[0], "\n  "))
 	}
 	checkBenchLeftNothing(t, p)
 }
@@ -180,9 +180,10 @@ func checkBenchQuickRows(t *testing.T, p *proc) {
 	}
 }
 
-// readmeBenchRows returns the scenarios of the bench table in README.md's
-// Performance section, in order.
-func readmeBenchRows(t *testing.T) []string {
+// readmeBenchRows returns the scenarios of each bench table in README.md's
+// Performance section (a code block of rows of 9 cells), in order: the
+// default scenarios', then app-cost's.
+func readmeBenchRows(t *testing.T) [][]string {
 	t.Helper()
 	text := readRepoFile(t, "README.md")
 	_, perf, ok := strings.Cut(text, "\n## Performance\n")
@@ -190,18 +191,22 @@ func readmeBenchRows(t *testing.T) []string {
 		t.Fatal("README.md has no \"## Performance\" section")
 	}
 	perf, _, _ = strings.Cut(perf, "\n## ")
+	var tables [][]string
 	var names []string
 	for _, l := range lines(perf) {
+		if strings.HasPrefix(l, "```") && len(names) > 0 {
+			tables, names = append(tables, names), nil
+		}
 		if cells := strings.Split(l, "|"); len(cells) == 9 {
 			if name := strings.TrimSpace(cells[0]); name != "scenario" {
 				names = append(names, name)
 			}
 		}
 	}
-	if len(names) == 0 {
-		t.Fatal("README.md's Performance section has no bench table (rows of 9 cells)")
+	if len(tables) < 2 {
+		t.Fatalf("README.md's Performance section has %d bench tables (code blocks of rows of 9 cells), want 2: the default scenarios' and app-cost's", len(tables))
 	}
-	return names
+	return tables
 }
 
 // SIGINT in the middle of a scenario stops bench with exit 1, and it still
@@ -517,4 +522,108 @@ func TestIdleStatementsNeverNegative(t *testing.T) {
 	if _, _, _, err := idleStatements(run(1, 5*time.Second), run(2, 5*time.Second)); err == nil {
 		t.Error("idleStatements of two runs of the same length: nil error, want one")
 	}
+}
+
+// benchCPURE matches the relay's CPU in an app-cost row's note.
+var benchCPURE = regexp.MustCompile(`relay CPU ([0-9.]+) ms per 1,000 jobs \(([0-9.]+) with the triggers disabled\)`)
+
+// benchRatioRE matches the start of an app-cost row's note: the TPS with
+// the triggers as a share of the TPS without.
+var benchRatioRE = regexp.MustCompile(`^([0-9]+)% of ([0-9,]+) with the triggers disabled; `)
+
+// A quick bench of app-cost prints a row for each state of the app beside
+// stagedrain (no relay, a polling relay, a relay, a relay whose Redis
+// hangs, relays of 4 and 8 schemas: --quick's fewer than 20 and 200), each
+// with the app's TPS with the triggers and its share of the TPS without,
+// the relay's CPU per 1,000 jobs for a relay that delivers, the targets of
+// issue 23, and no verdict. The hung relay led, tried a push and held no
+// idle lock at the start of a run (else the scenario fails, or the note
+// says so). It leaves nothing behind, the hung Redis's listener included.
+// The README's app-cost table has the same rows, at 20 and 200 schemas.
+func TestBenchQuickAppCost(t *testing.T) {
+	t.Parallel()
+	p := startProc(t, "bench", childEnv(), "bench", "--quick", "--scenarios", "app-cost")
+	if code := p.wait(benchRunTimeout); code != 0 {
+		t.Fatalf("exit code %d, want 0; output:\n%s", code, p.output())
+	}
+	names, rows, all := benchTable(t, p)
+	want := []struct {
+		name, target string
+		cpu          bool // the note has the relay's CPU per 1,000 jobs
+	}{
+		{"app cost: no relay", ">= 95% of triggers disabled", false},
+		{"app cost: polling relay (--poll-only)", "-", true},
+		{"app cost: relay and trigger", ">= 90% of triggers disabled", true},
+		{"app cost: relay, Redis hung", ">= 95% of triggers disabled", false},
+		{"app cost: relay --schemas, 4 schemas", ">= 90% of triggers disabled", true},
+		{"app cost: relay --schemas, 8 schemas", ">= 90% of triggers disabled", true},
+	}
+	var wantNames []string
+	for _, w := range want {
+		wantNames = append(wantNames, w.name)
+	}
+	if !slices.Equal(names[1:], wantNames) {
+		t.Fatalf("rows\n  %s\nwant\n  %s\n%s", strings.Join(names[1:], "\n  "), strings.Join(wantNames, "\n  "), all)
+	}
+	for _, w := range want {
+		cells := rows[w.name]
+		if v, ok := benchNumber(cells[2]); !ok || v <= 0 {
+			t.Errorf("row %q: achieved %q, want a positive TPS", w.name, cells[2])
+		}
+		if cells[1] != "closed loop" || cells[6] != w.target {
+			t.Errorf("row %q: offered %q, target %q; want \"closed loop\" and %q", w.name, cells[1], cells[6], w.target)
+		}
+		wantResult := notJudgedQuick
+		if w.target == "-" {
+			wantResult = "-"
+		}
+		if cells[7] != wantResult {
+			t.Errorf("row %q: result %q, want %q", w.name, cells[7], wantResult)
+		}
+		note := cells[8]
+		if m := benchRatioRE.FindStringSubmatch(note); m == nil {
+			t.Errorf("row %q: note %q, want it to start with \"<n>%% of <TPS> with the triggers disabled; \"", w.name, note)
+		} else if pct, _ := strconv.Atoi(m[1]); pct <= 0 {
+			t.Errorf("row %q: %s%% of the TPS without the triggers, want a positive share", w.name, m[1])
+		} else if off, _ := benchNumber(m[2]); off <= 0 {
+			t.Errorf("row %q: %s TPS without the triggers, want a positive figure", w.name, m[2])
+		}
+		m := benchCPURE.FindStringSubmatch(note)
+		switch {
+		case w.cpu && m == nil:
+			t.Errorf("row %q: note %q has no \"relay CPU <ms> ms per 1,000 jobs (<ms> with the triggers disabled)\"", w.name, note)
+		case w.cpu:
+			// Counted in ticks of 10ms: a quick run's few jobs may take
+			// less on one side, not on both.
+			on, _ := strconv.ParseFloat(m[1], 64)
+			off, _ := strconv.ParseFloat(m[2], 64)
+			if on+off <= 0 {
+				t.Errorf("row %q: relay CPU %v and %v ms per 1,000 jobs, want a positive figure", w.name, on, off)
+			}
+		case m != nil:
+			t.Errorf("row %q: note %q has a relay CPU per job, want none (no relay delivers)", w.name, note)
+		}
+		if strings.Contains(note, "delivered within") {
+			t.Errorf("row %q: %s; want every committed job delivered", w.name, note)
+		}
+	}
+	if note := rows["app cost: relay, Redis hung"][8]; !strings.Contains(note, "no job delivered") || strings.Contains(note, "idle lock") {
+		t.Errorf("hung Redis row: note %q, want \"no job delivered\" and no run started with the relay idle", note)
+	}
+	for _, w := range want[4:] {
+		if note := rows[w.name][8]; !strings.Contains(note, "--quick: fewer schemas than a full run's 20 and 200") {
+			t.Errorf("row %q: note %q does not say that --quick runs fewer schemas", w.name, note)
+		}
+	}
+	checkBenchQuickRows(t, p)
+	// The README's table: the same rows, with a full run's schemas.
+	full := strings.NewReplacer("4 schemas", "20 schemas", "8 schemas", "200 schemas")
+	var fullNames []string
+	for _, n := range wantNames {
+		fullNames = append(fullNames, full.Replace(n))
+	}
+	if got := readmeBenchRows(t)[1]; !slices.Equal(got, fullNames) {
+		t.Errorf("the README's app-cost table has the rows\n  %s\nwant\n  %s", strings.Join(got, "\n  "), strings.Join(fullNames, "\n  "))
+	}
+	checkBenchLeftNothing(t, p)
 }

@@ -1,0 +1,549 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The app-cost scenario: what the trigger costs the app's writes in each
+// state a relay may be in (issue 23). The trigger notifies only while a
+// relay holds its schema's idle lock, idle and listening
+// (sql/010_wake_when_idle.sql), and every notifying commit takes
+// PostgreSQL's notify lock, which serializes them database-wide. So the
+// app should pay nothing when no relay is idle: none running, one polling,
+// one whose Redis hangs; and little beside a relay kept awake by the
+// commits. A fleet's tenants each see a trickle: each is idle between its
+// commits, and each commit notifies.
+
+// appCostRounds is how many times each state runs with its triggers
+// disabled and with them enabled, alternating: round 0 disabled first,
+// round 1 enabled first, so that neither always follows the other and
+// the machine's drift falls on both alike.
+const appCostRounds = 2
+
+// appCostCase is one state of the app-cost scenario.
+type appCostCase struct {
+	label  string
+	target float64  // the least TPS with the triggers, as a share of without; 0: none
+	tables []string // each transaction stages a row in one of them, at random
+	// start starts the state's relay and waits until it is in the state;
+	// nil: no relay.
+	start func(ctx context.Context) (*relayProc, error)
+	// drains: the relay delivers what the runs stage; each run waits for
+	// it, and the relay's CPU is counted per job.
+	drains bool
+	// check, if set, is called before each run and says how the state
+	// failed what its target is about ("" if it did not).
+	check func(ctx context.Context) (string, error)
+	note  string
+}
+
+// appCostSide is what the runs of one side (triggers enabled or
+// disabled) of a state measured, summed over the rounds.
+type appCostSide struct {
+	tps       float64 // the mean over the rounds
+	delivered int64
+	cpu       time.Duration
+}
+
+// cpuPer1000 is the relay's CPU per 1,000 jobs delivered, in ms.
+func (s appCostSide) cpuPer1000() float64 {
+	return float64(s.cpu) / float64(time.Millisecond) * 1000 / float64(s.delivered)
+}
+
+// benchAppCost measures the app's write TPS in each state against the
+// same state with the triggers disabled, in alternating runs of
+// --duration, and the relay's CPU per 1,000 jobs delivered.
+func (b *bench) benchAppCost(ctx context.Context) error {
+	conn, err := b.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	one := []string{b.table()}
+	polling := "app cost: polling relay"
+	if b.pollOnly {
+		polling += " (--poll-only)"
+	}
+	cases := []appCostCase{
+		{label: "app cost: no relay", target: 0.95, tables: one,
+			note: fmt.Sprintf("%d writers, one job per transaction; each state runs %d times %s with its triggers and %d times without, alternating", b.cfg.writers, appCostRounds, b.cfg.tpsDuration, appCostRounds)},
+		{label: polling, tables: one, drains: true, note: "a relay of the schema that never holds the idle lock",
+			start: func(ctx context.Context) (*relayProc, error) {
+				p, err := b.startRelay(true)
+				if err != nil {
+					return nil, err
+				}
+				return p, b.waitReady(ctx, p, false)
+			}},
+		{label: "app cost: relay and trigger", target: 0.90, tables: one, drains: true, note: "a relay of the schema, as users run it",
+			start: func(ctx context.Context) (*relayProc, error) {
+				p, err := b.startRelay(false)
+				if err != nil {
+					return nil, err
+				}
+				return p, b.waitReady(ctx, p, true)
+			}},
+		b.hungCase(conn),
+	}
+	run := func(c appCostCase) error {
+		row, err := b.appCost(ctx, conn, c)
+		if err != nil {
+			return fmt.Errorf("%s: %w", strings.TrimPrefix(c.label, "app cost: "), err)
+		}
+		b.rows = append(b.rows, row)
+		return nil
+	}
+	for _, c := range cases {
+		if err := run(c); err != nil {
+			return err
+		}
+	}
+	for _, n := range b.cfg.appCostSchemas {
+		// Ascending sizes, each migrated when its turn comes: the pattern
+		// matches exactly the first n.
+		schemas := b.tenantSchemas("a", n)
+		if err := b.migrateTenants(ctx, schemas); err != nil {
+			return err
+		}
+		tables := b.tenantTables(schemas)
+		note := fmt.Sprintf("one relay --schemas of %d schemas; each transaction stages its row in one of them at random", n)
+		if b.cfg.quick {
+			note += " (--quick: fewer schemas than a full run's 20 and 200)"
+		}
+		err := run(appCostCase{label: fmt.Sprintf("app cost: relay --schemas, %s schemas", fmtInt(int64(n))),
+			target: 0.90, tables: tables, drains: true, note: note,
+			start: func(ctx context.Context) (*relayProc, error) {
+				var have int
+				if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_namespace WHERE starts_with(nspname, $1)", b.schema+"_a").Scan(&have); err != nil {
+					return nil, fmt.Errorf("count the schemas: %w", err)
+				}
+				if have != n {
+					return nil, fmt.Errorf("%d schemas match --schemas %s, want %d", have, b.tenantPattern("a"), n)
+				}
+				p, err := b.startRelayOn(false, "--schemas", b.tenantPattern("a"))
+				if err != nil {
+					return nil, err
+				}
+				if err := b.probeAll(ctx, p, tables); err != nil {
+					return nil, err
+				}
+				return p, b.waitReadyOn(ctx, p, true, tables)
+			}})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// appCost runs one state: its relay started (if any), then its rounds.
+func (b *bench) appCost(ctx context.Context, conn *pgx.Conn, c appCostCase) (benchRow, error) {
+	if err := b.resetTables(ctx, conn, c.tables); err != nil {
+		return benchRow{}, err
+	}
+	if err := setTriggers(ctx, conn, c.tables, true); err != nil {
+		return benchRow{}, err
+	}
+	var p *relayProc
+	if c.start != nil {
+		var err error
+		if p, err = c.start(ctx); err != nil {
+			return benchRow{}, err
+		}
+	}
+	key := b.queueKey("default")
+	var sides [2]appCostSide // disabled, enabled
+	// misses make the row MISS whatever its TPS; unsure make it not
+	// judged.
+	var misses, unsure []string
+	for round := range appCostRounds {
+		for i := range 2 {
+			on := (round+i)%2 == 1
+			side := &sides[(round+i)%2]
+			label := c.label + ", triggers disabled"
+			if on {
+				label = c.label + ", triggers enabled"
+			}
+			// Between runs the tables are emptied while no relay runs, and
+			// have been by a relay that drains. A relay whose Redis hangs
+			// would go idle on an empty table: its rows stay.
+			switch {
+			case p == nil:
+				if err := b.resetTables(ctx, conn, c.tables); err != nil {
+					return benchRow{}, err
+				}
+			case c.drains:
+				// Everything delivered: only the queue to empty.
+				if err := b.rdb.Del(ctx, key).Err(); err != nil {
+					return benchRow{}, fmt.Errorf("DEL %s: %w", key, err)
+				}
+			}
+			if err := setTriggers(ctx, conn, c.tables, on); err != nil {
+				return benchRow{}, err
+			}
+			if c.check != nil {
+				miss, err := c.check(ctx)
+				if err != nil {
+					return benchRow{}, err
+				}
+				if miss != "" && !slices.Contains(misses, miss) {
+					misses = append(misses, miss)
+				}
+			}
+			var cpu0 time.Duration
+			if p != nil {
+				var err error
+				if cpu0, err = p.cpu(); err != nil {
+					return benchRow{}, err
+				}
+			}
+			tps, commits, err := b.appTPSOn(ctx, label, b.cfg.tpsDuration, c.tables)
+			if err != nil {
+				return benchRow{}, err
+			}
+			side.tps += tps / appCostRounds
+			if p == nil {
+				continue
+			}
+			if err := p.exited(); err != nil {
+				return benchRow{}, err
+			}
+			if c.drains {
+				n, err := b.waitDelivered(ctx, p, key, commits)
+				if err != nil {
+					return benchRow{}, err
+				}
+				if n < commits {
+					unsure = append(unsure, fmt.Sprintf("%s of %s committed jobs delivered within %s", fmtInt(n), fmtInt(commits), deliveredTimeout))
+				}
+				side.delivered += n
+			}
+			cpu1, err := p.cpu()
+			if err != nil {
+				return benchRow{}, err
+			}
+			side.cpu += cpu1 - cpu0
+		}
+	}
+	// The scenarios after this one run the relay as users do: with its
+	// trigger.
+	if err := setTriggers(ctx, conn, c.tables, true); err != nil {
+		return benchRow{}, err
+	}
+	if b.hungRedis != nil {
+		// First: the relay's hung reads then end at once, and so does it.
+		b.hungRedis.close()
+		b.hungRedis = nil
+	}
+	if p != nil {
+		if _, err := b.stopRelay(); err != nil {
+			return benchRow{}, err
+		}
+	}
+
+	off, on := sides[0], sides[1]
+	ratio := on.tps / off.tps
+	b.progress("%s: %.0f TPS, %.0f%% of %.0f with the triggers disabled", c.label, on.tps, 100*ratio, off.tps)
+	row := benchRow{scenario: c.label, offered: "closed loop", achieved: fmtRate(on.tps),
+		note: fmt.Sprintf("%.0f%% of %s with the triggers disabled; %s", 100*ratio, fmtRate(off.tps), c.note)}
+	if c.target > 0 {
+		row.target = fmt.Sprintf(">= %.0f%% of triggers disabled", 100*c.target)
+		row.result = b.verdict(ratio >= c.target)
+	}
+	switch {
+	case p == nil:
+	case c.drains && on.delivered > 0 && off.delivered > 0:
+		row.note += fmt.Sprintf("; relay CPU %.1f ms per 1,000 jobs (%.1f with the triggers disabled)", on.cpuPer1000(), off.cpuPer1000())
+	case c.drains:
+		row.note += "; relay CPU: no job delivered"
+	default:
+		row.note += fmt.Sprintf("; relay CPU %s over the runs with the triggers, %s without, no job delivered",
+			on.cpu.Round(time.Millisecond), off.cpu.Round(time.Millisecond))
+	}
+	if all := slices.Concat(misses, unsure); len(all) > 0 {
+		row.note += "; " + strings.Join(all, "; ")
+	}
+	switch {
+	case row.result == "" || b.cfg.quick:
+	case len(misses) > 0:
+		row.result = "MISS"
+	case len(unsure) > 0:
+		row.result = "not judged (" + unsure[0] + ")"
+	}
+	return row, nil
+}
+
+// deliveredTimeout bounds the wait for a run's jobs to reach Redis.
+const deliveredTimeout = time.Minute
+
+// waitDelivered waits until the relay has delivered want jobs to key, or
+// deliveredTimeout has passed, and returns how many it has.
+func (b *bench) waitDelivered(ctx context.Context, p *relayProc, key string, want int64) (int64, error) {
+	deadline := time.Now().Add(deliveredTimeout)
+	for {
+		n, err := b.rdb.LLen(ctx, key).Result()
+		if err != nil {
+			return 0, fmt.Errorf("LLEN %s: %w", key, err)
+		}
+		if n >= want || time.Now().After(deadline) {
+			return n, nil
+		}
+		if err := p.exited(); err != nil {
+			return 0, err
+		}
+		if err := sleepCtx(ctx, 10*time.Millisecond); err != nil {
+			return 0, err
+		}
+	}
+}
+
+// hungCase is the state of a relay whose Redis hangs: it leads the scratch
+// schema and tried to push the job that woke it, and that push (and every
+// command after) gets no answer. The runs leave the rows staged: the relay
+// retries them, awake, after each timeout.
+func (b *bench) hungCase(conn *pgx.Conn) appCostCase {
+	return appCostCase{label: "app cost: relay, Redis hung", target: 0.95, tables: []string{b.table()},
+		note: "a relay of the schema whose Redis (a listener in the bench) answered its start and hangs since its first push",
+		start: func(ctx context.Context) (*relayProc, error) {
+			h, err := startHungRedis()
+			if err != nil {
+				return nil, err
+			}
+			b.hungRedis = h
+			p, err := b.startRelayWith(h.url(), false, "--schema", b.schema)
+			if err != nil {
+				return nil, err
+			}
+			if err := waitUntil(ctx, 60*time.Second, "the relay idle and listening (holding its idle lock)", func() (bool, error) {
+				held, err := b.idleLockHeld(ctx, conn, b.schema)
+				return held, errors.Join(err, p.exited())
+			}); err != nil {
+				return nil, err
+			}
+			// A commit wakes it; its push hangs.
+			if _, err := conn.Exec(ctx, "INSERT INTO "+b.table()+" (job_name, job_args) VALUES ('BenchProbeJob', '[]')"); err != nil {
+				return nil, fmt.Errorf("stage a probe job: %w", err)
+			}
+			if err := waitUntil(ctx, 60*time.Second, "the relay's first push", func() (bool, error) {
+				return h.hung.Load(), p.exited()
+			}); err != nil {
+				return nil, err
+			}
+			// Marked awake 100ms into the hung push (relay/wake.go,
+			// slowPush). If it is not, the runs measure it all the same,
+			// and check says so.
+			err = waitUntil(ctx, 30*time.Second, "the relay awake (its idle lock released)", func() (bool, error) {
+				held, err := b.idleLockHeld(ctx, conn, b.schema)
+				return !held, errors.Join(err, p.exited())
+			})
+			if err != nil && !errors.Is(err, errWaited) {
+				return nil, err
+			}
+			return p, nil
+		},
+		check: func(ctx context.Context) (string, error) {
+			held, err := b.idleLockHeld(ctx, conn, b.schema)
+			if err != nil || !held {
+				return "", err
+			}
+			return "the relay held its idle lock (commits notified it) at the start of a run", nil
+		}}
+}
+
+// errWaited is waitUntil's error when its timeout passed.
+var errWaited = errors.New("waited")
+
+// waitUntil calls cond every 20ms until it reports true or an error, or
+// timeout passes (then the error is errWaited).
+func waitUntil(ctx context.Context, timeout time.Duration, what string, cond func() (bool, error)) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, err := cond()
+		if err != nil || ok {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w %s for %s", errWaited, timeout, what)
+		}
+		if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+// idleLockHeld reports whether a session holds schema's idle lock, as its
+// relay does while idle and listening, so that commits notify: the
+// advisory lock hashtext('stagedrain-idle:' || schema) of
+// sql/010_wake_when_idle.sql, in 16 shards, taken exclusively.
+func (b *bench) idleLockHeld(ctx context.Context, conn *pgx.Conn, schema string) (bool, error) {
+	var held bool
+	err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks
+		WHERE locktype = 'advisory' AND objsubid = 2 AND mode = 'ExclusiveLock' AND granted
+		  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+		  AND classid::bigint = (hashtext($1)::bigint + 4294967296) % 4294967296)`,
+		"stagedrain-idle:"+schema).Scan(&held)
+	if err != nil {
+		return false, fmt.Errorf("read pg_locks: %w", err)
+	}
+	return held, nil
+}
+
+// hungRedis is a Redis that hangs, as one stopped (SIGSTOP) after the
+// relay started: it answers a client's handshake (HELLO refused, so that
+// go-redis falls back to RESP2; CLIENT, SELECT, PING, INFO) until the
+// first other command, a push, and from then on answers nothing, on any
+// connection, while it accepts and reads them all. A client's reads time
+// out.
+type hungRedis struct {
+	ln   net.Listener
+	hung atomic.Bool // a command other than the handshake's came
+	wg   sync.WaitGroup
+
+	mu    sync.Mutex
+	conns map[net.Conn]struct{} // nil once closed
+}
+
+// startHungRedis listens on a port of 127.0.0.1 and serves.
+func startHungRedis() (*hungRedis, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("listen for the hung Redis: %w", err)
+	}
+	h := &hungRedis{ln: ln, conns: make(map[net.Conn]struct{})}
+	h.wg.Add(1)
+	go h.accept()
+	return h, nil
+}
+
+func (h *hungRedis) url() string { return "redis://" + h.ln.Addr().String() + "/0" }
+
+func (h *hungRedis) accept() {
+	defer h.wg.Done()
+	for {
+		c, err := h.ln.Accept()
+		if err != nil {
+			return // closed
+		}
+		h.mu.Lock()
+		if h.conns == nil {
+			h.mu.Unlock()
+			_ = c.Close()
+			return
+		}
+		h.conns[c] = struct{}{}
+		h.wg.Add(1)
+		h.mu.Unlock()
+		go h.serve(c)
+	}
+}
+
+func (h *hungRedis) serve(c net.Conn) {
+	defer h.wg.Done()
+	defer func() {
+		h.mu.Lock()
+		if h.conns != nil {
+			delete(h.conns, c)
+		}
+		h.mu.Unlock()
+		_ = c.Close()
+	}()
+	r := bufio.NewReader(c)
+	for {
+		args, err := readCommand(r)
+		if err != nil {
+			return
+		}
+		if h.hung.Load() {
+			continue
+		}
+		reply, ok := handshakeReply(args)
+		if !ok {
+			h.hung.Store(true)
+			continue
+		}
+		if _, err := io.WriteString(c, reply); err != nil {
+			return
+		}
+	}
+}
+
+// close stops listening, closes every connection and waits for their
+// goroutines.
+func (h *hungRedis) close() {
+	_ = h.ln.Close()
+	h.mu.Lock()
+	for c := range h.conns {
+		_ = c.Close()
+	}
+	h.conns = nil
+	h.mu.Unlock()
+	h.wg.Wait()
+}
+
+// handshakeReply is the reply to a command of a client's start, and false
+// for any other command.
+func handshakeReply(args []string) (string, bool) {
+	if len(args) == 0 {
+		return "", false
+	}
+	switch strings.ToUpper(args[0]) {
+	case "HELLO":
+		return "-ERR unknown command 'HELLO'\r\n", true
+	case "CLIENT", "SELECT":
+		return "+OK\r\n", true
+	case "PING":
+		return "+PONG\r\n", true
+	case "INFO":
+		const info = "# stagedrain bench: a Redis that hangs\r\n"
+		return "$" + strconv.Itoa(len(info)) + "\r\n" + info + "\r\n", true
+	}
+	return "", false
+}
+
+// readCommand reads one command a client sent: a RESP array of bulk
+// strings, or an inline command.
+func readCommand(r *bufio.Reader) ([]string, error) {
+	line, err := r.ReadString('\n')
+	if err != nil {
+		return nil, err
+	}
+	line = strings.TrimRight(line, "\r\n")
+	if !strings.HasPrefix(line, "*") {
+		return strings.Fields(line), nil
+	}
+	n, err := strconv.Atoi(line[1:])
+	if err != nil || n < 0 || n > 1<<20 {
+		return nil, fmt.Errorf("bad array header %q", line)
+	}
+	args := make([]string, 0, n)
+	for range n {
+		hdr, err := r.ReadString('\n')
+		if err != nil {
+			return nil, err
+		}
+		hdr = strings.TrimRight(hdr, "\r\n")
+		size, err := strconv.Atoi(strings.TrimPrefix(hdr, "$"))
+		if !strings.HasPrefix(hdr, "$") || err != nil || size < 0 || size > 1<<26 {
+			return nil, fmt.Errorf("bad bulk header %q", hdr)
+		}
+		buf := make([]byte, size+2)
+		if _, err := io.ReadFull(r, buf); err != nil {
+			return nil, err
+		}
+		args = append(args, string(buf[:size]))
+	}
+	return args, nil
+}
