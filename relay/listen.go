@@ -249,6 +249,9 @@ func (l *listener) HandleBacklog(_ context.Context, channel string, conn *pgx.Co
 func (l *listener) HandleNotification(_ context.Context, n *pgconn.Notification, _ *pgx.Conn) error {
 	trySendWakeup(l.seen)
 	if n.Payload != heartbeatPayload {
+		if f := l.r.fleet; f != nil {
+			f.noted.Add(1)
+		}
 		rt := l.routes[n.Channel]
 		rt.r.metrics.wakeNotify.Inc()
 		trySendWakeup(rt.wake)

@@ -54,6 +54,9 @@ type Relay struct {
 	// fleet, for a relay with Config.Schemas, runs a Relay per schema
 	// (fleet.go); nil for a relay of one schema.
 	fleet *fleet
+	// hot, for a fleet's schema, is the fleet's fleetHot: true while it
+	// polls its schemas and holds them awake. nil otherwise.
+	hot *atomic.Bool
 
 	// Test hooks (export_test.go); nil outside tests.
 	hooks testHooks
@@ -384,6 +387,7 @@ func (r *Relay) leadWith(ctx context.Context, lockConn *pgx.Conn, lockMu *sync.M
 	// when it has found nothing left; in poll-only mode it never does,
 	// since nobody listens.
 	gt := &gate{mu: lockMu, conn: lockConn, awake: true, pinned: r.cfg.PollOnly,
+		held:     r.hot,
 		idleKeys: gateLockNames(r.cfg.Schema, r.cfg.Queues),
 		timeout:  r.gateTimeout + lockQueryTimeout(r.cfg.LeaderInterval),
 		late:     lateCommits{window: r.cfg.PollInterval}}
