@@ -558,12 +558,30 @@ func TestBenchQuickAppCost(t *testing.T) {
 		{"app cost: relay --schemas, 4 schemas", ">= 90% of triggers disabled", true},
 		{"app cost: relay --schemas, 8 schemas", ">= 90% of triggers disabled", true},
 	}
+	// Each fleet's latency at 100 and 1,000 jobs/s spread over its
+	// schemas, after its row.
+	fleetLatency := func(n string) []string {
+		return []string{"latency, 100 jobs/s offered by 4 writers over " + n + " schemas",
+			"latency, 1,000 jobs/s offered by 4 writers over " + n + " schemas"}
+	}
 	var wantNames []string
 	for _, w := range want {
 		wantNames = append(wantNames, w.name)
+		if n, ok := strings.CutPrefix(w.name, "app cost: relay --schemas, "); ok {
+			wantNames = append(wantNames, fleetLatency(strings.TrimSuffix(n, " schemas"))...)
+		}
 	}
 	if !slices.Equal(names[1:], wantNames) {
 		t.Fatalf("rows\n  %s\nwant\n  %s\n%s", strings.Join(names[1:], "\n  "), strings.Join(wantNames, "\n  "), all)
+	}
+	for _, name := range slices.Concat(fleetLatency("4"), fleetLatency("8")) {
+		cells := rows[name]
+		if cells[6] != "p50 <= 1ms, p99 <= 5ms" || cells[7] != notJudgedQuick {
+			t.Errorf("row %q: target %q, result %q; want the single-schema targets, not judged", name, cells[6], cells[7])
+		}
+		if cells[3] == "-" || cells[4] == "-" {
+			t.Errorf("row %q: p50 %q, p99 %q; want figures: the jobs arrived", name, cells[3], cells[4])
+		}
 	}
 	for _, w := range want {
 		cells := rows[w.name]
