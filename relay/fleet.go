@@ -728,6 +728,9 @@ func (s *fleetSession) led() []*tenant {
 // wakes their drains and returns how many; the fallback poll, and a hot
 // fleet's (hot: counted as hot_poll).
 func (s *fleetSession) poll(ctx context.Context, led []*tenant, hot bool) (found int) {
+	if hot {
+		led = slices.DeleteFunc(led, func(t *tenant) bool { return t.r.heldBack.Load() })
+	}
 	if len(led) == 0 {
 		return 0
 	}

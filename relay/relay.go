@@ -57,6 +57,10 @@ type Relay struct {
 	// hot, for a fleet's schema, is the fleet's fleetHot: true while it
 	// polls its schemas and holds them awake. nil otherwise.
 	hot *atomic.Bool
+	// heldBack is true while backpressure holds a queue back (gate.paused),
+	// for a hot fleet's poll, which leaves such a schema to its own
+	// retries and notifications.
+	heldBack atomic.Bool
 
 	// Test hooks (export_test.go); nil outside tests.
 	hooks testHooks

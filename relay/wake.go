@@ -103,9 +103,14 @@ type gate struct {
 	awake  bool
 	pinned bool // poll-only: never goes idle
 	// held, when set and true, holds the relay awake: a fleet running hot
-	// (fleet.go, fleetHot) finds its schemas' rows by polling them all at
+	// (fleethot.go) finds its schemas' rows by polling them all at
 	// once, and no commit need notify.
-	held    *atomic.Bool
+	held *atomic.Bool
+	// paused is true while backpressure holds a queue back: the relay
+	// then goes idle and is notified as a relay of one schema, hot fleet
+	// or not (its rows held back would otherwise keep the hot poll
+	// waking it, for nothing, every step).
+	paused  bool
 	idleAt  time.Time     // when the relay last went idle, or a drain ended
 	timeout time.Duration // bounds each statement: lock_timeout plus the lock connection's query timeout
 	late    lateCommits
@@ -186,7 +191,7 @@ func (g *gate) awakeIfSlow(ctx context.Context) (done func() error) {
 
 // heldAwake reports whether a hot fleet holds the relay awake.
 func (g *gate) heldAwake() bool {
-	return g.held != nil && g.held.Load()
+	return g.held != nil && g.held.Load() && !g.paused
 }
 
 // release gives back the gate's locks at the end of a lead, whatever ended
