@@ -61,6 +61,11 @@ type Relay struct {
 	// for a hot fleet's poll, which leaves such a schema to its own
 	// retries and notifications.
 	heldBack atomic.Bool
+	// deaf is true while no listener session has LISTENed on the schema's
+	// channel (at start, and from a listener's failure until it LISTENs
+	// again): the relay does not go idle then, since a commit's
+	// notification would reach nobody (gate.heldAwake).
+	deaf atomic.Bool
 
 	// Test hooks (export_test.go); nil outside tests.
 	hooks testHooks
@@ -150,6 +155,7 @@ func New(cfg Config) (*Relay, error) {
 
 		listenerHeartbeat: listenerHeartbeat,
 	}
+	r.deaf.Store(true)
 	if r.src, err = newSource(cfg, version); err != nil {
 		return nil, fmt.Errorf("read migrations: %w", err)
 	}
@@ -392,6 +398,7 @@ func (r *Relay) leadWith(ctx context.Context, lockConn *pgx.Conn, lockMu *sync.M
 	// since nobody listens.
 	gt := &gate{mu: lockMu, conn: lockConn, awake: true, pinned: r.cfg.PollOnly,
 		held:     r.hot,
+		deaf:     &r.deaf,
 		idleKeys: gateLockNames(r.cfg.Schema, r.cfg.Queues),
 		timeout:  r.gateTimeout + lockQueryTimeout(r.cfg.LeaderInterval),
 		late:     lateCommits{window: r.cfg.PollInterval}}

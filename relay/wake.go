@@ -106,6 +106,10 @@ type gate struct {
 	// (fleethot.go) finds its schemas' rows by polling them all at
 	// once, and no commit need notify.
 	held *atomic.Bool
+	// deaf, when true, holds the relay awake too: its listener is not
+	// LISTENing (Relay.deaf), and an idle relay would only make commits
+	// notify nobody.
+	deaf *atomic.Bool
 	// paused is true while backpressure holds a queue back: the relay
 	// then goes idle and is notified as a relay of one schema, hot fleet
 	// or not (its rows held back would otherwise keep the hot poll
@@ -189,8 +193,15 @@ func (g *gate) awakeIfSlow(ctx context.Context) (done func() error) {
 	}
 }
 
-// heldAwake reports whether a hot fleet holds the relay awake.
+// heldAwake reports whether the relay must not go idle: its listener is
+// not LISTENing, or a hot fleet holds it awake (hot).
 func (g *gate) heldAwake() bool {
+	return g.deaf != nil && g.deaf.Load() || g.hot()
+}
+
+// hot reports whether a hot fleet holds the relay awake, and finds its
+// rows by its poll (unless backpressure holds a queue back).
+func (g *gate) hot() bool {
 	return g.held != nil && g.held.Load() && !g.paused
 }
 
