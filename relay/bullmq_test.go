@@ -138,6 +138,37 @@ func stageFromNode(t *testing.T, h *harness, rollback bool) string {
 	return strings.TrimSpace(string(out))
 }
 
+// The README's "From Node" example is what stage.js runs: the lines
+// between its markers, but for those ending "// test only".
+func TestBullMQReadmeNodeExample(t *testing.T) {
+	t.Parallel()
+	readme, err := os.ReadFile(filepath.Join("..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, _ := strings.Cut(string(readme), "### From Node\n")
+	_, block, _ := strings.Cut(section, "```js\n")
+	block, _, _ = strings.Cut(block, "```")
+	script, err := os.ReadFile(filepath.Join(bullmqDir, "stage.js"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, example, _ := strings.Cut(string(script), "// --- the README's example, from here\n")
+	example, _, _ = strings.Cut(example, "// --- to here")
+	lines := func(s string) []string {
+		var out []string
+		for l := range strings.Lines(s) {
+			if l = strings.TrimSpace(l); l != "" && !strings.HasSuffix(l, "// test only") {
+				out = append(out, l)
+			}
+		}
+		return out
+	}
+	if got, want := lines(example), lines(block); strings.Join(got, "\n") != strings.Join(want, "\n") || len(want) < 5 {
+		t.Fatalf("stage.js runs\n%s\nbut the README's From Node example is\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
 // A real BullMQ Worker (bullmq 6.7.0 on Node) runs every job the relay
 // pushed exactly once, with the name, data, queue, job id and options that
 // were staged: immediate jobs in two queues, a prioritized one, a delayed

@@ -95,7 +95,7 @@ func TestUsageErrors(t *testing.T) {
 		{"batch size not a number", []string{"run", "--database-url", db, "--batch-size", "many"}, []string{"-batch-size"}},
 
 		{"bad timestamp format", []string{"run", "--database-url", db, "--timestamp-format", "nanos"}, []string{"--timestamp-format", "nanos"}},
-		{"unknown target", []string{"run", "--database-url", db, "--target", "resque"}, []string{"run: --target", `"sidekiq", "asynq" or "streams", got "resque"`}},
+		{"unknown target", []string{"run", "--database-url", db, "--target", "resque"}, []string{"run: --target", `"sidekiq", "asynq", "streams" or "bullmq", got "resque"`}},
 		{"empty target", []string{"run", "--database-url", db, "--target="}, []string{"--target", "must not be empty"}},
 		{"unknown source", []string{"run", "--database-url", db, "--source", "good_job"}, []string{"run: --source", `"staged_jobs" or "sidekiq_staged_push", got "good_job"`}},
 		{"unknown source to migrate", []string{"migrate", "--database-url", db, "--source", "outbox"}, []string{"migrate: --source", `got "outbox"`}},
