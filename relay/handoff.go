@@ -20,9 +20,10 @@ import (
 //     fence hash, or the script refuses the whole batch (FENCED) and the
 //     relay steps down;
 //  2. deletes the records of earlier batches whose delete has committed;
-//  3. runs the target's commands (an op per queue: LPUSH, ZADD, ...), each
-//     op on its own, so that a WRONGTYPE on one queue's key refuses only that
-//     queue's jobs;
+//  3. runs the target's commands (an op per queue: LPUSH, ZADD, ...; or a
+//     target's own Lua op, as BullMQ's add, whose writes depend on what the
+//     queue's keys hold: see handoffScript), each op on its own, so that a
+//     WRONGTYPE on one queue's key refuses only that queue's jobs;
 //  4. records, in the record hash under a field of its own, the ids of the
 //     rows whose op succeeded (the field is written even when none did).
 //
