@@ -81,6 +81,25 @@ func TestBullMQRejects(t *testing.T) {
 	}
 }
 
+// With Config.TenantKey, the schema's name goes into the job's opts under
+// the key (BullMQ keeps opts it does not know: job.opts.apartment); a row
+// naming another tenant there is refused.
+func TestBullMQTenant(t *testing.T) {
+	t.Parallel()
+	tg := newBullmqTarget("", 1<<20, false)
+	tg.tenant = newTenantTag("apartment", "tenant_a")
+	var u pushUnit
+	var res pushResult
+	tg.add(&u, []stagedJob{goldenJob(1, "a", `[]`, "q", nil, `{}`), goldenJob(2, "a", `[]`, "q", nil, `{"apartment": "tenant_b"}`)}, goldenNow, &res)
+	ops := opsOf(t, &u)
+	if len(ops) != 1 || len(res.rejected) != 1 || res.rejected[0].id != 2 || !strings.Contains(res.rejected[0].reason, "tenant mismatch") {
+		t.Fatalf("%d ops, rejected %+v; want job 1 pushed, job 2 refused for its tenant", len(ops), res.rejected)
+	}
+	if opts := ops[0].Commands[0].Args[4].(string); !strings.HasSuffix(opts, `,"apartment":"tenant_a"}`) {
+		t.Fatalf("opts %s, want the tenant under apartment", opts)
+	}
+}
+
 // JavaScript's `${parseInt(s, 10)}` === s, as BullMQ tests a custom id.
 func TestJSInteger(t *testing.T) {
 	t.Parallel()

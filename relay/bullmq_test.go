@@ -354,3 +354,32 @@ func TestBullMQDeadLetters(t *testing.T) {
 		t.Fatalf("the refused job wrote %d of broken's id and events keys, want none: a job is added whole or not at all", n)
 	}
 }
+
+// A second add of a job id BullMQ holds already is a no-op, as BullMQ's own
+// add of an existing custom jobId is: the row is deleted, the job is left as
+// it was, and BullMQ's job counter does not move.
+func TestBullMQSameJIDIsANoOp(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	cfg := h.config()
+	cfg.Target = relay.TargetBullMQ
+	ctx := context.Background()
+	insert := func(args string) {
+		t.Helper()
+		if _, err := h.conn.Exec(ctx, "INSERT INTO "+pgx.Identifier{h.schema, "staged_jobs"}.Sanitize()+
+			" (job_name, job_args, jid) VALUES ('work', $1, 'job-1')", args); err != nil {
+			t.Fatal(err)
+		}
+	}
+	insert(`[1]`)
+	h.start(cfg)
+	h.waitStaged(0)
+	insert(`[2]`)
+	h.waitStaged(0)
+	data := h.rdb.HGet(ctx, h.ns+":default:job-1", "data").Val()
+	counter := h.rdb.Get(ctx, h.ns+":default:id").Val()
+	waiting := h.rdb.LRange(ctx, h.ns+":default:wait", 0, -1).Val()
+	if data != "[1]" || counter != "1" || len(waiting) != 1 || waiting[0] != "job-1" {
+		t.Fatalf("job-1's data %q, the job counter %q, wait %v; want the first add's [1], 1 and [job-1]", data, counter, waiting)
+	}
+}
