@@ -383,3 +383,27 @@ func TestBullMQSameJIDIsANoOp(t *testing.T) {
 		t.Fatalf("job-1's data %q, the job counter %q, wait %v; want the first add's [1], 1 and [job-1]", data, counter, waiting)
 	}
 }
+
+// A job of a queue whose meta says paused goes to its wait list with no
+// marker, as BullMQ 6's add does (a worker wakes for it once the queue is
+// resumed, which sets the marker); a queue's other jobs get the marker.
+func TestBullMQPausedQueue(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	cfg := h.config()
+	cfg.Target = relay.TargetBullMQ
+	ctx := context.Background()
+	if err := h.rdb.HSet(ctx, h.ns+":held:meta", "paused", 1).Err(); err != nil {
+		t.Fatal(err)
+	}
+	jids := h.stageMany(relay.Job{Name: "a", Args: []any{1}, Queue: "held"}, relay.Job{Name: "b", Args: []any{2}, Queue: "open"})
+	h.start(cfg)
+	h.waitStaged(0)
+	for i, q := range []string{"held", "open"} {
+		wait := h.rdb.LRange(ctx, h.ns+":"+q+":wait", 0, -1).Val()
+		marked := h.rdb.ZScore(ctx, h.ns+":"+q+":marker", "0").Err() == nil
+		if len(wait) != 1 || wait[0] != jids[i] || marked != (q == "open") {
+			t.Errorf("queue %s: wait %v, marker set %v; want [%s], and a marker only for the queue not paused", q, wait, marked, jids[i])
+		}
+	}
+}
