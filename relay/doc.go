@@ -73,7 +73,7 @@
 // maps flags to fields). Config.Redis may be a *redis.Client (one server, or
 // Sentinel through redis.NewFailoverClient) or a *redis.ClusterClient (not
 // with [TargetSidekiq]); the relay does not close it. Config.Target picks
-// [TargetSidekiq], [TargetAsynq] or [TargetStreams]; Config.Source picks
+// [TargetSidekiq], [TargetAsynq], [TargetStreams] or [TargetBullMQ]; Config.Source picks
 // [SourceStagedJobs] or [SourceSidekiqStagedPush].
 //
 // Run retries lost connections to PostgreSQL and Redis with capped

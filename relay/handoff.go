@@ -20,9 +20,10 @@ import (
 //     fence hash, or the script refuses the whole batch (FENCED) and the
 //     relay steps down;
 //  2. deletes the records of earlier batches whose delete has committed;
-//  3. runs the target's commands (an op per queue: LPUSH, ZADD, ...), each
-//     op on its own, so that a WRONGTYPE on one queue's key refuses only that
-//     queue's jobs;
+//  3. runs the target's commands (an op per queue: LPUSH, ZADD, ...; or a
+//     target's own Lua op, as BullMQ's add, whose writes depend on what the
+//     queue's keys hold: see handoffScript), each op on its own, so that a
+//     WRONGTYPE on one queue's key refuses only that queue's jobs;
 //  4. records, in the record hash under a field of its own, the ids of the
 //     rows whose op succeeded (the field is written even when none did).
 //
@@ -81,7 +82,19 @@ import (
 // delivers nothing. XUNACKED, for a stream, is what its slowest consumer
 // group has not acknowledged (see unacked below): the first op of a run to
 // a stream measures it, and each op that runs counts one entry more (each
-// such op adds one entry).
+// such op adds one entry). cmd may also be a sum, "LLEN+LLEN+ZCARD": one
+// key per term follows the guard keys, and the length is the sum of the
+// terms (a BullMQ queue's waiting jobs are in its wait and paused lists and
+// its prioritized set, bullmq.go).
+//
+// A command's name may be that of a Lua op instead (luaOps: a target's
+// own Lua, such as bullmq.add, bullmq.go): it is called with the indexes of
+// its keys in KEYS and its arguments in ARGV, and answers as a command
+// does, an error reply ({err = ...}) included; a Lua error it raises is
+// caught and is the op's error reply. A target needs one where what it
+// writes depends on what Redis holds, as BullMQ's own add scripts read the
+// queue's meta hash (paused, concurrency, the events stream's length) and
+// the delayed and priority sets before they write.
 //
 // It answers two elements per op: 1 and the last command's reply when the
 // op ran, 2 and the guard key that existed when a guard skipped it, 3 and
@@ -91,6 +104,8 @@ import (
 // record holds this batch's field already, it runs no op and answers two
 // elements: -1 and the field's value (the ids the first run delivered).
 var handoffScript = redis.NewScript(`
+local luaOps = {} -- name -> function(k, a): a target's Lua op (see above)
+` + bullmqLua + `
 -- unacked is how many entries of the stream key its slowest consumer group
 -- has not acknowledged, and that group's name: the most, over the groups
 -- (XINFO GROUPS, Redis 7.0+), of pending (read, not acknowledged) plus lag
@@ -153,7 +168,7 @@ while a <= #ARGV do
   if not guard then
     -- "<guards> <LLEN|ZCARD|XLEN> <limit>": a length guard follows the
     -- guard keys (backpressure).
-    local g, c, l = string.match(ARGV[a], '^(%d+) (%u+) (%d+)$')
+    local g, c, l = string.match(ARGV[a], '^(%d+) ([%u+]+) (%d+)$')
     guard, lencmd, limit = tonumber(g), c, tonumber(l)
   end
   a = a + 3
@@ -173,19 +188,35 @@ while a <= #ARGV do
         end
         if unackedOf[1] >= limit then status, reply = 3, unackedOf end
       end
-    elseif status == 1 then
-      -- A key of another type fails the op's own command (WRONGTYPE).
-      local n = redis.pcall(lencmd, KEYS[k])
-      if type(n) == 'number' and n >= limit then status, reply = 3, n end
+      k = k + 1
+    else
+      -- A key of another type fails the op's own command (WRONGTYPE). A
+      -- sum has a key per term.
+      local n = 0
+      for c in string.gmatch(lencmd, '%u+') do
+        if status == 1 then
+          local m = redis.pcall(c, KEYS[k])
+          if type(m) == 'number' then n = n + m end
+        end
+        k = k + 1
+      end
+      if status == 1 and n >= limit then status, reply = 3, n end
     end
-    k = k + 1
   end
   for c = 1, ncmds do
     local name, nkeys, nargs = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
     a = a + 3
     if status == 1 then
       local r
-      if nkeys == 1 then
+      local op = luaOps[name]
+      if op then
+        local ok, res = pcall(op, k, a)
+        if ok then
+          r = res
+        else
+          r = {err = type(res) == 'table' and res.err or tostring(res)}
+        end
+      elseif nkeys == 1 then
         -- The common case, without copying the arguments into a table.
         r = redis.pcall(name, KEYS[k], unpack(ARGV, a, a + nargs - 1))
       else
@@ -680,14 +711,15 @@ type pushUnit struct {
 // limit makes the current op, before any of its commands, run only while
 // key (queue's, measured by cmd: LLEN, ZCARD, XLEN, or XUNACKED for a
 // stream whose op adds one entry; see handoffScript) holds fewer than
-// maxLen entries. Without maxLen it does nothing.
-func (u *pushUnit) limit(queue, cmd, key string) {
+// maxLen entries. cmd may be a sum of terms, "LLEN+LLEN+ZCARD", with a key
+// per term. Without maxLen it does nothing.
+func (u *pushUnit) limit(queue, cmd string, keys ...string) {
 	if u.maxLen <= 0 {
 		return
 	}
 	op := &u.ops[len(u.ops)-1]
-	op.queue, op.lenKey, op.limit = queue, key, u.maxLen
-	u.keys = append(u.keys, key)
+	op.queue, op.lenKey, op.limit = queue, strings.Join(keys, " + "), u.maxLen
+	u.keys = append(u.keys, keys...)
 	g := u.ncmds - 1
 	u.args[g] = strconv.Itoa(u.args[g].(int)) + " " + cmd + " " + strconv.FormatInt(u.maxLen, 10)
 }
@@ -738,6 +770,15 @@ func (u *pushUnit) begin(ids []int64, guards ...string) {
 func (u *pushUnit) command(name, key string, args ...any) {
 	u.keys = append(u.keys, key)
 	u.args = append(u.args, name, 1, len(args))
+	u.args = append(u.args, args...)
+	u.args[u.ncmds] = u.args[u.ncmds].(int) + 1
+}
+
+// call adds a command on several keys to the current op: a Redis command,
+// or a Lua op of the script (luaOps, see handoffScript).
+func (u *pushUnit) call(name string, keys []string, args ...any) {
+	u.keys = append(u.keys, keys...)
+	u.args = append(u.args, name, len(keys), len(args))
 	u.args = append(u.args, args...)
 	u.args[u.ncmds] = u.args[u.ncmds].(int) + 1
 }

@@ -171,6 +171,9 @@ func New(cfg Config) (*Relay, error) {
 	case TargetAsynq:
 		t := newAsynqTarget(cfg.MaxPayloadBytes)
 		t.tenant, r.target = tenant, t
+	case TargetBullMQ:
+		t := newBullmqTarget(cfg.RedisNamespace, cfg.MaxPayloadBytes, isCluster(cfg.Redis))
+		t.tenant, r.target = tenant, t
 	case TargetStreams:
 		t := newStreamTarget(cfg.RedisNamespace, cfg.StreamMaxLen, cfg.MaxPayloadBytes)
 		t.tenant, r.target = tenant, t

@@ -45,6 +45,7 @@ type benchFlags struct {
 	writers     int
 	scenarios   string
 	quick       bool
+	target      string
 }
 
 // benchConfig is what one bench run does, after --quick.
@@ -60,6 +61,7 @@ type benchConfig struct {
 	appCostSchemas  []int         // the app-cost scenario's fleets: numbers of schemas
 	writers         int           // app writers of the TPS and the 5,000/s scenarios
 	quick           bool          // figures too short for their targets are not judged
+	target          string        // the relay's --target: sidekiq, or bullmq (backlog only)
 	run             map[string]bool
 }
 
@@ -86,6 +88,8 @@ func newBenchFlags() (*flagSet, *benchFlags) {
 	f.env("scenarios", "STAGEDRAIN_BENCH_SCENARIOS")
 	f.fs.BoolVar(&c.quick, "quick", false, "a smoke run: 500ms scenarios (each until it has 50 jobs), a 1s idle window, a 10,000-job backlog, scale at 1 and 10 schemas only, app-cost's fleets of 4 and 8 (an explicit --duration or --backlog wins); the same rows, none judged")
 	f.env("quick", "STAGEDRAIN_BENCH_QUICK")
+	f.fs.StringVar(&c.target, "target", "sidekiq", "the job `system` the relay writes: sidekiq, or bullmq (BullMQ's wait lists; with --scenarios backlog only)")
+	f.env("target", "STAGEDRAIN_TARGET")
 	f.required("database-url", "redis-url", "scenarios")
 	return f, c
 }
@@ -109,7 +113,7 @@ func (c *benchFlags) config(f *flagSet) (benchConfig, error) {
 	cfg := benchConfig{
 		tpsDuration: c.duration, latencyDuration: c.duration,
 		idleWarmup: 10 * time.Second, idleWindow: 60 * time.Second,
-		backlog: c.backlog, writers: c.writers, quick: c.quick, run: make(map[string]bool),
+		backlog: c.backlog, writers: c.writers, quick: c.quick, target: c.target, run: make(map[string]bool),
 		scaleSteps: []int{1, 10, 100, 1000}, scaleWarmup: 5 * time.Second, scaleWindow: 30 * time.Second,
 		appCostSchemas: []int{20, 200},
 	}
@@ -139,6 +143,12 @@ func (c *benchFlags) config(f *flagSet) (benchConfig, error) {
 			return cfg, usagef("bench: %s: unknown scenario %q, want some of %s", f.source("scenarios"), s, strings.Join(benchScenarios, ", "))
 		}
 		cfg.run[s] = true
+	}
+	switch {
+	case c.target != "sidekiq" && c.target != "bullmq":
+		return cfg, usagef("bench: %s must be sidekiq or bullmq, got %q", f.source("target"), c.target)
+	case c.target == "bullmq" && (len(cfg.run) != 1 || !cfg.run["backlog"]):
+		return cfg, usagef("bench: %s bullmq runs with --scenarios backlog only", f.source("target"))
 	}
 	return cfg, nil
 }
@@ -479,6 +489,9 @@ func (b *bench) startRelayOn(pollOnly bool, schemaArgs ...string) (*relayProc, e
 func (b *bench) startRelayWith(redisURL string, pollOnly bool, schemaArgs ...string) (*relayProc, error) {
 	args := append([]string{"run"}, schemaArgs...)
 	args = append(args, "--redis-namespace", b.ns, "--log-level", "warn")
+	if b.cfg.target != "" {
+		args = append(args, "--target", b.cfg.target)
+	}
 	if pollOnly && b.pollOnly {
 		args = append(args, "--poll-only")
 	}

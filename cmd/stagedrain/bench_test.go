@@ -645,3 +645,23 @@ func TestBenchQuickAppCost(t *testing.T) {
 	}
 	checkBenchLeftNothing(t, p)
 }
+
+// bench --target bullmq drains the backlog into BullMQ's wait lists and
+// says so in its row.
+func TestBenchQuickBullMQ(t *testing.T) {
+	t.Parallel()
+	p := startProc(t, "bench", childEnv(), "bench", "--quick", "--scenarios", "backlog", "--target", "bullmq")
+	if code := p.wait(benchRunTimeout); code != 0 {
+		t.Fatalf("exit code %d, want 0; output:\n%s", code, p.output())
+	}
+	for _, l := range p.stdout.snapshot() {
+		cells := strings.Split(l.raw, "|")
+		if len(cells) == 9 && strings.TrimSpace(cells[0]) == "backlog drain, 4 queues, --target bullmq" {
+			if rate := strings.TrimSpace(cells[2]); rate == "" || rate == "-" || rate == "0" {
+				t.Fatalf("the bullmq backlog row has no rate: %q", l.raw)
+			}
+			return
+		}
+	}
+	t.Fatalf("no \"backlog drain, 4 queues, --target bullmq\" row; output:\n%s", p.output())
+}

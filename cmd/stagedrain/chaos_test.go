@@ -38,6 +38,8 @@ var (
 		"with -chaos.only: how many of each fault named (0: the plan's count)")
 	chaosSchemas = flag.Int("chaos.schemas", 0,
 		"run TestChaos's relays with --schemas over this many schemas (0: one schema, with --schema); TestChaosSchemas's default is chaosShortSchemas")
+	chaosTarget = flag.String("chaos.target", "sidekiq",
+		"the relays' --target: sidekiq, or bullmq (jobs read from BullMQ's wait lists and delayed sets, prefix bull)")
 	chaosLogs = flag.String("chaos.logs", "",
 		"write each relay's output to `dir`/relay-N.log once TestChaos ends (a passing run shows none of it)")
 )
@@ -203,6 +205,26 @@ const (
 )
 
 func chaosQueues() []string { return []string{"default", "critical", "mailers", "low"} }
+
+// chaosQueueKey is the list a queue's immediate jobs go to with
+// -chaos.target; chaosScheduleKeys the sorted sets of scheduled jobs.
+func chaosQueueKey(q string) string {
+	if *chaosTarget == "bullmq" {
+		return "bull:" + q + ":wait"
+	}
+	return "queue:" + q
+}
+
+func chaosScheduleKeys() []string {
+	if *chaosTarget != "bullmq" {
+		return []string{"schedule"}
+	}
+	var keys []string
+	for _, q := range chaosQueues() {
+		keys = append(keys, "bull:"+q+":delayed")
+	}
+	return keys
+}
 
 // TestChaos runs two stagedrain relays (a leader and a standby) against a
 // private PostgreSQL and Redis while producers stage jobs, commit and roll
@@ -375,7 +397,7 @@ func newChaos(t *testing.T, plan chaosPlan, seed int64, schemas int) *chaos {
 			FROM unnest($1::text[], $2::text[], $3::bool[]) AS u(a, q, s)`,
 		}
 	}
-	if err := c.rdb.Set(c.ctx, "queue:"+chaosWrongTypeQueue, "not a list", 0).Err(); err != nil {
+	if err := c.rdb.Set(c.ctx, chaosQueueKey(chaosWrongTypeQueue), "not a list", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
 	return c
@@ -454,7 +476,8 @@ func (c *chaos) startRelay() *proc {
 	c.t.Helper()
 	name := fmt.Sprintf("relay %d", len(c.relays)+1)
 	p := startProc(c.t, name, childEnv("DATABASE_URL="+c.pg.URL(), "REDIS_URL="+c.redis.URL()),
-		"run", c.schemaFlag(), c.schemaArg(), "--max-payload-bytes", fmt.Sprint(chaosMaxPayloadBytes), "--max-backoff", "1s")
+		"run", c.schemaFlag(), c.schemaArg(), "--max-payload-bytes", fmt.Sprint(chaosMaxPayloadBytes), "--max-backoff", "1s",
+		"--target", *chaosTarget)
 	p.failTail = 40
 	c.relays = append(c.relays, p)
 	c.note("%s started (pid %d)", name, p.cmd.Process.Pid)
@@ -1192,9 +1215,11 @@ func sampleDeliveries(ctx context.Context, port int) deliveryGap {
 		var cmds []*redis.IntCmd
 		_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for _, q := range chaosQueues() {
-				cmds = append(cmds, p.LLen(ctx, "queue:"+q))
+				cmds = append(cmds, p.LLen(ctx, chaosQueueKey(q)))
 			}
-			cmds = append(cmds, p.ZCard(ctx, "schedule"))
+			for _, k := range chaosScheduleKeys() {
+				cmds = append(cmds, p.ZCard(ctx, k))
+			}
 			return nil
 		})
 		if err != nil {
@@ -1317,6 +1342,10 @@ func (c *chaos) readDeliveries() (map[string][]delivery, []string) {
 			}
 		}
 	}
+	if *chaosTarget == "bullmq" {
+		c.readBullmqDeliveries(add)
+		return byMarker, foreign
+	}
 	keys, err := c.rdb.Keys(ctx, "queue:*").Result()
 	if err != nil {
 		t.Fatalf("KEYS queue:*: %v", err)
@@ -1336,6 +1365,77 @@ func (c *chaos) readDeliveries() (map[string][]delivery, []string) {
 	}
 	read("schedule", "zset")
 	return byMarker, foreign
+}
+
+// chaosBullmqReadScript reads ARGV[1] to ARGV[2] of the wait list (ARGV[3]
+// "list") or delayed zset KEYS[1] of the BullMQ queue whose keys start
+// KEYS[2] (bull:<queue>:), as chaosReadScript does Sidekiq's: each entry is
+// a job id, its job hash <prefix><id> holds the name and data (whose first
+// element is the marker). The queue is the key's.
+var chaosBullmqReadScript = redis.NewScript(`
+local items
+if ARGV[3] == 'list' then
+  items = redis.call('LRANGE', KEYS[1], ARGV[1], ARGV[2])
+else
+  items = redis.call('ZRANGE', KEYS[1], ARGV[1], ARGV[2])
+end
+local out = {}
+for i, id in ipairs(items) do
+  local h = redis.call('HMGET', KEYS[2] .. id, 'name', 'data')
+  local ok, data = pcall(cjson.decode, h[2] or '')
+  local marker = ok and h[1] == 'ChaosJob' and type(data) == 'table' and data[1]
+  if type(marker) == 'string' and marker ~= '' and not (marker .. id):find('[\t\n]') then
+    out[i] = marker .. '\t' .. id .. '\t' .. ARGV[4] .. '\t'
+  else
+    out[i] = '!' .. id .. ' ' .. tostring(h[1]) .. ' ' .. tostring(h[2])
+  end
+end
+return {#items, table.concat(out, '\n')}
+`)
+
+// readBullmqDeliveries reads every job of the BullMQ queues' wait lists
+// (as key queue:<name>) and delayed sets (as schedule) into add. The job
+// key guards a BullMQ add, so a second push of a job is a no-op there: the
+// queues' job counters (<prefix>:<queue>:id, one INCR per add that ran)
+// must then add up to the jobs found, or a job was added twice.
+func (c *chaos) readBullmqDeliveries(add func(key, entry string)) {
+	t, ctx := c.t, c.ctx
+	const chunk = 10_000
+	var found, adds int64
+	for _, q := range chaosQueues() {
+		for _, kind := range []string{"list", "zset"} {
+			key, as := "bull:"+q+":wait", "queue:"+q
+			if kind == "zset" {
+				key, as = "bull:"+q+":delayed", "schedule"
+			}
+			for i := int64(0); ; i += chunk {
+				reply, err := chaosBullmqReadScript.Run(ctx, c.rdb, []string{key, "bull:" + q + ":"}, i, i+chunk-1, kind, q).Slice()
+				if err != nil {
+					t.Fatalf("read %s %s: %v", kind, key, err)
+				}
+				n, _ := reply[0].(int64)
+				lines, _ := reply[1].(string)
+				for got := int64(0); got < n; got++ {
+					var entry string
+					entry, lines, _ = strings.Cut(lines, "\n")
+					add(as, entry)
+				}
+				found += n
+				if n < chunk {
+					break
+				}
+			}
+		}
+		n, err := c.rdb.Get(ctx, "bull:"+q+":id").Int64()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			t.Fatalf("GET bull:%s:id: %v", q, err)
+		}
+		adds += n
+	}
+	if adds != found {
+		t.Errorf("BullMQ's job counters count %d adds, for %d jobs in the queues: a job was added twice", adds, found)
+	}
+	c.note("bullmq: %d jobs found, %d adds counted", found, adds)
 }
 
 // readDead returns the markers of staged_jobs_dead's rows (of every

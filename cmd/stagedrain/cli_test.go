@@ -95,7 +95,8 @@ func TestUsageErrors(t *testing.T) {
 		{"batch size not a number", []string{"run", "--database-url", db, "--batch-size", "many"}, []string{"-batch-size"}},
 
 		{"bad timestamp format", []string{"run", "--database-url", db, "--timestamp-format", "nanos"}, []string{"--timestamp-format", "nanos"}},
-		{"unknown target", []string{"run", "--database-url", db, "--target", "resque"}, []string{"run: --target", `"sidekiq", "asynq" or "streams", got "resque"`}},
+		{"bench target bullmq beside other scenarios", []string{"bench", "--database-url", db, "--target", "bullmq"}, []string{"bench: --target bullmq runs with --scenarios backlog only"}},
+		{"unknown target", []string{"run", "--database-url", db, "--target", "resque"}, []string{"run: --target", `"sidekiq", "asynq", "streams" or "bullmq", got "resque"`}},
 		{"empty target", []string{"run", "--database-url", db, "--target="}, []string{"--target", "must not be empty"}},
 		{"unknown source", []string{"run", "--database-url", db, "--source", "good_job"}, []string{"run: --source", `"staged_jobs" or "sidekiq_staged_push", got "good_job"`}},
 		{"unknown source to migrate", []string{"migrate", "--database-url", db, "--source", "outbox"}, []string{"migrate: --source", `got "outbox"`}},
@@ -301,6 +302,7 @@ func TestHelp(t *testing.T) {
 			"writers":      "STAGEDRAIN_BENCH_WRITERS",
 			"scenarios":    "STAGEDRAIN_BENCH_SCENARIOS",
 			"quick":        "STAGEDRAIN_BENCH_QUICK",
+			"target":       "STAGEDRAIN_TARGET",
 		}},
 		{"version", nil},
 		// dead's own flags say what to do, and have no variable ("").
