@@ -30,13 +30,6 @@ func TestDeafRelayHoldsNoIdleLock(t *testing.T) {
 	var connects atomic.Int32
 	var listener atomic.Uint32
 	release := make(chan struct{})
-	t.Cleanup(func() {
-		select {
-		case <-release:
-		default:
-			close(release)
-		}
-	})
 	relay.SetOnListenerConnected(r, func(pid uint32) {
 		listener.Store(pid)
 		if connects.Add(1) == 2 {
@@ -44,6 +37,15 @@ func TestDeafRelayHoldsNoIdleLock(t *testing.T) {
 		}
 	})
 	h.run(r)
+	// After h.run's: cleanups run last first, and Run waits for the held
+	// listener.
+	t.Cleanup(func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	})
 	testenv.WaitFor(t, 10*time.Second, "the relay leads", func() (bool, string) {
 		return r.Status().Role == relay.RoleLeader, fmt.Sprint(r.Status().Role)
 	})
@@ -61,13 +63,11 @@ func TestDeafRelayHoldsNoIdleLock(t *testing.T) {
 		got := idleHolders(t, h.conn, h.schema)
 		return len(got) == 0, fmt.Sprintf("held by %v", got)
 	})
-	// A commit meanwhile notifies nobody, and waits for the LISTEN's drain.
+	// A commit meanwhile does not notify (the drain that gave the lock
+	// back may still see it; else the LISTEN's drain does).
 	listen := listen(t, testenv.DatabaseURL(), h.schema)
 	jid := stageOn(t, h, h.conn, "W")
 	checkDidNotNotify(t, listen, h.schema, "a commit while the relay's listener was down")
-	if got := h.queueJIDs("default"); slices.Contains(got, jid) {
-		t.Fatalf("job %s delivered before the listener LISTENed, with the poll an hour away", jid)
-	}
 
 	close(release)
 	testenv.WaitFor(t, 10*time.Second, "the job delivered after the LISTEN", func() (bool, string) {
