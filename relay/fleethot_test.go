@@ -49,10 +49,7 @@ func TestFleetHotHoldsEverySchemaAwake(t *testing.T) {
 			return len(got) == 0, fmt.Sprintf("held by %v", got)
 		})
 	}
-	listener := listen(t, testenv.DatabaseURL(), quiet)
-	jid := fh.stageIn(quiet, "default")
-	checkDidNotNotify(t, listener, quiet, "a commit while the fleet runs hot")
-	fh.waitJIDs("default", []string{jid})
+	jid := fh.stageHot(quiet)
 
 	// Cooled: each schema goes idle again, and a commit notifies.
 	staged := bc.stop()
@@ -101,10 +98,19 @@ func TestFleetHotLeavesABackpressuredSchemaIdle(t *testing.T) {
 		got := idleHolders(t, fh.conn, quiet)
 		return len(got) == 0, fmt.Sprintf("held by %v", got)
 	})
-	listener := listen(t, testenv.DatabaseURL(), quiet)
-	jid := fh.stageIn(quiet, "default")
-	checkDidNotNotify(t, listener, quiet, "a commit while the fleet runs hot")
+	fh.stageHot(quiet)
+}
+
+// stageHot commits a job in schema while its fleet runs hot, checks that
+// the commit did not notify, waits until it is delivered (by the hot poll:
+// the tests' fallback poll is an hour away) and returns its jid.
+func (fh *fleetHarness) stageHot(schema string) string {
+	fh.t.Helper()
+	listener := listen(fh.t, testenv.DatabaseURL(), schema)
+	jid := fh.stageIn(schema, "default")
+	checkDidNotNotify(fh.t, listener, schema, "a commit while the fleet runs hot")
 	fh.waitJIDs("default", []string{jid})
+	return jid
 }
 
 // busyCommits commits one job at a time in queue busy of some schemas,
