@@ -277,7 +277,7 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 			// next claim, so that a busy app's commits meet fewer, larger
 			// batches (each batch costs PostgreSQL a transaction on the
 			// pages the app is inserting into).
-			pace := min(time.Duration(len(cur.jobs))*pacePerJob, rate.maxPace())
+			pace := min(max(time.Duration(len(cur.jobs))*pacePerJob, rate.minPace()), rate.maxPace())
 			if !sleep(ctx, pace-time.Since(cur.start)) {
 				return nil
 			}

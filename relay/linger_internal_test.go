@@ -80,3 +80,27 @@ func TestPaceCapGrowsWithTheFlow(t *testing.T) {
 		}
 	}
 }
+
+// From fastFlow jobs/s on, claims after a short batch are at least
+// flowPace apart; below it there is no floor (a job should take about a
+// millisecond from its COMMIT).
+func TestPaceFloorFromFastFlow(t *testing.T) {
+	for _, tc := range []struct {
+		perSec float64
+		want   time.Duration
+	}{
+		{0, 0},
+		{1000, 0},
+		{fastFlow - 50, 0},
+		{fastFlow, flowPace},
+		{20000, flowPace},
+	} {
+		var f flowRate
+		start := time.Unix(0, 0)
+		f.found(0, start)
+		f.found(int(tc.perSec/50), start.Add(rateWindow))
+		if got := f.minPace(); got != tc.want {
+			t.Errorf("pace floor at %.0f jobs/s = %s, want %s", tc.perSec, got, tc.want)
+		}
+	}
+}
