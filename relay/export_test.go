@@ -73,3 +73,7 @@ func StoppedOnBackpressure(r *Relay) bool { return r.bp.stop() }
 // memory, however recent the last read. Only from a hook that runs on r's
 // drain goroutine (SetOnIdle, SetBeforePush, SetAfterPush), which owns it.
 func ExpireMemoryCheck(r *Relay) { r.bp.memChecked = time.Time{} }
+
+// SetOnStandbyBehind sets a hook run each time a batch, before its push,
+// finds that the standbys have not flushed its commits (standby.go).
+func SetOnStandbyBehind(r *Relay, f func(lsn uint64)) { r.hooks.standbyBehind = f }
