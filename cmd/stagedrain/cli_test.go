@@ -265,6 +265,8 @@ func TestHelp(t *testing.T) {
 		"poll-only":              "STAGEDRAIN_POLL_ONLY",
 		"redis-wait-replicas":    "STAGEDRAIN_REDIS_WAIT_REPLICAS",
 		"redis-wait-timeout":     "STAGEDRAIN_REDIS_WAIT_TIMEOUT",
+		"wait-for-standby":       "STAGEDRAIN_WAIT_FOR_STANDBY",
+		"standby-retention":      "STAGEDRAIN_STANDBY_RETENTION",
 		"queues":                 "STAGEDRAIN_QUEUES",
 		"schemas":                "STAGEDRAIN_SCHEMAS",
 		"tenant-key":             "STAGEDRAIN_TENANT_KEY",
