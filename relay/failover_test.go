@@ -172,3 +172,114 @@ func TestWaitForStandbyPushesOnlyWhatAStandbyHas(t *testing.T) {
 		t.Fatalf("queue holds %v, want %s", got, jid)
 	}
 }
+
+// A relay whose URL names a standby does not drain it: it says so once
+// and looks again, and drains within 2s of the standby's promotion.
+func TestReadOnlyNodeIsNotDrained(t *testing.T) {
+	t.Parallel()
+	f := newFailover(t)
+	h := f.h
+	jid := h.stage(relay.Job{Name: "OnTheStandby"})
+	testenv.WaitFor(t, 15*time.Second, "the standby to have the job", func() (bool, string) {
+		got := stagedOn(t, f.standby)
+		return slices.Equal(got, []string{jid}), fmt.Sprintf("standby has %v", got)
+	})
+	h.conn.Close(context.Background())
+	f.primary.Crash()
+
+	cfg := h.config()
+	cfg.DatabaseURL = f.standby.URL()
+	h.start(cfg)
+	const line = "connected to a read-only PostgreSQL (a standby, or default_transaction_read_only): not draining, looking again"
+	h.waitLog(line, 1)
+	f.standby.Promote()
+	promoted := time.Now()
+	testenv.WaitFor(t, 2*time.Second, "the relay to push the job within 2s of the promotion", func() (bool, string) {
+		n, err := h.rdb.LLen(context.Background(), h.key("queue:default")).Result()
+		return err == nil && n == 1, fmt.Sprintf("%d jobs, %v; logs %v", n, err, messages(h.logs))
+	})
+	t.Logf("pushed %s after the promotion", time.Since(promoted).Round(time.Millisecond))
+	if n := h.logs.FilterMessage(line).Len(); n != 1 {
+		t.Errorf("%d lines %q, want 1 (logged once while it looks again)", n, line)
+	}
+	if got := h.queueJIDs("default"); !slices.Equal(got, []string{jid}) {
+		t.Fatalf("queue holds %v, want %s", got, jid)
+	}
+}
+
+// With synchronous replication, a commit whose wait for the standby is
+// cancelled becomes visible on the primary without being on the standby.
+// The relay, without WaitForStandby, does not push its job until the
+// synchronous standby has it.
+func TestSynchronousCancelledCommitWaitsForTheStandby(t *testing.T) {
+	t.Parallel()
+	f := newFailover(t)
+	h := f.h
+	ctx := context.Background()
+	for _, q := range []string{`ALTER SYSTEM SET synchronous_standby_names = '*'`, `SELECT pg_reload_conf()`} {
+		if _, err := h.conn.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.WaitFor(t, 15*time.Second, "a synchronous standby", func() (bool, string) {
+		var n int
+		err := h.conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'`).Scan(&n)
+		return err == nil && n == 1, fmt.Sprintf("%d, %v", n, err)
+	})
+
+	cfg := h.config()
+	cfg.DatabaseURL = f.multiHostURL
+	r, err := relay.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	behind := make(chan uint64, 100)
+	relay.SetOnStandbyBehind(r, func(lsn uint64) {
+		select {
+		case behind <- lsn:
+		default:
+		}
+	})
+	h.run(r)
+	f.standby.SetReceiving(f.primary, false)
+
+	// The app commits; its commit waits for the standby, and is cancelled.
+	app := testenv.Conn(t, f.primary.URL())
+	pid := app.PgConn().PID()
+	staged := make(chan error, 1)
+	var jid string
+	go func() {
+		staged <- pgx.BeginFunc(ctx, app, func(tx pgx.Tx) error {
+			var err error
+			jid, err = h.stager.Stage(ctx, tx, relay.Job{Name: "Cancelled"})
+			return err
+		})
+	}()
+	testenv.WaitFor(t, 15*time.Second, "the app's commit to wait for the standby", func() (bool, string) {
+		var ev string
+		err := h.conn.QueryRow(ctx, `SELECT coalesce(wait_event, '') FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&ev)
+		return err == nil && ev == "SyncRep", fmt.Sprintf("wait_event %q, %v", ev, err)
+	})
+	if _, err := h.conn.Exec(ctx, `SELECT pg_cancel_backend($1)`, pid); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-staged; err != nil {
+		t.Fatalf("the app's commit, its wait cancelled: %v (PostgreSQL commits it locally)", err)
+	}
+	for i := range 3 {
+		select {
+		case <-behind:
+		case <-time.After(15 * time.Second):
+			t.Fatalf("look %d: the relay did not find the synchronous standby behind within 15s; queue %v, logs %v",
+				i+1, h.queueJIDs("default"), messages(h.logs))
+		}
+	}
+	if got := h.queueJIDs("default"); len(got) != 0 {
+		t.Fatalf("queue holds %v while the synchronous standby lacks the commit, want nothing", got)
+	}
+	f.standby.SetReceiving(f.primary, true)
+	h.waitQueueLen("default", 1, 15*time.Second)
+	if got := h.queueJIDs("default"); !slices.Equal(got, []string{jid}) {
+		t.Fatalf("queue holds %v, want %s", got, jid)
+	}
+}

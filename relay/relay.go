@@ -61,7 +61,8 @@ type Relay struct {
 	// look (after each batch's commit): the drain then waits for the
 	// synchronous standbys before it pushes (standby.go). syncWarned says
 	// that it logged, once, that it cannot read their positions.
-	syncStandby, syncWarned bool
+	// syncKnown says that syncStandby was read in this leadership.
+	syncStandby, syncWarned, syncKnown bool
 	// listens counts the listener's completed LISTENs, for hooks.idle.
 	listens atomic.Int64
 	// summary counts what the drain did for the info line logged every
@@ -414,6 +415,7 @@ func (r *Relay) lead(ctx context.Context, lockConn *pgx.Conn, lockMu *sync.Mutex
 // leaves it.
 func (r *Relay) leadWith(ctx context.Context, lockConn *pgx.Conn, lockMu *sync.Mutex, pool *pgxpool.Pool, shared chan struct{}) (err error) {
 	r.handoff.reset() // a new leadership takes the fence at its first push
+	r.syncKnown = false
 	r.poisoned = nil  // and looks at every row again
 	r.summary.poisonKept(0, 0)
 	// Awake at first (commits do not notify): the drain at start goes idle

@@ -74,7 +74,7 @@ func (r *Relay) readWAL(row pgx.Row) (insert, flush uint64, err error) {
 	if unknown {
 		r.handoff.hold = r.cfg.StandbyRetention
 	}
-	r.syncStandby = sync
+	r.syncStandby, r.syncKnown = sync, true
 	return insert, flush, nil
 }
 
@@ -115,6 +115,14 @@ var errStandbyBehind = errors.New("the standbys have not flushed the batch's com
 // them. It does nothing unless Config.WaitForStandby is set or replication
 // is synchronous.
 func (r *Relay) awaitStandby(ctx context.Context, conn *pgxpool.Conn, log *zap.Logger) error {
+	if !r.cfg.WaitForStandby && !r.syncKnown {
+		// Once a leadership, before its first push; then after each
+		// batch's commit (walPositionsSQL).
+		if err := conn.QueryRow(ctx, `SELECT current_setting('synchronous_standby_names') <> ''`).Scan(&r.syncStandby); err != nil {
+			return fmt.Errorf("read synchronous_standby_names: %w", err)
+		}
+		r.syncKnown = true
+	}
 	if !r.cfg.WaitForStandby && !r.syncStandby {
 		return nil
 	}
