@@ -45,6 +45,7 @@ type benchFlags struct {
 	writers     int
 	scenarios   string
 	quick       bool
+	standby     bool
 }
 
 // benchConfig is what one bench run does, after --quick.
@@ -60,6 +61,7 @@ type benchConfig struct {
 	appCostSchemas  []int         // the app-cost scenario's fleets: numbers of schemas
 	writers         int           // app writers of the TPS and the 5,000/s scenarios
 	quick           bool          // figures too short for their targets are not judged
+	waitForStandby  bool          // the relays run with --wait-for-standby
 	run             map[string]bool
 }
 
@@ -86,6 +88,8 @@ func newBenchFlags() (*flagSet, *benchFlags) {
 	f.env("scenarios", "STAGEDRAIN_BENCH_SCENARIOS")
 	f.fs.BoolVar(&c.quick, "quick", false, "a smoke run: 500ms scenarios (each until it has 50 jobs), a 1s idle window, a 10,000-job backlog, scale at 1 and 10 schemas only, app-cost's fleets of 4 and 8 (an explicit --duration or --backlog wins); the same rows, none judged")
 	f.env("quick", "STAGEDRAIN_BENCH_QUICK")
+	f.fs.BoolVar(&c.standby, "wait-for-standby", false, "run the relays with --wait-for-standby (the database needs a streaming standby): latency then includes the replication lag")
+	f.env("wait-for-standby", "STAGEDRAIN_WAIT_FOR_STANDBY")
 	f.required("database-url", "redis-url", "scenarios")
 	return f, c
 }
@@ -109,7 +113,7 @@ func (c *benchFlags) config(f *flagSet) (benchConfig, error) {
 	cfg := benchConfig{
 		tpsDuration: c.duration, latencyDuration: c.duration,
 		idleWarmup: 10 * time.Second, idleWindow: 60 * time.Second,
-		backlog: c.backlog, writers: c.writers, quick: c.quick, run: make(map[string]bool),
+		backlog: c.backlog, writers: c.writers, quick: c.quick, waitForStandby: c.standby, run: make(map[string]bool),
 		scaleSteps: []int{1, 10, 100, 1000}, scaleWarmup: 5 * time.Second, scaleWindow: 30 * time.Second,
 		appCostSchemas: []int{20, 200},
 	}
@@ -481,6 +485,9 @@ func (b *bench) startRelayWith(redisURL string, pollOnly bool, schemaArgs ...str
 	args = append(args, "--redis-namespace", b.ns, "--log-level", "warn")
 	if pollOnly && b.pollOnly {
 		args = append(args, "--poll-only")
+	}
+	if b.cfg.waitForStandby {
+		args = append(args, "--wait-for-standby")
 	}
 	if b.metricsAddr {
 		// No HTTP listener: it would take the port of a relay on this host.
