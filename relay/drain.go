@@ -421,6 +421,11 @@ func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (left []
 	if len(dead) > 0 && kept == nil {
 		batch.Queue(r.sql.bury, buryArgs(dead, reasons)...)
 	}
+	if r.cfg.WaitForStandby || r.syncStandby {
+		// The next batch waits for the standbys to have this commit:
+		// flush it now, not when the WAL writer next wakes (standby.go).
+		batch.Queue("SET LOCAL synchronous_commit = local")
+	}
 	batch.Queue("COMMIT")
 	// In the same round trip, after the COMMIT: how far the WAL is
 	// flushed, here and on the standbys, and a position past the commit's

@@ -130,9 +130,17 @@ func failoverChaos(t *testing.T, syncRepl, wait, ghostsAllowed bool) {
 	f.standby.Promote()
 
 	h.conn = testenv.Conn(t, f.standby.URL())
+	if wait {
+		// WaitForStandby pushes only what a standby has: the new primary
+		// needs one of its own (as Patroni rejoins the old primary, or a
+		// new replica is made).
+		f.standby.StartStandby(t, "")
+	}
 	testenv.WaitFor(t, 30*time.Second, "the relays to drain the new primary", func() (bool, string) {
 		n := h.staged()
-		return n == 0, fmt.Sprintf("%d staged; logs %v", n, messages(h.logs))
+		var repl string
+		_ = h.conn.QueryRow(ctx, `SELECT coalesce(string_agg(format('%s %s flush %s sync %s', application_name, state, flush_lsn, sync_state), '; '), 'none') FROM pg_stat_replication`).Scan(&repl)
+		return n == 0, fmt.Sprintf("%d staged; standbys: %s; logs %v", n, repl, messages(h.logs))
 	})
 
 	rows, err := h.conn.Query(ctx, `SELECT jid FROM jobs.app_data`)

@@ -38,6 +38,19 @@ func (s *PostgresServer) StartStandby(t testing.TB, slot string) *PostgresServer
 	if out, err := sb.pgCmd(filepath.Join(PostgresBin(), "pg_basebackup"), args...).CombinedOutput(); err != nil {
 		t.Fatalf("pg_basebackup: %v\n%s", err, out)
 	}
+	// Its own slot, or none: a standby of a standby, or of one promoted,
+	// copies the settings its source got from ALTER SYSTEM (SetReceiving)
+	// and pg_basebackup.
+	f, err := os.OpenFile(filepath.Join(sb.dir, "postgresql.auto.conf"), os.O_APPEND|os.O_WRONLY, 0)
+	if err == nil {
+		_, err = fmt.Fprintf(f, "primary_slot_name = '%s'\n", slot)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		t.Fatalf("standby: write postgresql.auto.conf: %v", err)
+	}
 	sb.Start()
 	WaitFor(t, 30*time.Second, "the standby streaming", func() (bool, string) {
 		var n int
