@@ -415,8 +415,8 @@ func (r *Relay) lead(ctx context.Context, lockConn *pgx.Conn, lockMu *sync.Mutex
 // leaves it.
 func (r *Relay) leadWith(ctx context.Context, lockConn *pgx.Conn, lockMu *sync.Mutex, pool *pgxpool.Pool, shared chan struct{}) (err error) {
 	r.handoff.reset() // a new leadership takes the fence at its first push
-	r.syncKnown = false
 	r.poisoned = nil  // and looks at every row again
+	r.syncKnown = false
 	r.summary.poisonKept(0, 0)
 	// Awake at first (commits do not notify): the drain at start goes idle
 	// when it has found nothing left; in poll-only mode it never does,
