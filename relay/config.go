@@ -191,9 +191,12 @@ type Config struct {
 	// the data of a job that ran. It costs each batch the replication lag,
 	// and a batch that no standby covers within 5s is rolled back and
 	// retried. Needs pg_monitor (or pg_read_all_stats) for
-	// pg_stat_replication's positions. With synchronous replication the
-	// relay waits so already when it can read them; this option makes it
-	// also a must there. Default false (standby.go).
+	// pg_stat_replication's positions (a role without it is refused, as
+	// it starts). With synchronous replication the relay waits for the
+	// synchronous standbys without this option too, when its role can
+	// read their positions (a commit whose wait for the standby was
+	// cancelled is visible without being on it). Default false
+	// (standby.go).
 	WaitForStandby bool
 
 	// StandbyRetention is how long a handoff record field is kept after
