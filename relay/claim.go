@@ -181,6 +181,10 @@ func (c claimSQL) sql(where string) string {
 		out = "$5"
 	}
 	where += ` AND (cardinality(` + out + `::text[]) = 0 OR ` + c.queue + ` <> ALL(` + out + `::text[]))`
+	// The WAL insert position after the statement's snapshot and before
+	// its first row lock, kept for the transaction: the commits the claim
+	// sees are below it (standby.go). A one-time filter, read once.
+	where += ` AND (SELECT set_config('stagedrain.claim_lsn', pg_current_wal_insert_lsn()::text, true)) IS NOT NULL`
 	return `WITH b AS MATERIALIZED (SELECT ctid FROM ` + c.table + ` t` +
 		` WHERE id > $3 AND id <> ALL($2)` + where + ` ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)` +
 		` DELETE FROM ` + c.table + ` t WHERE t.ctid = ANY(ARRAY(SELECT ctid FROM b)) RETURNING ` + c.returning

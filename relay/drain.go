@@ -379,6 +379,9 @@ func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (left []
 	if span != nil {
 		defer func() { r.tracer.end(span, &res, buried, err) }()
 	}
+	if err := r.awaitStandby(bctx, b.conn, log); err != nil {
+		return nil, err
+	}
 	pushedAt := time.Now()
 	res, err = r.push(bctx, b.jobs, pushedAt)
 	if err != nil {
@@ -434,12 +437,21 @@ func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (left []
 	if len(dead) > 0 && kept == nil {
 		batch.Queue(r.sql.bury, buryArgs(dead, reasons)...)
 	}
+	if r.cfg.WaitForStandby || r.syncStandby {
+		// The next batch waits for the standbys to have this commit:
+		// flush it now, not when the WAL writer next wakes (standby.go).
+		batch.Queue("SET LOCAL synchronous_commit = local")
+	}
 	batch.Queue("COMMIT")
 	// In the same round trip, after the COMMIT: how far the WAL is
-	// flushed, and a position past the commit's record. The handoff record
-	// keeps this batch until the flush passes it (handoff.go).
+	// flushed, here and on the standbys, and a position past the commit's
+	// record. The handoff record keeps this batch until the flush passes
+	// it (handoff.go, standby.go).
 	var wal, flush uint64
-	batch.Queue(walPositionsSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&wal, &flush) })
+	batch.Queue(walPositionsSQL).QueryRow(func(row pgx.Row) (err error) {
+		wal, flush, err = r.readWAL(row)
+		return err
+	})
 	if err := b.conn.SendBatch(bctx, batch).Close(); err != nil {
 		return nil, fmt.Errorf("commit: %w", err)
 	}

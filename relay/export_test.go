@@ -76,3 +76,7 @@ func ExpireMemoryCheck(r *Relay) { r.bp.memChecked = time.Time{} }
 
 // FleetHot reports whether the fleet r runs hot (fleethot.go).
 func FleetHot(r *Relay) bool { return r.fleet != nil && r.fleet.hot.Load() }
+
+// SetOnStandbyBehind sets a hook run each time a batch, before its push,
+// finds that the standbys have not flushed its commits (standby.go).
+func SetOnStandbyBehind(r *Relay, f func(lsn uint64)) { r.hooks.standbyBehind = f }

@@ -198,6 +198,9 @@ func (f *fleet) session(ctx context.Context, pool *pgxpool.Pool) (connected time
 	connected = time.Now()
 	r.state.pgAnswered()
 	defer func() { _ = withTimeout(ctx, time.Second, conn.Close) }()
+	if err := checkWritable(ctx, conn); err != nil {
+		return connected, err
+	}
 	defer func() {
 		var pgErr *pgconn.PgError
 		if why := ended.Load(); why != nil && err != nil && !errors.As(err, &pgErr) {

@@ -37,12 +37,15 @@ import (
 // first, so a copy still on its way is refused, and the record read after
 // holds whatever an earlier copy delivered.
 //
-// A record field is deleted only once the delete it covers is durable. The
-// drain commits with synchronous_commit = off, so a COMMIT can return
-// before its WAL is flushed; the relay notes the WAL insert position after
-// each commit and deletes the field once pg_current_wal_flush_lsn() has
-// passed it. A PostgreSQL crash that undoes a delete thus finds its rows
-// still recorded, and they are deleted, not pushed again.
+// A record field is deleted only once the delete it covers is durable, on
+// this PostgreSQL and on the standbys that could be promoted. The drain
+// commits with synchronous_commit = off, so a COMMIT can return before its
+// WAL is flushed; the relay notes the WAL insert position after each commit
+// and deletes the field once pg_current_wal_flush_lsn() and the standbys'
+// flush positions have passed it (standby.go; where those cannot be read,
+// also not before Config.StandbyRetention has passed). A PostgreSQL crash
+// that undoes a delete, or a failover to a standby that never got it, thus
+// finds its rows still recorded, and they are deleted, not pushed again.
 //
 // The fence names PostgreSQL's system_identifier: a relay of another
 // PostgreSQL cluster whose database and schema names match refuses to take
@@ -309,6 +312,10 @@ type handoff struct {
 	// clear will get once the WAL is flushed past lsn: the deletes they
 	// cover committed, perhaps asynchronously.
 	unflushed []walWait
+	// hold, when positive, keeps a field in unflushed at least this long
+	// after its delete committed: the standbys' positions could not be
+	// read (Config.StandbyRetention; standby.go).
+	hold time.Duration
 	// reload says that the record in Redis may hold batches this relay
 	// does not know of (a new leadership, a push whose reply was lost): it
 	// is read before the next push.
@@ -544,10 +551,11 @@ func fenceError(err error) error {
 }
 
 // walWait is a record field (or slotRef) to delete once the WAL is flushed
-// past lsn.
+// past lsn (and, with hold, once hold has passed since at).
 type walWait struct {
 	ref string
 	lsn uint64
+	at  time.Time
 }
 
 // abandon deletes, with the next push, the record field of a push whose
@@ -563,12 +571,13 @@ func (h *handoff) abandon(field string) {
 	delete(h.parts, field)
 }
 
-// flushed moves the fields whose deletes are on disk (the WAL is flushed
-// up to flush) from unflushed to clear.
+// flushed moves the fields whose deletes are on disk here and on the
+// standbys (the WAL is flushed up to flush), and held for hold, from
+// unflushed to clear.
 func (h *handoff) flushed(flush uint64) {
 	kept := h.unflushed[:0]
 	for _, w := range h.unflushed {
-		if w.lsn <= flush {
+		if w.lsn <= flush && (h.hold <= 0 || time.Since(w.at) >= h.hold) {
 			h.clear = append(h.clear, w.ref)
 		} else {
 			kept = append(kept, w)
@@ -585,11 +594,11 @@ func (h *handoff) flushed(flush uint64) {
 func (h *handoff) committed(field string, redelivered []int64, wal, flush uint64) {
 	if h.cluster && field != "" {
 		for _, s := range h.parts[field] {
-			h.unflushed = append(h.unflushed, walWait{slotRef(s, field), wal})
+			h.unflushed = append(h.unflushed, walWait{slotRef(s, field), wal, time.Now()})
 		}
 		delete(h.parts, field)
 	} else if field != "" {
-		h.unflushed = append(h.unflushed, walWait{field, wal})
+		h.unflushed = append(h.unflushed, walWait{field, wal, time.Now()})
 	}
 	for _, id := range redelivered {
 		f, ok := h.delivered[id]
@@ -599,7 +608,7 @@ func (h *handoff) committed(field string, redelivered []int64, wal, flush uint64
 		delete(h.delivered, id)
 		if h.fields[f]--; h.fields[f] == 0 {
 			delete(h.fields, f)
-			h.unflushed = append(h.unflushed, walWait{f, wal})
+			h.unflushed = append(h.unflushed, walWait{f, wal, time.Now()})
 		}
 	}
 	h.flushed(flush)

@@ -49,6 +49,9 @@ func (r *Relay) campaign(ctx context.Context, pool *pgxpool.Pool) (connected tim
 		_ = withTimeout(ctx, time.Second, conn.Close)
 	}()
 
+	if err := checkWritable(ctx, conn); err != nil {
+		return connected, err
+	}
 	if err := r.checkPrivileges(ctx, conn); err != nil {
 		return connected, err
 	}

@@ -28,6 +28,10 @@ import (
 //     columns it sets and SELECT on every column it reads, EXCLUDED's
 //     included: all of them;
 //   - the summary's backlog: SELECT on staged_jobs;
+//   - the standbys' flush positions (standby.go): pg_stat_replication
+//     shows them only to members of pg_read_all_stats (pg_monitor is
+//     one); without, the handoff keeps record fields for
+//     Config.StandbyRetention, and WaitForStandby is refused;
 //   - advisory locks (leader lock, wake gate), LISTEN and SET of
 //     synchronous_commit, lock_timeout and application_name, which need no
 //     grant; CONNECT and USAGE on the schema do.
@@ -151,10 +155,25 @@ func (r *Relay) checkPrivileges(ctx context.Context, conn *pgx.Conn) error {
 	if err != nil {
 		return fmt.Errorf("check privileges: %w", err)
 	}
+	if r.cfg.WaitForStandby {
+		// The standbys' flush positions in pg_stat_replication (standby.go).
+		var ok bool
+		if err := conn.QueryRow(ctx, `SELECT pg_has_role('pg_read_all_stats', 'USAGE'), current_user::text`).Scan(&ok, &role); err != nil {
+			return fmt.Errorf("check privileges: %w", err)
+		}
+		if !ok {
+			missing = append(missing, "pg_monitor")
+		}
+	}
 	if len(missing) > 0 {
 		perr := &permissionError{err: fmt.Errorf("permission denied: role %q lacks %s", role, strings.Join(missing, ", "))}
 		if r.cfg.Source == SourceSidekiqStagedPush {
 			perr.needs = stagedPushNeeds
+		}
+		if missing[len(missing)-1] == "pg_monitor" {
+			needs := cmp.Or(perr.needs, runNeeds)
+			perr.needs = strings.TrimSuffix(needs, ` (see README "Least-privilege role")`) +
+				`; --wait-for-standby needs pg_monitor (or pg_read_all_stats) for the standbys' positions (see README "Least-privilege role")`
 		}
 		return perr
 	}

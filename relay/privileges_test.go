@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/stagedrain/stagedrain/relay/internal/testenv"
@@ -47,8 +48,8 @@ func readmeGrants(t testing.TB, schema, role string) []string {
 		}
 		grants = append(grants, g)
 	}
-	if len(grants) != 4 {
-		t.Fatalf("README's Least-privilege role block has %d GRANT lines, want 4: %q", len(grants), grants)
+	if len(grants) != 5 {
+		t.Fatalf("README's Least-privilege role block has %d GRANT lines, want 5: %q", len(grants), grants)
 	}
 	return grants
 }
@@ -80,7 +81,7 @@ func newPrivilegeEnv(t *testing.T) *privilegeEnv {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
 	t.Cleanup(func() { rdb.Close() })
 	var err error
-	if e.relay, err = New(Config{DatabaseURL: roleURL, Redis: rdb, Schema: e.schema}); err != nil {
+	if e.relay, err = New(Config{DatabaseURL: roleURL, Redis: rdb, Schema: e.schema, WaitForStandby: true}); err != nil {
 		t.Fatal(err)
 	}
 	return e
@@ -158,6 +159,21 @@ func (e *privilegeEnv) statements(ctx context.Context) error {
 			_, err := tx.Exec(ctx, heartbeatSQL, ChannelName(e.schema), heartbeatPayload)
 			return err
 		}},
+		{"standby positions", func(tx pgx.Tx) error {
+			var insert, flush uint64
+			var n, known int
+			var unknown, sync, readable bool
+			if err := tx.QueryRow(ctx, walPositionsSQL).Scan(&insert, &flush, &unknown, &sync); err != nil {
+				return err
+			}
+			if err := tx.QueryRow(ctx, standbyFlushSQL).Scan(&insert, &n, &known, &flush, &readable); err != nil {
+				return err
+			}
+			if !readable {
+				return &pgconn.PgError{Code: "42501", Message: "pg_stat_replication's positions are not readable"}
+			}
+			return nil
+		}},
 		{"session settings", func(tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, "SET LOCAL synchronous_commit = off; SET LOCAL lock_timeout = 200; SET LOCAL application_name = 'x'; SET LOCAL enable_seqscan = off; SET LOCAL plan_cache_mode = force_generic_plan")
 			return err
@@ -207,6 +223,7 @@ func TestLeastPrivilegeStatements(t *testing.T) {
 		{"INSERT ON " + table("staged_jobs_dead"), "INSERT on " + table("staged_jobs_dead")},
 		{"UPDATE ON " + table("staged_jobs_dead"), "UPDATE on " + table("staged_jobs_dead")},
 		{"SELECT ON " + table("stagedrain_migrations"), "SELECT on " + table("stagedrain_migrations")},
+		{"pg_monitor", "pg_monitor"},
 	} {
 		t.Run(tc.revoke, func(t *testing.T) {
 			if _, err := e.owner.Exec(ctx, "REVOKE "+tc.revoke+" FROM "+role); err != nil {

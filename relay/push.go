@@ -151,18 +151,6 @@ func (r *Relay) stillStaged(ctx context.Context, pool *pgxpool.Pool, ids []int64
 	return still, nil
 }
 
-// walPositionsSQL reads the WAL's insert and flush positions, as byte
-// offsets. Any role may call both functions.
-const walPositionsSQL = `SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint, (pg_current_wal_flush_lsn() - '0/0'::pg_lsn)::bigint`
-
-// walPositions returns the WAL's insert and flush positions (handoff.tidy).
-func (r *Relay) walPositions(ctx context.Context, pool *pgxpool.Pool) (insert, flush uint64, err error) {
-	if err := pool.QueryRow(ctx, walPositionsSQL).Scan(&insert, &flush); err != nil {
-		return 0, 0, fmt.Errorf("read the WAL position: %w", err)
-	}
-	return insert, flush, nil
-}
-
 // checkJob reports a row no worker of any target could run (a NULL or empty
 // column, job_args that is not an array: possible only where the table's
 // constraints were removed), and returns its job_args JSON text, trimmed.

@@ -69,6 +69,12 @@ type Relay struct {
 
 	// Test hooks (export_test.go); nil outside tests.
 	hooks testHooks
+	// syncStandby says that synchronous_standby_names was set at the last
+	// look (after each batch's commit): the drain then waits for the
+	// synchronous standbys before it pushes (standby.go). syncWarned says
+	// that it logged, once, that it cannot read their positions.
+	// syncKnown says that syncStandby was read in this leadership.
+	syncStandby, syncWarned, syncKnown bool
 	// listens counts the listener's completed LISTENs, for hooks.idle.
 	listens atomic.Int64
 	// summary counts what the drain did for the info line logged every
@@ -106,6 +112,9 @@ type testHooks struct {
 	// beforePush runs before each batch's push script, after the fence
 	// is taken and the record read.
 	beforePush func(ctx context.Context)
+	// standbyBehind runs each time a batch, before its push, finds that
+	// the standbys have not flushed the WAL up to lsn (standby.go).
+	standbyBehind func(lsn uint64)
 	// afterPush runs between a batch's push and its delete; an error it
 	// returns fails the batch there.
 	afterPush func(ctx context.Context) error
@@ -128,6 +137,11 @@ func New(cfg Config) (*Relay, error) {
 	pgCfg, err := pgx.ParseConfig(cfg.DatabaseURL)
 	if err != nil { // Validate parsed it already
 		return nil, fmt.Errorf("relay config: DatabaseURL: %w", redactErr(err))
+	}
+	if len(pgCfg.Fallbacks) > 0 && pgCfg.ValidateConnect == nil && !strings.Contains(cfg.DatabaseURL, "target_session_attrs") {
+		// Several hosts and no target_session_attrs: connect to the one
+		// that accepts writes, the primary, as after a failover.
+		pgCfg.ValidateConnect = pgconn.ValidateConnectTargetSessionAttrsReadWrite
 	}
 	version, err := latestVersion()
 	if err != nil {
@@ -254,12 +268,29 @@ func (r *Relay) runSessions(ctx context.Context, maxConns int32, session func(co
 	defer pool.Close()
 
 	attempt := 0
+	readOnly := false // logged once until a session gets past the check
 	for {
 		connected, err := session(ctx, pool)
 		if ctx.Err() != nil {
 			r.log.Info("stopped")
 			return nil
 		}
+		if errors.Is(err, errReadOnly) {
+			// A standby (or a URL naming one): look again soon, as a
+			// promotion makes it writable (standby.go).
+			r.state.setRole(RoleStarting)
+			if !readOnly {
+				r.log.Warn("connected to a read-only PostgreSQL (a standby, or default_transaction_read_only): not draining, looking again",
+					zap.String("database", DescribeDatabase(r.cfg.DatabaseURL)), zap.Duration("every", readOnlyRetry))
+				readOnly = true
+			}
+			if !sleep(ctx, readOnlyRetry) {
+				r.log.Info("stopped")
+				return nil
+			}
+			continue
+		}
+		readOnly = false
 		r.state.setRole(RoleStarting)
 		r.state.failed(err)
 		r.metrics.sessionFailed(err)
@@ -275,6 +306,12 @@ func (r *Relay) runSessions(ctx context.Context, maxConns int32, session func(co
 		}
 		attempt++
 		wait := backoff(attempt, r.cfg.MaxBackoff)
+		if len(r.pgCfg.Fallbacks) > 0 {
+			// Several hosts: a failover is expected, and the promoted
+			// standby must be found within a second or two of its
+			// promotion (standby.go).
+			wait = min(wait, failoverRetry)
+		}
 		r.log.Warn("database session failed, retrying", zap.Error(err),
 			zap.Int("attempt", attempt), zap.Duration("wait", wait))
 		if !sleep(ctx, wait) {
@@ -395,6 +432,7 @@ func (r *Relay) lead(ctx context.Context, lockConn *pgx.Conn, lockMu *sync.Mutex
 func (r *Relay) leadWith(ctx context.Context, lockConn *pgx.Conn, lockMu *sync.Mutex, pool *pgxpool.Pool, shared chan struct{}) (err error) {
 	r.handoff.reset() // a new leadership takes the fence at its first push
 	r.poisoned = nil  // and looks at every row again
+	r.syncKnown = false
 	r.summary.poisonKept(0, 0)
 	// Awake at first (commits do not notify): the drain at start goes idle
 	// when it has found nothing left; in poll-only mode it never does,

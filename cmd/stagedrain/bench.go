@@ -46,6 +46,7 @@ type benchFlags struct {
 	scenarios   string
 	quick       bool
 	target      string
+	standby     bool
 }
 
 // benchConfig is what one bench run does, after --quick.
@@ -62,6 +63,7 @@ type benchConfig struct {
 	writers         int           // app writers of the TPS and the 5,000/s scenarios
 	quick           bool          // figures too short for their targets are not judged
 	target          string        // the relay's --target: sidekiq, or bullmq (backlog only)
+	waitForStandby  bool          // the relays run with --wait-for-standby
 	run             map[string]bool
 }
 
@@ -90,6 +92,8 @@ func newBenchFlags() (*flagSet, *benchFlags) {
 	f.env("quick", "STAGEDRAIN_BENCH_QUICK")
 	f.fs.StringVar(&c.target, "target", "sidekiq", "the job `system` the relay writes: sidekiq, or bullmq (BullMQ's wait lists; with --scenarios backlog only)")
 	f.env("target", "STAGEDRAIN_TARGET")
+	f.fs.BoolVar(&c.standby, "wait-for-standby", false, "run the relays with --wait-for-standby (the database needs a streaming standby): latency then includes the replication lag")
+	f.env("wait-for-standby", "STAGEDRAIN_WAIT_FOR_STANDBY")
 	f.required("database-url", "redis-url", "scenarios")
 	return f, c
 }
@@ -113,7 +117,7 @@ func (c *benchFlags) config(f *flagSet) (benchConfig, error) {
 	cfg := benchConfig{
 		tpsDuration: c.duration, latencyDuration: c.duration,
 		idleWarmup: 10 * time.Second, idleWindow: 60 * time.Second,
-		backlog: c.backlog, writers: c.writers, quick: c.quick, target: c.target, run: make(map[string]bool),
+		backlog: c.backlog, writers: c.writers, quick: c.quick, target: c.target, waitForStandby: c.standby, run: make(map[string]bool),
 		scaleSteps: []int{1, 10, 100, 1000}, scaleWarmup: 5 * time.Second, scaleWindow: 30 * time.Second,
 		appCostSchemas: []int{20, 200},
 	}
@@ -494,6 +498,9 @@ func (b *bench) startRelayWith(redisURL string, pollOnly bool, schemaArgs ...str
 	}
 	if pollOnly && b.pollOnly {
 		args = append(args, "--poll-only")
+	}
+	if b.cfg.waitForStandby {
+		args = append(args, "--wait-for-standby")
 	}
 	if b.metricsAddr {
 		// No HTTP listener: it would take the port of a relay on this host.

@@ -182,28 +182,30 @@ func warnUnknownEnv(log *zap.Logger) {
 // runFlags maps each flag of run onto relay.Config.
 type runFlags struct {
 	commonFlags
-	redisURL        string
-	redisMode       string
-	target          string
-	redisNamespace  string
-	streamMaxLen    int64
-	maxQueueLength  int64
-	memoryRatio     float64
-	batchSize       int
-	pollInterval    time.Duration
-	timestampFormat string
-	leaderInterval  time.Duration
-	maxBackoff      time.Duration
-	shutdownTimeout time.Duration
-	maxPayloadBytes int
-	waitReplicas    int
-	waitTimeout     time.Duration
-	pollOnly        bool
-	queues          string
-	schemas         string
-	tenantKey       string
-	migrate         bool
-	metricsAddr     string
+	redisURL         string
+	redisMode        string
+	target           string
+	redisNamespace   string
+	streamMaxLen     int64
+	maxQueueLength   int64
+	memoryRatio      float64
+	batchSize        int
+	pollInterval     time.Duration
+	timestampFormat  string
+	leaderInterval   time.Duration
+	maxBackoff       time.Duration
+	shutdownTimeout  time.Duration
+	maxPayloadBytes  int
+	waitReplicas     int
+	waitTimeout      time.Duration
+	waitForStandby   bool
+	standbyRetention time.Duration
+	pollOnly         bool
+	queues           string
+	schemas          string
+	tenantKey        string
+	migrate          bool
+	metricsAddr      string
 }
 
 // flagOfField names the run flag behind each relay.Config field, so a
@@ -229,6 +231,7 @@ var flagOfField = map[string]string{
 	"TenantKey":           "tenant-key",
 	"RedisWaitReplicas":   "redis-wait-replicas",
 	"RedisWaitTimeout":    "redis-wait-timeout",
+	"StandbyRetention":    "standby-retention",
 }
 
 // newRunFlags declares run's flags.
@@ -269,6 +272,10 @@ func newRunFlags() (*flagSet, *runFlags) {
 	f.env("redis-wait-replicas", "STAGEDRAIN_REDIS_WAIT_REPLICAS")
 	f.fs.DurationVar(&c.waitTimeout, "redis-wait-timeout", time.Second, "how long WAIT waits for --redis-wait-replicas (keep it below the Redis read timeout, 3s by default)")
 	f.env("redis-wait-timeout", "STAGEDRAIN_REDIS_WAIT_TIMEOUT")
+	f.fs.BoolVar(&c.waitForStandby, "wait-for-standby", false, "push a job only once a PostgreSQL standby has flushed its commit (the synchronous ones when synchronous_standby_names is set, else every connected one), so a failover cannot take back the data of a job that ran; costs the replication lag; needs pg_monitor")
+	f.env("wait-for-standby", "STAGEDRAIN_WAIT_FOR_STANDBY")
+	f.fs.DurationVar(&c.standbyRetention, "standby-retention", 10*time.Second, "when the role cannot read the standbys' positions (no pg_monitor), keep each handoff record field this long after its delete, so a standby promoted within it does not bring its jobs back to be pushed twice; 0: none")
+	f.env("standby-retention", "STAGEDRAIN_STANDBY_RETENTION")
 	f.fs.BoolVar(&c.pollOnly, "poll-only", false, "drain on the fallback poll alone: no LISTEN, no wake-up gate (for PgBouncer in transaction pooling mode; pair with a short --poll-interval)")
 	f.env("poll-only", "STAGEDRAIN_POLL_ONLY")
 	f.fs.StringVar(&c.queues, "queues", "", "drain only these `queues` (comma list), as a group with a leader lock of its own; relays of a schema must have equal or disjoint lists (default: all queues)")
@@ -348,6 +355,8 @@ func (c *runFlags) config(f *flagSet) (relay.Config, func() redis.UniversalClien
 		MaxPayloadBytes:     c.maxPayloadBytes,
 		RedisWaitReplicas:   c.waitReplicas,
 		RedisWaitTimeout:    c.waitTimeout,
+		WaitForStandby:      c.waitForStandby,
+		StandbyRetention:    c.standbyRetention,
 		PollOnly:            c.pollOnly,
 		Queues:              queues,
 		Schemas:             schemas,
@@ -355,6 +364,9 @@ func (c *runFlags) config(f *flagSet) (relay.Config, func() redis.UniversalClien
 	}
 	if len(schemas) > 0 {
 		cfg.Schema = ""
+	}
+	if cfg.StandbyRetention == 0 {
+		cfg.StandbyRetention = -1 // the library's "none"; its 0 is the default
 	}
 	// Validate only checks that a client is set; the caller makes it.
 	check := cfg
