@@ -39,6 +39,11 @@ const (
 	// job (streams.go). Streams have no scheduler: a job whose run_at is in
 	// the future stays staged until it is due.
 	TargetStreams Target = "streams"
+	// TargetCelery LPUSHes a Celery task message (protocol 2, Kombu's
+	// Redis transport) per job onto the list of its queue (celery.go). A
+	// job whose run_at is in the future stays staged until it is due. Not
+	// on Redis Cluster.
+	TargetCelery Target = "celery"
 )
 
 // Config configures a Relay. The zero value of every field but DatabaseURL
@@ -86,13 +91,14 @@ type Config struct {
 	Source Source
 
 	// Target is the job system the jobs are written for: TargetSidekiq,
-	// TargetAsynq or TargetStreams. Default TargetSidekiq.
+	// TargetAsynq, TargetStreams or TargetCelery. Default TargetSidekiq.
 	Target Target
 
 	// RedisNamespace, when set, prefixes every Redis key with
 	// RedisNamespace + ":": Sidekiq's (the redis-namespace layout of
-	// Sidekiq 6 apps), the streams', and the relay's own fence and handoff
-	// record. Default "" (no prefix, as Sidekiq 7 and later use). asynq's
+	// Sidekiq 6 apps), the streams', Celery's lists (its workers set
+	// Kombu's global_keyprefix to RedisNamespace + ":"), and the relay's
+	// own fence and handoff record. Default "" (no prefix, as Sidekiq 7 and later use). asynq's
 	// key names are fixed, so it must be "" with TargetAsynq.
 	RedisNamespace string
 
@@ -102,7 +108,8 @@ type Config struct {
 
 	// MaxQueueLength, when positive, is backpressure per destination
 	// queue: the relay pushes no more jobs to a queue that holds this many
-	// or more (Sidekiq's queue:<q> and asynq's pending list by LLEN; a
+	// or more (Sidekiq's queue:<q> and asynq's pending list by LLEN, a
+	// Celery queue by the LLEN of its list and its priority lists; a
 	// stream by the entries its slowest consumer group has not
 	// acknowledged, pending plus lag, which needs Redis 7.0 or later (Run
 	// refuses an older one), or by XLEN while it has no group; checked in
@@ -279,14 +286,16 @@ func (c Config) Validate() error {
 		return fieldErr("MaxPayloadBytes", "must be between 1 and %d, got %d", maxMaxPayloadBytes, c.MaxPayloadBytes)
 	case c.ShutdownTimeout < 0:
 		return fieldErr("ShutdownTimeout", "must not be negative, got %s", c.ShutdownTimeout)
-	case c.Target != TargetSidekiq && c.Target != TargetAsynq && c.Target != TargetStreams:
-		return fieldErr("Target", "must be %q, %q or %q, got %q", TargetSidekiq, TargetAsynq, TargetStreams, c.Target)
+	case c.Target != TargetSidekiq && c.Target != TargetAsynq && c.Target != TargetStreams && c.Target != TargetCelery:
+		return fieldErr("Target", "must be %q, %q, %q or %q, got %q", TargetSidekiq, TargetAsynq, TargetStreams, TargetCelery, c.Target)
 	case c.Target == TargetAsynq && c.RedisNamespace != "":
 		return fieldErr("RedisNamespace", "must be empty with the asynq target: asynq's key names are fixed, and its servers would never see namespaced tasks")
 	case c.Target != TargetSidekiq && c.TimestampFormat != TimestampSeconds:
 		return fieldErr("TimestampFormat", "applies to the sidekiq target only, got %q with the %s target", c.TimestampFormat, c.Target)
 	case isCluster(c.Redis) && c.Target == TargetSidekiq:
 		return fieldErr("Redis", "is a Redis Cluster client, and the sidekiq target cannot run on Redis Cluster: Sidekiq's keys (queue:<name>, queues, schedule) have no hash tags, and Sidekiq does not support Redis Cluster (use a single Redis or Sentinel, or the asynq or streams target)")
+	case isCluster(c.Redis) && c.Target == TargetCelery:
+		return fieldErr("Redis", "is a Redis Cluster client, and the celery target cannot run on Redis Cluster: Kombu's Redis transport, which Celery's workers read with, does not support Redis Cluster (use a single Redis or Sentinel)")
 	case isRing(c.Redis):
 		return fieldErr("Redis", "is a *redis.Ring, which splits keys over shards: the relay's push would not be atomic (use a *redis.Client, a Sentinel FailoverClient or a *redis.ClusterClient)")
 	case c.RedisWaitReplicas < 0:

@@ -76,7 +76,9 @@ import (
 //
 // The guard count may instead be the text "<guards> <cmd> <limit>": the
 // key after the guard keys is then a length guard, whose length cmd (LLEN,
-// ZCARD, XLEN, or XUNACKED) must be below limit for the op to run
+// ZCARD, XLEN, or XUNACKED) must be below limit for the op to run; with
+// "<guards> <cmd> <limit> <n>", the n keys after them, whose lengths add
+// up (a Celery queue's priority lists)
 // (backpressure, see backpressure.go); an op it stops runs nothing and
 // delivers nothing. XUNACKED, for a stream, is what its slowest consumer
 // group has not acknowledged (see unacked below): the first op of a run to
@@ -149,12 +151,13 @@ local done = {}
 local counted = {} -- XUNACKED: stream key -> {count, slowest group}
 while a <= #ARGV do
   local guard, ncmds, ids = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), ARGV[a + 2]
-  local lencmd, limit
+  local lencmd, limit, nlen
   if not guard then
-    -- "<guards> <LLEN|ZCARD|XLEN> <limit>": a length guard follows the
-    -- guard keys (backpressure).
-    local g, c, l = string.match(ARGV[a], '^(%d+) (%u+) (%d+)$')
-    guard, lencmd, limit = tonumber(g), c, tonumber(l)
+    -- "<guards> <LLEN|ZCARD|XLEN> <limit>[ <nkeys>]": a length guard
+    -- follows the guard keys (backpressure): nkeys keys (default 1) whose
+    -- lengths add up.
+    local g, c, l, n = string.match(ARGV[a], '^(%d+) (%u+) (%d+) ?(%d*)$')
+    guard, lencmd, limit, nlen = tonumber(g), c, tonumber(l), tonumber(n) or 1
   end
   a = a + 3
   local status, reply = 1, ''
@@ -173,12 +176,19 @@ while a <= #ARGV do
         end
         if unackedOf[1] >= limit then status, reply = 3, unackedOf end
       end
-    elseif status == 1 then
-      -- A key of another type fails the op's own command (WRONGTYPE).
-      local n = redis.pcall(lencmd, KEYS[k])
-      if type(n) == 'number' and n >= limit then status, reply = 3, n end
+      k = k + 1
+    else
+      if status == 1 then
+        -- A key of another type fails the op's own command (WRONGTYPE).
+        local total = 0
+        for i = 0, nlen - 1 do
+          local n = redis.pcall(lencmd, KEYS[k + i])
+          if type(n) == 'number' then total = total + n end
+        end
+        if total >= limit then status, reply = 3, total end
+      end
+      k = k + nlen
     end
-    k = k + 1
   end
   for c = 1, ncmds do
     local name, nkeys, nargs = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
@@ -678,18 +688,26 @@ type pushUnit struct {
 }
 
 // limit makes the current op, before any of its commands, run only while
-// key (queue's, measured by cmd: LLEN, ZCARD, XLEN, or XUNACKED for a
-// stream whose op adds one entry; see handoffScript) holds fewer than
-// maxLen entries. Without maxLen it does nothing.
-func (u *pushUnit) limit(queue, cmd, key string) {
+// the keys (queue's, measured by cmd: LLEN, ZCARD, XLEN, or XUNACKED for a
+// stream whose op adds one entry; see handoffScript) hold fewer than
+// maxLen entries together. Several keys only with LLEN, ZCARD or XLEN.
+// Without maxLen it does nothing.
+func (u *pushUnit) limit(queue, cmd string, keys ...string) {
 	if u.maxLen <= 0 {
 		return
 	}
 	op := &u.ops[len(u.ops)-1]
-	op.queue, op.lenKey, op.limit = queue, key, u.maxLen
-	u.keys = append(u.keys, key)
+	op.queue, op.lenKey, op.limit = queue, keys[0], u.maxLen
+	if len(keys) > 1 {
+		op.lenKey += fmt.Sprintf(" (with %d more lists)", len(keys)-1)
+	}
+	u.keys = append(u.keys, keys...)
 	g := u.ncmds - 1
-	u.args[g] = strconv.Itoa(u.args[g].(int)) + " " + cmd + " " + strconv.FormatInt(u.maxLen, 10)
+	guard := strconv.Itoa(u.args[g].(int)) + " " + cmd + " " + strconv.FormatInt(u.maxLen, 10)
+	if len(keys) > 1 {
+		guard += " " + strconv.Itoa(len(keys))
+	}
+	u.args[g] = guard
 }
 
 // unitOp is one op of a pushUnit and, after settle, its outcome.
