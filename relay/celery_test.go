@@ -266,3 +266,36 @@ func compactJSON(t *testing.T, b []byte) string {
 	out, _ := json.Marshal(v)
 	return string(out)
 }
+
+// With --max-queue-length, a Celery queue's length is its list and its
+// priority lists together, as Kombu's _size counts them: a job of priority
+// 0 waits in PostgreSQL while the queue's priority-9 list holds the limit,
+// and goes once a worker has taken from it.
+func TestCeleryBackpressureCountsPriorityLists(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	h := newHarness(t)
+	cfg := h.config()
+	cfg.Target, cfg.MaxQueueLength = relay.TargetCelery, 2
+	high := h.key("work\x06\x169") // Kombu's list of priority 9
+	if err := h.rdb.RPush(ctx, high, "m1", "m2").Err(); err != nil {
+		t.Fatal(err)
+	}
+	h.start(cfg)
+	h.stage(relay.Job{Name: "tasks.record", Queue: "work", Args: []any{1}})
+	h.waitLog("backpressure: pushes paused, jobs wait in PostgreSQL", 1)
+	paused := h.logs.FilterMessage("backpressure: pushes paused, jobs wait in PostgreSQL").All()[0]
+	if d, want := paused.ContextMap()["detail"], "BACKPRESSURE "+h.key("work")+" (with 3 more lists) holds 2 >= --max-queue-length 2"; d != want {
+		t.Fatalf("pause detail %q, want %q", d, want)
+	}
+	if n := h.staged(); n != 1 {
+		t.Fatalf("%d rows staged while the queue is full, want 1", n)
+	}
+	if err := h.rdb.RPop(ctx, high).Err(); err != nil { // a worker takes one
+		t.Fatal(err)
+	}
+	h.waitStaged(0)
+	if n := h.rdb.LLen(ctx, h.key("work")).Val(); n != 1 {
+		t.Fatalf("list %s holds %d messages after the resume, want 1", h.key("work"), n)
+	}
+}
