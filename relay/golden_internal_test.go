@@ -392,13 +392,13 @@ func TestGoldenCelery(t *testing.T) {
 	tg := newCeleryTarget("", 1<<20)
 	tg.tags = fixed
 	checkGolden(t, "celery_task.json", goldenFile{
-		Case: "Celery task messages (protocol 2 in Kombu's JSON envelope; body decoded beside each): LPUSH <queue> for priority 0-2 (the default 0), <queue>\\x06\\x163, 6 or 9 for higher numbers (Kombu's priority lists; on Redis a lower number runs first); options kwargs, expires (seconds after created_at), time limits, retries, custom headers and the trace context as headers",
+		Case:   "Celery task messages (protocol 2 in Kombu's JSON envelope; body decoded beside each): LPUSH <queue> for priority 0-2 (the default 0), <queue>\\x06\\x163, 6 or 9 for higher numbers (Kombu's priority lists; on Redis a lower number runs first); options kwargs, expires (seconds after created_at), time limits, retries, custom headers and the trace context as headers",
 		Target: "celery", Now: goldenNow, Rows: rowsOf(jobs), Ops: build(t, tg, jobs)})
 	tenant := []stagedJob{goldenJob(1, "myapp.tasks.send_welcome", `[42]`, "celery", nil, `{"apartment": "tenant_acme"}`)}
 	tg = newCeleryTarget("myapp", 1<<20)
 	tg.tags, tg.tenant = fixed, newTenantTag("apartment", "tenant_acme")
 	checkGolden(t, "celery_task_namespace_tenant.json", goldenFile{
-		Case: "A Celery task with --redis-namespace myapp (the workers set Kombu's global_keyprefix to \"myapp:\") and --tenant-key apartment: the list is myapp:<queue>, the tenant a header (task.request.apartment)",
+		Case:   "A Celery task with --redis-namespace myapp (the workers set Kombu's global_keyprefix to \"myapp:\") and --tenant-key apartment: the list is myapp:<queue>, the tenant a header (task.request.apartment)",
 		Target: "celery", TenantKey: "apartment", Schema: "tenant_acme", Now: goldenNow, Rows: rowsOf(tenant), Ops: build(t, tg, tenant)})
 }
 
