@@ -45,10 +45,12 @@ type benchFlags struct {
 	writers     int
 	scenarios   string
 	quick       bool
+	target      string
 }
 
 // benchConfig is what one bench run does, after --quick.
 type benchConfig struct {
+	target          relay.Target  // the relay's --target: sidekiq, or celery (the backlog scenario only)
 	tpsDuration     time.Duration // per app-TPS scenario
 	latencyDuration time.Duration // per latency rate
 	idleWarmup      time.Duration // relay running before the idle window opens
@@ -86,6 +88,8 @@ func newBenchFlags() (*flagSet, *benchFlags) {
 	f.env("scenarios", "STAGEDRAIN_BENCH_SCENARIOS")
 	f.fs.BoolVar(&c.quick, "quick", false, "a smoke run: 500ms scenarios (each until it has 50 jobs), a 1s idle window, a 10,000-job backlog, scale at 1 and 10 schemas only, app-cost's fleets of 4 and 8 (an explicit --duration or --backlog wins); the same rows, none judged")
 	f.env("quick", "STAGEDRAIN_BENCH_QUICK")
+	f.fs.StringVar(&c.target, "target", "sidekiq", "the relay's `target`: sidekiq, or celery (with --scenarios backlog only)")
+	f.env("target", "STAGEDRAIN_TARGET")
 	f.required("database-url", "redis-url", "scenarios")
 	return f, c
 }
@@ -111,7 +115,7 @@ func (c *benchFlags) config(f *flagSet) (benchConfig, error) {
 		idleWarmup: 10 * time.Second, idleWindow: 60 * time.Second,
 		backlog: c.backlog, writers: c.writers, quick: c.quick, run: make(map[string]bool),
 		scaleSteps: []int{1, 10, 100, 1000}, scaleWarmup: 5 * time.Second, scaleWindow: 30 * time.Second,
-		appCostSchemas: []int{20, 200},
+		appCostSchemas: []int{20, 200}, target: relay.Target(c.target),
 	}
 	if c.quick {
 		cfg.idleWarmup, cfg.idleWindow = 500*time.Millisecond, time.Second
@@ -139,6 +143,12 @@ func (c *benchFlags) config(f *flagSet) (benchConfig, error) {
 			return cfg, usagef("bench: %s: unknown scenario %q, want some of %s", f.source("scenarios"), s, strings.Join(benchScenarios, ", "))
 		}
 		cfg.run[s] = true
+	}
+	switch {
+	case cfg.target != relay.TargetSidekiq && cfg.target != relay.TargetCelery:
+		return cfg, usagef("bench: %s must be %q or %q, got %q", f.source("target"), relay.TargetSidekiq, relay.TargetCelery, c.target)
+	case cfg.target == relay.TargetCelery && (len(cfg.run) != 1 || !cfg.run["backlog"]):
+		return cfg, usagef("bench: %s celery runs the backlog scenario only: add --scenarios backlog", f.source("target"))
 	}
 	return cfg, nil
 }
@@ -360,7 +370,14 @@ func (b *bench) connect(ctx context.Context) (*pgx.Conn, error) {
 
 func (b *bench) table() string { return pgx.Identifier{b.schema, "staged_jobs"}.Sanitize() }
 
-func (b *bench) queueKey(queue string) string { return b.ns + ":queue:" + queue }
+// queueKey is the list a queue's jobs land in: Sidekiq's queue:<queue>, or
+// Kombu's list of the queue (--target celery), under the namespace.
+func (b *bench) queueKey(queue string) string {
+	if b.cfg.target == relay.TargetCelery {
+		return b.ns + ":" + queue
+	}
+	return b.ns + ":queue:" + queue
+}
 
 // reset empties staged_jobs and the scratch Redis keys between scenarios.
 func (b *bench) reset(ctx context.Context, conn *pgx.Conn) error {
@@ -478,7 +495,7 @@ func (b *bench) startRelayOn(pollOnly bool, schemaArgs ...string) (*relayProc, e
 // startRelayWith is startRelayOn with the relay's Redis at redisURL.
 func (b *bench) startRelayWith(redisURL string, pollOnly bool, schemaArgs ...string) (*relayProc, error) {
 	args := append([]string{"run"}, schemaArgs...)
-	args = append(args, "--redis-namespace", b.ns, "--log-level", "warn")
+	args = append(args, "--target", string(b.cfg.target), "--redis-namespace", b.ns, "--log-level", "warn")
 	if pollOnly && b.pollOnly {
 		args = append(args, "--poll-only")
 	}

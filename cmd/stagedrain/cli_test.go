@@ -114,6 +114,8 @@ func TestUsageErrors(t *testing.T) {
 		{"unknown redis mode", []string{"run", "--database-url", db, "--redis-mode", "ring"}, []string{"run: --redis-mode", `single, cluster or sentinel, got "ring"`}},
 		{"sidekiq on a cluster", []string{"run", "--database-url", db, "--redis-mode", "cluster"}, []string{"run: --redis-mode cluster cannot run the sidekiq target", "Sidekiq does not support Redis Cluster"}},
 		{"celery on a cluster", []string{"run", "--database-url", db, "--redis-mode", "cluster", "--target", "celery"}, []string{"run: --redis-mode cluster cannot run the celery target", "does not support Redis Cluster"}},
+		{"bench celery beyond backlog", []string{"bench", "--database-url", db, "--target", "celery"}, []string{"bench: --target celery runs the backlog scenario only"}},
+		{"bench unknown target", []string{"bench", "--database-url", db, "--target", "asynq", "--scenarios", "backlog"}, []string{"bench: --target", `"sidekiq" or "celery", got "asynq"`}},
 		{"bad cluster url", []string{"run", "--database-url", db, "--redis-mode", "cluster", "--target", "asynq", "--redis-url", "redis://h:1?addr=nocolon"}, []string{"--redis-url", "cluster URL"}},
 		{"sentinel url without master", []string{"run", "--database-url", db, "--redis-mode", "sentinel", "--redis-url", "redis://127.0.0.1:26379/0"}, []string{"--redis-url", "master_name"}},
 
@@ -302,6 +304,7 @@ func TestHelp(t *testing.T) {
 			"writers":      "STAGEDRAIN_BENCH_WRITERS",
 			"scenarios":    "STAGEDRAIN_BENCH_SCENARIOS",
 			"quick":        "STAGEDRAIN_BENCH_QUICK",
+			"target":       "STAGEDRAIN_TARGET",
 		}},
 		{"version", nil},
 		// dead's own flags say what to do, and have no variable ("").
