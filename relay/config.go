@@ -162,9 +162,10 @@ type Config struct {
 
 	// MaxPayloadBytes is the largest job payload the relay pushes: a
 	// Sidekiq job's JSON, an asynq task's encoded message, the sum of a
-	// stream entry's field values. A row whose payload is bigger is poison:
-	// it moves to staged_jobs_dead instead of into Redis. Default 1 MiB
-	// (1048576); at most 512 MiB, Redis's own limit on a string.
+	// stream entry's field values, a Celery task message's JSON. A row
+	// whose payload is bigger is poison: it moves to staged_jobs_dead
+	// instead of into Redis. Default 1 MiB (1048576); at most 512 MiB,
+	// Redis's own limit on a string.
 	MaxPayloadBytes int
 
 	// Queues, when set, makes the relay drain only the rows whose queue is
@@ -201,10 +202,11 @@ type Config struct {
 	// schema-per-tenant app switches to the right tenant (tenant.go): a
 	// top-level key of the Sidekiq job hash (apartment-sidekiq reads
 	// "apartment"), a header of the asynq task, a field of the stream
-	// entry. With Schemas, each job gets its own schema's name. A row whose
-	// options already name another tenant under the key is poison (moved
-	// to staged_jobs_dead; SourceSidekiqStagedPush: left staged and
-	// skipped); one naming its own schema passes. It may not be a key the
+	// entry, a header of the Celery task message. With Schemas, each job
+	// gets its own schema's name. A row whose options already name
+	// another tenant under the key is poison (moved to staged_jobs_dead;
+	// SourceSidekiqStagedPush: left staged and skipped); one naming its
+	// own schema passes. It may not be a key the
 	// Target's format owns (class, args, retry, ...). Default "": off.
 	TenantKey string
 
