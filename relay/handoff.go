@@ -74,16 +74,16 @@ import (
 // for each command: its name, its number of keys, its number of arguments,
 // and the arguments.
 //
-// The guard count may instead be the text "<guards> <cmd> <limit>": the
-// key after the guard keys is then a length guard, whose length cmd (LLEN,
-// ZCARD, XLEN, or XUNACKED) must be below limit for the op to run; with
-// "<guards> <cmd> <limit> <n>", the n keys after them, whose lengths add
-// up (a Celery queue's priority lists)
-// (backpressure, see backpressure.go); an op it stops runs nothing and
-// delivers nothing. XUNACKED, for a stream, is what its slowest consumer
-// group has not acknowledged (see unacked below): the first op of a run to
-// a stream measures it, and each op that runs counts one entry more (each
-// such op adds one entry).
+// The guard count may instead be the text "<guards> <cmd> <limit>"
+// (backpressure, see backpressure.go): the key after the guard keys is
+// then a length guard, whose length cmd (LLEN, ZCARD, XLEN, or XUNACKED)
+// must be below limit for the op to run. "<guards> <cmd> <limit> <n>"
+// (not XUNACKED) makes the n keys after the guard keys the length guard,
+// their lengths added up (a Celery queue's list and priority lists). An
+// op it stops runs nothing and delivers nothing. XUNACKED, for a stream,
+// is what its slowest consumer group has not acknowledged (see unacked
+// below): the first op of a run to a stream measures it, and each op that
+// runs counts one entry more (each such op adds one entry).
 //
 // It answers two elements per op: 1 and the last command's reply when the
 // op ran, 2 and the guard key that existed when a guard skipped it, 3 and
