@@ -78,6 +78,7 @@ type celeryRun struct {
 	Queue       string          `json:"queue"`
 	Priority    *int            `json:"priority"`
 	Traceparent *string         `json:"traceparent"`
+	Apartment   *string         `json:"apartment"`
 	RanAt       float64         `json:"ran_at"`
 }
 
@@ -88,7 +89,8 @@ type celeryRun struct {
 // run_at, then run at once); a job whose transaction rolled back never
 // runs, an expired one is discarded by the worker, and a row whose kwargs
 // are not an object is dead-lettered. Once with no namespace, once with
-// --redis-namespace, which the worker reads with Kombu's global_keyprefix.
+// --redis-namespace, which the worker reads with Kombu's global_keyprefix,
+// and --tenant-key apartment, a header the worker puts on task.request.
 func TestCeleryRealWorkerRunsEachJobOnce(t *testing.T) {
 	t.Parallel()
 	for _, ns := range []string{"", "myapp"} {
@@ -113,6 +115,10 @@ func testCeleryRealWorker(t *testing.T, ns string) {
 	worker := startCeleryWorker(t, srv.URL(), prefix, "runs", "celery", "mail")
 	cfg := h.config()
 	cfg.Redis, cfg.RedisNamespace, cfg.Target = rdb, ns, relay.TargetCelery
+	tenant := ""
+	if ns != "" {
+		cfg.TenantKey, tenant = "apartment", h.schema
+	}
 	h.start(cfg)
 
 	// Staged as a Django view would, in the app's own transactions.
@@ -231,9 +237,15 @@ func testCeleryRealWorker(t *testing.T, ns string) {
 			continue
 		}
 		r := rs[0]
-		var tpSeen string
+		var tpSeen, tenantSeen string
 		if r.Traceparent != nil {
 			tpSeen = *r.Traceparent
+		}
+		if r.Apartment != nil {
+			tenantSeen = *r.Apartment
+		}
+		if tenantSeen != tenant {
+			t.Errorf("job %s: the worker saw self.request.apartment %q, want %q", w.jid, tenantSeen, tenant)
 		}
 		if r.Task != "tasks.record" || compactJSON(t, r.Args) != compactJSON(t, []byte(w.args)) ||
 			compactJSON(t, r.Kwargs) != compactJSON(t, []byte(w.kwargs)) || r.Queue != w.queue ||

@@ -5,8 +5,8 @@ Run by Debian's python3-celery (5.2) as
 with CELERY_BROKER_URL (the test's own Redis), CELERY_KEYPREFIX (Kombu's
 global_keyprefix: the relay's --redis-namespace plus ":", or empty) and
 CELERY_RECORD_KEY. Each run of tasks.record RPUSHes what the worker made of
-the message (task id, args, kwargs, queue, priority, trace context, when it
-ran) as JSON onto CELERY_RECORD_KEY, under the key prefix too.
+the message (task id, args, kwargs, queue, priority, trace context, the
+tenant header "apartment", when it ran) as JSON onto CELERY_RECORD_KEY, under the key prefix too.
 """
 import json
 import os
@@ -40,5 +40,6 @@ def record(self, *args, **kwargs):
         "priority": info.get("priority"),
         "traceparent": getattr(self.request, "traceparent", None),
         "tracestate": getattr(self.request, "tracestate", None),
+        "apartment": getattr(self.request, "apartment", None),
         "ran_at": time.time(),
     }))
