@@ -297,7 +297,7 @@ func TestCeleryBackpressureCountsPriorityLists(t *testing.T) {
 	h.stage(relay.Job{Name: "tasks.record", Queue: "work", Args: []any{1}})
 	h.waitLog("backpressure: pushes paused, jobs wait in PostgreSQL", 1)
 	paused := h.logs.FilterMessage("backpressure: pushes paused, jobs wait in PostgreSQL").All()[0]
-	if d, want := paused.ContextMap()["detail"], "BACKPRESSURE "+h.key("work")+" (with 3 more lists) holds 2 >= --max-queue-length 2"; d != want {
+	if d, want := paused.ContextMap()["detail"], "BACKPRESSURE "+h.key("work")+" (with 3 more keys) holds 2 >= --max-queue-length 2"; d != want {
 		t.Fatalf("pause detail %q, want %q", d, want)
 	}
 	if n := h.staged(); n != 1 {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/stagedrain/stagedrain/relay"
@@ -219,6 +220,47 @@ func TestRedisCluster(t *testing.T) {
 			}
 		}
 		waitClusterRecordsEmpty(t, h, rdb, h.ns)
+	})
+
+	// BullMQ's keys share a slot through a hash tag in the prefix or in
+	// the queue's name; a job of a queue with neither is dead-lettered.
+	t.Run("bullmq", func(t *testing.T) {
+		t.Parallel()
+		h := newHarness(t)
+		rdb := cluster.Client(t)
+		ctx := context.Background()
+		cfg := h.config()
+		cfg.Redis, cfg.Target = rdb, relay.TargetBullMQ // prefix h.ns, no hash tag
+		tagged := h.stageMany(
+			relay.Job{Name: "Work", Args: []any{1}, Queue: "{b1}"},
+			relay.Job{Name: "Work", Args: []any{2}, Queue: "{b2}", RunAt: time.Now().Add(time.Hour)},
+			relay.Job{Name: "Work", Args: []any{3}, Queue: "plain"},
+		)
+		h.start(cfg)
+		h.waitStaged(0)
+		if rdb.LLen(ctx, h.ns+":{b1}:wait").Val() != 1 || rdb.ZScore(ctx, h.ns+":{b2}:delayed", tagged[1]).Err() != nil {
+			t.Errorf("the jobs of the queues {b1} and {b2} are not in their wait list and delayed set")
+		}
+		var reason string
+		if err := h.conn.QueryRow(ctx, "SELECT reason FROM "+pgx.Identifier{h.schema, "staged_jobs_dead"}.Sanitize()+" WHERE jid = $1", tagged[2]).Scan(&reason); err != nil {
+			t.Fatalf("the job of queue plain is not dead-lettered: %v", err)
+		}
+		if !strings.Contains(reason, "share a slot only with a hash tag") {
+			t.Errorf("the job of queue plain is dead-lettered for %q, want the hash tag's reason", reason)
+		}
+
+		// A hash tag in the prefix: every queue in one slot.
+		h2 := newHarness(t)
+		cfg = h2.config()
+		cfg.Redis, cfg.Target, cfg.RedisNamespace = rdb, relay.TargetBullMQ, "{"+h2.ns+"}"
+		h2.stageMany(relay.Job{Name: "Work", Args: []any{1}, Queue: "a"}, relay.Job{Name: "Work", Args: []any{2}, Queue: "b"})
+		h2.start(cfg)
+		h2.waitStaged(0)
+		for _, q := range []string{"a", "b"} {
+			if n := rdb.LLen(ctx, "{"+h2.ns+"}:"+q+":wait").Val(); n != 1 {
+				t.Errorf("queue %s's wait list holds %d jobs, want 1", q, n)
+			}
+		}
 	})
 
 	t.Run("a single-server client of a cluster node refused", func(t *testing.T) {

@@ -39,6 +39,10 @@ const (
 	// job (streams.go). Streams have no scheduler: a job whose run_at is in
 	// the future stays staged until it is due.
 	TargetStreams Target = "streams"
+	// TargetBullMQ adds BullMQ 6 jobs (bullmq.go), as Queue.add does: a
+	// BullMQ Worker runs them. RedisNamespace is BullMQ's prefix ("" means
+	// its default, "bull").
+	TargetBullMQ Target = "bullmq"
 	// TargetCelery LPUSHes a Celery task message (protocol 2, Kombu's
 	// Redis transport) per job onto the list of its queue (celery.go). A
 	// job whose run_at is in the future stays staged until it is due. Not
@@ -91,15 +95,18 @@ type Config struct {
 	Source Source
 
 	// Target is the job system the jobs are written for: TargetSidekiq,
-	// TargetAsynq, TargetStreams or TargetCelery. Default TargetSidekiq.
+	// TargetAsynq, TargetStreams, TargetBullMQ or TargetCelery. Default
+	// TargetSidekiq.
 	Target Target
 
 	// RedisNamespace, when set, prefixes every Redis key with
 	// RedisNamespace + ":": Sidekiq's (the redis-namespace layout of
 	// Sidekiq 6 apps), the streams', Celery's lists (its workers set
 	// Kombu's global_keyprefix to RedisNamespace + ":"), and the relay's
-	// own fence and handoff record. Default "" (no prefix, as Sidekiq 7 and later use). asynq's
-	// key names are fixed, so it must be "" with TargetAsynq.
+	// own fence and handoff record. Default "" (no prefix, as Sidekiq 7
+	// and later use). asynq's key names are fixed, so it must be "" with
+	// TargetAsynq. With TargetBullMQ it is BullMQ's prefix of the queues'
+	// keys, "bull" when "" (the relay's own keys then have none).
 	RedisNamespace string
 
 	// StreamMaxLen, for TargetStreams, trims each stream to about this many
@@ -288,8 +295,8 @@ func (c Config) Validate() error {
 		return fieldErr("MaxPayloadBytes", "must be between 1 and %d, got %d", maxMaxPayloadBytes, c.MaxPayloadBytes)
 	case c.ShutdownTimeout < 0:
 		return fieldErr("ShutdownTimeout", "must not be negative, got %s", c.ShutdownTimeout)
-	case c.Target != TargetSidekiq && c.Target != TargetAsynq && c.Target != TargetStreams && c.Target != TargetCelery:
-		return fieldErr("Target", "must be %q, %q, %q or %q, got %q", TargetSidekiq, TargetAsynq, TargetStreams, TargetCelery, c.Target)
+	case c.Target != TargetSidekiq && c.Target != TargetAsynq && c.Target != TargetStreams && c.Target != TargetBullMQ && c.Target != TargetCelery:
+		return fieldErr("Target", "must be %q, %q, %q, %q or %q, got %q", TargetSidekiq, TargetAsynq, TargetStreams, TargetBullMQ, TargetCelery, c.Target)
 	case c.Target == TargetAsynq && c.RedisNamespace != "":
 		return fieldErr("RedisNamespace", "must be empty with the asynq target: asynq's key names are fixed, and its servers would never see namespaced tasks")
 	case c.Target != TargetSidekiq && c.TimestampFormat != TimestampSeconds:

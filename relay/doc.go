@@ -73,8 +73,8 @@
 // maps flags to fields). Config.Redis may be a *redis.Client (one server, or
 // Sentinel through redis.NewFailoverClient) or a *redis.ClusterClient (not
 // with [TargetSidekiq] or [TargetCelery]); the relay does not close it.
-// Config.Target picks [TargetSidekiq], [TargetAsynq], [TargetStreams] or
-// [TargetCelery]; Config.Source picks
+// Config.Target picks [TargetSidekiq], [TargetAsynq], [TargetStreams],
+// [TargetBullMQ] or [TargetCelery]; Config.Source picks
 // [SourceStagedJobs] or [SourceSidekiqStagedPush].
 //
 // Run retries lost connections to PostgreSQL and Redis with capped

@@ -119,6 +119,9 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 			paused.Reset(pausedRetry)
 			pausedC = paused.C
 		}
+		g.paused = r.bp.any()
+		r.heldBack.Store(g.paused) // a hot fleet's poll leaves it out
+
 		if r.hooks.idle != nil {
 			r.hooks.idle(listens)
 		}
@@ -159,6 +162,13 @@ type claimed struct {
 // and at least one a second, scans from the start.
 func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]stagedJob, g *gate, log *zap.Logger) error {
 	// Poison rows a source left staged, and rows backpressure holds back.
+	if !g.awake && g.heldAwake() {
+		// The fleet runs hot, or the listener lost its session: stop the
+		// commits' notifications now.
+		if err := g.wake(ctx); err != nil {
+			return err
+		}
+	}
 	skip := slices.Concat(r.poisoned, r.bp.drainStarts())
 	r.excluded = r.bp.excluded()
 	fullScan, lastFound := time.Now(), time.Now()
@@ -177,7 +187,7 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 			case cur.from != fromStart:
 				// It claimed from a cursor: the rest of the table may
 				// hold rows that committed late.
-			case !g.awake || g.pinned:
+			case !g.awake || g.pinned || g.heldAwake():
 				return nil
 			case time.Since(lastFound) < rate.linger():
 				// Jobs were flowing a moment ago: look again shortly
@@ -254,7 +264,13 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 			if r.bp.memOver {
 				return nil
 			}
+			g.paused = true
 			return g.sleep(ctx)
+		}
+		if !full && g.hot() {
+			// The fleet's hot poll finds what comes next, with every
+			// other schema's, in one statement: no claim to confirm.
+			return nil
 		}
 		if !full {
 			// Pace: the more jobs a short batch found, the longer until the

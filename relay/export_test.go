@@ -73,3 +73,6 @@ func StoppedOnBackpressure(r *Relay) bool { return r.bp.stop() }
 // memory, however recent the last read. Only from a hook that runs on r's
 // drain goroutine (SetOnIdle, SetBeforePush, SetAfterPush), which owns it.
 func ExpireMemoryCheck(r *Relay) { r.bp.memChecked = time.Time{} }
+
+// FleetHot reports whether the fleet r runs hot (fleethot.go).
+func FleetHot(r *Relay) bool { return r.fleet != nil && r.fleet.hot.Load() }

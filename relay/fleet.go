@@ -62,6 +62,12 @@ type fleet struct {
 	mu      sync.Mutex // guards tenants for Status and the metrics
 	tenants map[string]*tenant
 
+	// hot is true while the fleet runs hot: it holds every schema it
+	// leads awake and polls them all at once (fleetHot). noted counts the
+	// commits' notifications, for the session loop to decide.
+	hot   atomic.Bool
+	noted atomic.Int64
+
 	memberKey string // the fleet's lock name (fleetLockName)
 	system    string // PostgreSQL's system_identifier, for every fence
 	missing   map[string]bool
@@ -227,8 +233,20 @@ func (f *fleet) session(ctx context.Context, pool *pgxpool.Pool) (connected time
 	defer balance.Stop()
 	polls := time.NewTimer(jitter(r.cfg.PollInterval))
 	defer polls.Stop()
+	var heat fleetHeat
+	heatC := heat.start(r.cfg.PollOnly)
+	defer heat.stop()
+	defer s.cool() // the fleet's schemas are let go (letAllGo) as it ends
 	for {
 		select {
+		case <-heatC:
+			s.weigh(&heat)
+			continue
+		case <-heat.pollC():
+			led := s.led()
+			heat.hits += s.poll(sctx, led, true)
+			heat.pollAgain(len(led))
+			continue
 		case <-ctx.Done():
 			return connected, ctx.Err()
 		case t := <-s.ended:
@@ -248,7 +266,7 @@ func (f *fleet) session(ctx context.Context, pool *pgxpool.Pool) (connected time
 			// so that idle_session_timeout never ends it.
 			balance.Reset(jitter(r.cfg.LeaderInterval / 2))
 		case <-polls.C:
-			s.poll(sctx)
+			s.poll(sctx, s.led(), false)
 			polls.Reset(jitter(r.cfg.PollInterval))
 		}
 	}
@@ -324,6 +342,7 @@ func (s *fleetSession) discover(ctx context.Context) error {
 			return fmt.Errorf("schema %q: %w", name, err)
 		}
 		c.hooks = r.hooks
+		c.hot = &f.hot
 		c.gateTimeout, c.summaryEvery, c.drainIdleInTx = r.gateTimeout, r.summaryEvery, r.drainIdleInTx
 		c.handoff.system = f.system
 		c.state.setRole(RoleStandby)
@@ -694,17 +713,26 @@ func (s *fleetSession) letAllGo() {
 	}
 }
 
-// poll is the fleet's fallback poll: one statement asks which of the
-// schemas led have rows staged, and wakes their drains.
-func (s *fleetSession) poll(ctx context.Context) {
+// led are the tenants the session leads.
+func (s *fleetSession) led() []*tenant {
 	var led []*tenant
 	for _, t := range s.f.tenants {
 		if t.leading && !t.released {
 			led = append(led, t)
 		}
 	}
+	return led
+}
+
+// poll asks, in one statement, which of the schemas led have rows staged,
+// wakes their drains and returns how many; the fallback poll, and a hot
+// fleet's (hot: counted as hot_poll).
+func (s *fleetSession) poll(ctx context.Context, led []*tenant, hot bool) (found int) {
+	if hot {
+		led = slices.DeleteFunc(led, func(t *tenant) bool { return t.r.heldBack.Load() })
+	}
 	if len(led) == 0 {
-		return
+		return 0
 	}
 	var sql strings.Builder
 	for i, t := range led {
@@ -732,9 +760,14 @@ func (s *fleetSession) poll(ctx context.Context) {
 			return err
 		}
 		for _, i := range staged {
-			led[i].r.metrics.wakePoll.Inc()
+			if hot {
+				led[i].r.metrics.wakeHot.Inc()
+			} else {
+				led[i].r.metrics.wakePoll.Inc()
+			}
 			trySendWakeup(led[i].wake)
 		}
+		found = len(staged)
 		return nil
 	})
 	if err != nil && ctx.Err() == nil {
@@ -747,6 +780,7 @@ func (s *fleetSession) poll(ctx context.Context) {
 			trySendWakeup(t.wake)
 		}
 	}
+	return found
 }
 
 // fleetStatus is Status for a fleet: the process's role, and each

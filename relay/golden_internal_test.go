@@ -83,6 +83,9 @@ type goldenOp struct {
 type goldenCommand struct {
 	Command string `json:"command"`
 	Key     string `json:"key"`
+	// Keys are the keys of a command on several (a Lua op's), Key the
+	// first of them.
+	Keys []string `json:"keys,omitempty"`
 	// Args are the arguments as Redis receives them: text as a string,
 	// binary (asynq's protobuf msg) as {"hex": ...}.
 	Args []any `json:"args"`
@@ -116,15 +119,18 @@ func opsOf(t *testing.T, u *pushUnit) []goldenOp {
 		g := goldenOp{Rows: append([]int64{}, op.ids...), SkipIfExists: u.keys[k : k+guards]}
 		k += guards
 		for range ncmds {
-			name, nargs := u.args[a].(string), u.args[a+2].(int)
+			name, nkeys, nargs := u.args[a].(string), u.args[a+1].(int), u.args[a+2].(int)
 			c := goldenCommand{Command: name, Key: u.keys[k]}
+			if nkeys > 1 {
+				c.Keys = u.keys[k : k+nkeys]
+			}
 			var wire []string
 			for _, arg := range u.args[a+3 : a+3+nargs] {
 				wire = append(wire, wireArg(t, arg))
 			}
 			decode(t, &c, wire)
 			g.Commands = append(g.Commands, c)
-			k++
+			k += nkeys
 			a += 3 + nargs
 		}
 		out = append(out, g)
@@ -166,6 +172,8 @@ func decode(t *testing.T, c *goldenCommand, wire []string) {
 			c.Args = append(c.Args, map[string]string{"hex": hex.EncodeToString([]byte(arg))})
 			set(i, decodeTaskMessage(t, []byte(arg)))
 			continue
+		case c.Command == "bullmq.add" && (i == 3 || i == 4): // data, opts
+			set(i, json.RawMessage(arg))
 		case c.Command == "LPUSH" || c.Command == "ZADD" && i%2 == 1:
 			if strings.HasPrefix(arg, "{") && json.Valid([]byte(arg)) {
 				set(i, decodeEnvelope(t, arg))

@@ -20,9 +20,10 @@ import (
 //     fence hash, or the script refuses the whole batch (FENCED) and the
 //     relay steps down;
 //  2. deletes the records of earlier batches whose delete has committed;
-//  3. runs the target's commands (an op per queue: LPUSH, ZADD, ...), each
-//     op on its own, so that a WRONGTYPE on one queue's key refuses only that
-//     queue's jobs;
+//  3. runs the target's commands (an op per queue: LPUSH, ZADD, ...; or a
+//     target's own Lua op, as BullMQ's add, whose writes depend on what the
+//     queue's keys hold: see handoffScript), each op on its own, so that a
+//     WRONGTYPE on one queue's key refuses only that queue's jobs;
 //  4. records, in the record hash under a field of its own, the ids of the
 //     rows whose op succeeded (the field is written even when none did).
 //
@@ -75,15 +76,26 @@ import (
 // and the arguments.
 //
 // The guard count may instead be the text "<guards> <cmd> <limit>"
-// (backpressure, see backpressure.go): the key after the guard keys is
-// then a length guard, whose length cmd (LLEN, ZCARD, XLEN, or XUNACKED)
-// must be below limit for the op to run. "<guards> <cmd> <limit> <n>"
-// (not XUNACKED) makes the n keys after the guard keys the length guard,
-// their lengths added up (a Celery queue's list and priority lists). An
-// op it stops runs nothing and delivers nothing. XUNACKED, for a stream,
-// is what its slowest consumer group has not acknowledged (see unacked
-// below): the first op of a run to a stream measures it, and each op that
-// runs counts one entry more (each such op adds one entry).
+// (backpressure, see backpressure.go): the keys after the guard keys are
+// then a length guard, whose length cmd measures; it must be below limit
+// for the op to run. cmd is LLEN, ZCARD, XLEN, or XUNACKED with one key,
+// or a sum with one key per term, "LLEN+LLEN+ZCARD", whose length is the
+// sum of the terms (a BullMQ queue's waiting jobs are in its wait and
+// paused lists and its prioritized set, bullmq.go; a Celery queue's in its
+// list and its priority lists, celery.go). An op it stops runs nothing and
+// delivers nothing. XUNACKED, for a stream, is what its slowest consumer
+// group has not acknowledged (see unacked below): the first op of a run to
+// a stream measures it, and each op that runs counts one entry more (each
+// such op adds one entry); it is never a term of a sum.
+//
+// A command's name may be that of a Lua op instead (luaOps: a target's
+// own Lua, such as bullmq.add, bullmq.go): it is called with the indexes of
+// its keys in KEYS and its arguments in ARGV, and answers as a command
+// does, an error reply ({err = ...}) included; a Lua error it raises is
+// caught and is the op's error reply. A target needs one where what it
+// writes depends on what Redis holds, as BullMQ's own add scripts read the
+// queue's meta hash (paused, concurrency, the events stream's length) and
+// the delayed and priority sets before they write.
 //
 // It answers two elements per op: 1 and the last command's reply when the
 // op ran, 2 and the guard key that existed when a guard skipped it, 3 and
@@ -93,6 +105,8 @@ import (
 // record holds this batch's field already, it runs no op and answers two
 // elements: -1 and the field's value (the ids the first run delivered).
 var handoffScript = redis.NewScript(`
+local luaOps = {} -- name -> function(k, a): a target's Lua op (see above)
+` + bullmqLua + `
 -- unacked is how many entries of the stream key its slowest consumer group
 -- has not acknowledged, and that group's name: the most, over the groups
 -- (XINFO GROUPS, Redis 7.0+), of pending (read, not acknowledged) plus lag
@@ -151,13 +165,12 @@ local done = {}
 local counted = {} -- XUNACKED: stream key -> {count, slowest group}
 while a <= #ARGV do
   local guard, ncmds, ids = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), ARGV[a + 2]
-  local lencmd, limit, nlen
+  local lencmd, limit
   if not guard then
-    -- "<guards> <LLEN|ZCARD|XLEN> <limit>[ <nkeys>]": a length guard
-    -- follows the guard keys (backpressure): nkeys keys (default 1) whose
-    -- lengths add up.
-    local g, c, l, n = string.match(ARGV[a], '^(%d+) (%u+) (%d+) ?(%d*)$')
-    guard, lencmd, limit, nlen = tonumber(g), c, tonumber(l), tonumber(n) or 1
+    -- "<guards> <cmd> <limit>": a length guard follows the guard keys
+    -- (backpressure); cmd may be a sum, "LLEN+LLEN+ZCARD".
+    local g, c, l = string.match(ARGV[a], '^(%d+) ([%u+]+) (%d+)$')
+    guard, lencmd, limit = tonumber(g), c, tonumber(l)
   end
   a = a + 3
   local status, reply = 1, ''
@@ -178,16 +191,17 @@ while a <= #ARGV do
       end
       k = k + 1
     else
-      if status == 1 then
-        -- A key of another type fails the op's own command (WRONGTYPE).
-        local total = 0
-        for i = 0, nlen - 1 do
-          local n = redis.pcall(lencmd, KEYS[k + i])
-          if type(n) == 'number' then total = total + n end
+      -- A key of another type fails the op's own command (WRONGTYPE). A
+      -- sum has a key per term.
+      local n = 0
+      for c in string.gmatch(lencmd, '%u+') do
+        if status == 1 then
+          local m = redis.pcall(c, KEYS[k])
+          if type(m) == 'number' then n = n + m end
         end
-        if total >= limit then status, reply = 3, total end
+        k = k + 1
       end
-      k = k + nlen
+      if status == 1 and n >= limit then status, reply = 3, n end
     end
   end
   for c = 1, ncmds do
@@ -195,7 +209,15 @@ while a <= #ARGV do
     a = a + 3
     if status == 1 then
       local r
-      if nkeys == 1 then
+      local op = luaOps[name]
+      if op then
+        local ok, res = pcall(op, k, a)
+        if ok then
+          r = res
+        else
+          r = {err = type(res) == 'table' and res.err or tostring(res)}
+        end
+      elseif nkeys == 1 then
         -- The common case, without copying the arguments into a table.
         r = redis.pcall(name, KEYS[k], unpack(ARGV, a, a + nargs - 1))
       else
@@ -688,10 +710,11 @@ type pushUnit struct {
 }
 
 // limit makes the current op, before any of its commands, run only while
-// the keys (queue's, measured by cmd: LLEN, ZCARD, XLEN, or XUNACKED for a
-// stream whose op adds one entry; see handoffScript) hold fewer than
-// maxLen entries together. Several keys only with LLEN, ZCARD or XLEN.
-// Without maxLen it does nothing.
+// the keys (queue's) hold fewer than maxLen entries together: cmd
+// measures them, LLEN, ZCARD, XLEN, or XUNACKED for a stream whose op adds
+// one entry (one key); with several keys, cmd is either one command that
+// measures each of them or a sum with one term per key, "LLEN+LLEN+ZCARD"
+// (see handoffScript). Without maxLen it does nothing.
 func (u *pushUnit) limit(queue, cmd string, keys ...string) {
 	if u.maxLen <= 0 {
 		return
@@ -699,15 +722,17 @@ func (u *pushUnit) limit(queue, cmd string, keys ...string) {
 	op := &u.ops[len(u.ops)-1]
 	op.queue, op.lenKey, op.limit = queue, keys[0], u.maxLen
 	if len(keys) > 1 {
-		op.lenKey += fmt.Sprintf(" (with %d more lists)", len(keys)-1)
+		op.lenKey += fmt.Sprintf(" (with %d more keys)", len(keys)-1) // their lengths are added up
+		if !strings.Contains(cmd, "+") {
+			cmd = strings.TrimSuffix(strings.Repeat(cmd+"+", len(keys)), "+")
+		}
+	}
+	if strings.Count(cmd, "+")+1 != len(keys) || (len(keys) > 1 && strings.Contains(cmd, "XUNACKED")) {
+		panic("relay: length guard " + cmd + " on " + strconv.Itoa(len(keys)) + " keys")
 	}
 	u.keys = append(u.keys, keys...)
 	g := u.ncmds - 1
-	guard := strconv.Itoa(u.args[g].(int)) + " " + cmd + " " + strconv.FormatInt(u.maxLen, 10)
-	if len(keys) > 1 {
-		guard += " " + strconv.Itoa(len(keys))
-	}
-	u.args[g] = guard
+	u.args[g] = strconv.Itoa(u.args[g].(int)) + " " + cmd + " " + strconv.FormatInt(u.maxLen, 10)
 }
 
 // unitOp is one op of a pushUnit and, after settle, its outcome.
@@ -756,6 +781,15 @@ func (u *pushUnit) begin(ids []int64, guards ...string) {
 func (u *pushUnit) command(name, key string, args ...any) {
 	u.keys = append(u.keys, key)
 	u.args = append(u.args, name, 1, len(args))
+	u.args = append(u.args, args...)
+	u.args[u.ncmds] = u.args[u.ncmds].(int) + 1
+}
+
+// call adds a command on several keys to the current op: a Redis command,
+// or a Lua op of the script (luaOps, see handoffScript).
+func (u *pushUnit) call(name string, keys []string, args ...any) {
+	u.keys = append(u.keys, keys...)
+	u.args = append(u.args, name, len(keys), len(args))
 	u.args = append(u.args, args...)
 	u.args[u.ncmds] = u.args[u.ncmds].(int) + 1
 }

@@ -103,6 +103,7 @@ func (r *Relay) listenAll(ctx context.Context, routes map[string]route, pool *pg
 	err := pl.Listen(ctx)
 	stop()
 	wg.Wait()
+	l.deafen() // nobody LISTENs for these routes now
 	if ctx.Err() != nil {
 		return nil
 	}
@@ -201,7 +202,20 @@ func (l *listener) logError(ctx context.Context, err error) {
 	l.attempt++
 	l.wait = backoff(l.attempt, l.r.cfg.MaxBackoff)
 	l.r.metrics.errPostgres.Inc()
+	l.deafen()
 	l.log.Warn("listener error, reconnecting", zap.Error(err), zap.Int("attempt", l.attempt), zap.Duration("wait", l.wait))
+}
+
+// deafen marks every route's relay as not listened for, and wakes its
+// drain, which then gives back its idle lock (gate.heldAwake): a commit
+// that saw it idle would notify nobody. The next LISTEN undoes it
+// (HandleBacklog).
+func (l *listener) deafen() {
+	for _, rt := range l.routes {
+		if !rt.r.deaf.Swap(true) {
+			trySendWakeup(rt.wake)
+		}
+	}
 }
 
 // HandleBacklog runs after each LISTEN: it wakes the channel's drain for
@@ -210,6 +224,7 @@ func (l *listener) logError(ctx context.Context, err error) {
 // until then each LISTEN gets l.timeout more.
 func (l *listener) HandleBacklog(_ context.Context, channel string, conn *pgx.Conn) error {
 	rt := l.routes[channel]
+	rt.r.deaf.Store(false) // before the wake: the drain it starts may go idle
 	rt.r.listens.Add(1)
 	rt.r.metrics.wakeReconnect.Inc()
 	trySendWakeup(rt.wake)
@@ -249,6 +264,9 @@ func (l *listener) HandleBacklog(_ context.Context, channel string, conn *pgx.Co
 func (l *listener) HandleNotification(_ context.Context, n *pgconn.Notification, _ *pgx.Conn) error {
 	trySendWakeup(l.seen)
 	if n.Payload != heartbeatPayload {
+		if f := l.r.fleet; f != nil {
+			f.noted.Add(1)
+		}
 		rt := l.routes[n.Channel]
 		rt.r.metrics.wakeNotify.Inc()
 		trySendWakeup(rt.wake)

@@ -31,7 +31,7 @@ type metrics struct {
 	// backpressure is 1 for a queue (and reason) whose pushes are paused.
 	backpressure *prometheus.GaugeVec
 
-	wakeNotify, wakePoll, wakeReconnect, wakeLate prometheus.Counter
+	wakeNotify, wakePoll, wakeReconnect, wakeLate, wakeHot prometheus.Counter
 
 	errs                                          *prometheus.CounterVec
 	errRedis, errPostgres, errLostLock, errFenced prometheus.Counter
@@ -146,12 +146,13 @@ func newMetrics(target, schema, group string, b *backlog, mu *sync.Mutex) *metri
 	})
 	wakeups := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "stagedrain_wakeups_total",
-		Help: "Wake-up signals to the drain loop by cause: notify (a NOTIFY arrived), poll (the fallback poll), reconnect (the listener's LISTEN, first or again), late_commit (a transaction in progress when the relay went idle ended: it may have staged jobs without notifying).",
+		Help: "Wake-up signals to the drain loop by cause: notify (a NOTIFY arrived), poll (the fallback poll), reconnect (the listener's LISTEN, first or again), late_commit (a transaction in progress when the relay went idle ended: it may have staged jobs without notifying), hot_poll (a fleet of schemas running hot polled them all and found rows in this one).",
 	}, []string{"cause"})
 	m.wakeNotify = wakeups.WithLabelValues("notify")
 	m.wakePoll = wakeups.WithLabelValues("poll")
 	m.wakeReconnect = wakeups.WithLabelValues("reconnect")
 	m.wakeLate = wakeups.WithLabelValues("late_commit")
+	m.wakeHot = wakeups.WithLabelValues("hot_poll")
 	m.errs = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "stagedrain_errors_total",
 		Help: "Failures by kind: redis (a batch's push, or a PING), postgres (a batch, a database session, the listener, the backlog query), lost_lock (the leader lost its lock connection), fenced (the fence refused a push: another relay leads).",

@@ -54,6 +54,18 @@ type Relay struct {
 	// fleet, for a relay with Config.Schemas, runs a Relay per schema
 	// (fleet.go); nil for a relay of one schema.
 	fleet *fleet
+	// hot, for a fleet's schema, is the fleet's fleetHot: true while it
+	// polls its schemas and holds them awake. nil otherwise.
+	hot *atomic.Bool
+	// heldBack is true while backpressure holds a queue back (gate.paused),
+	// for a hot fleet's poll, which leaves such a schema to its own
+	// retries and notifications.
+	heldBack atomic.Bool
+	// deaf is true while no listener session has LISTENed on the schema's
+	// channel (at start, and from a listener's failure until it LISTENs
+	// again): the relay does not go idle then, since a commit's
+	// notification would reach nobody (gate.heldAwake).
+	deaf atomic.Bool
 
 	// Test hooks (export_test.go); nil outside tests.
 	hooks testHooks
@@ -143,6 +155,7 @@ func New(cfg Config) (*Relay, error) {
 
 		listenerHeartbeat: listenerHeartbeat,
 	}
+	r.deaf.Store(true)
 	if r.src, err = newSource(cfg, version); err != nil {
 		return nil, fmt.Errorf("read migrations: %w", err)
 	}
@@ -157,6 +170,9 @@ func New(cfg Config) (*Relay, error) {
 	switch cfg.Target {
 	case TargetAsynq:
 		t := newAsynqTarget(cfg.MaxPayloadBytes)
+		t.tenant, r.target = tenant, t
+	case TargetBullMQ:
+		t := newBullmqTarget(cfg.RedisNamespace, cfg.MaxPayloadBytes, isCluster(cfg.Redis))
 		t.tenant, r.target = tenant, t
 	case TargetStreams:
 		t := newStreamTarget(cfg.RedisNamespace, cfg.StreamMaxLen, cfg.MaxPayloadBytes)
@@ -388,6 +404,8 @@ func (r *Relay) leadWith(ctx context.Context, lockConn *pgx.Conn, lockMu *sync.M
 	// when it has found nothing left; in poll-only mode it never does,
 	// since nobody listens.
 	gt := &gate{mu: lockMu, conn: lockConn, awake: true, pinned: r.cfg.PollOnly,
+		held:     r.hot,
+		deaf:     &r.deaf,
 		idleKeys: gateLockNames(r.cfg.Schema, r.cfg.Queues),
 		timeout:  r.gateTimeout + lockQueryTimeout(r.cfg.LeaderInterval),
 		late:     lateCommits{window: r.cfg.PollInterval}}

@@ -88,6 +88,8 @@ func tenantKeysOwned(target Target) []string {
 		// The options the target maps (a tenant key among them would be
 		// read as both), and the headers it writes.
 		return []string{"retry", "timeout", "deadline", "retention", "unique", "headers", traceparentKey, tracestateKey}
+	case TargetBullMQ:
+		return bullmqOwnedKeys()
 	case TargetStreams:
 		return []string{"jid", "class", "args", "queue", "created_at", "options", traceparentKey, tracestateKey}
 	case TargetCelery:

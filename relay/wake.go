@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -99,25 +100,50 @@ type gate struct {
 	// awake is true while the relay holds no "idle" lock: commits do not
 	// notify. A lead starts awake, and goes idle at the end of its first
 	// drain.
-	awake   bool
-	pinned  bool          // poll-only: never goes idle
+	awake  bool
+	pinned bool // poll-only: never goes idle
+	// held, when set and true, holds the relay awake: a fleet running hot
+	// (fleethot.go) finds its schemas' rows by polling them all at
+	// once, and no commit need notify.
+	held *atomic.Bool
+	// deaf, when true, holds the relay awake too: its listener is not
+	// LISTENing (Relay.deaf), and an idle relay would only make commits
+	// notify nobody.
+	deaf *atomic.Bool
+	// paused is true while backpressure holds a queue back: the relay
+	// then goes idle and is notified as a relay of one schema, hot fleet
+	// or not (its rows held back would otherwise keep the hot poll
+	// waking it, for nothing, every step).
+	paused  bool
 	idleAt  time.Time     // when the relay last went idle, or a drain ended
 	timeout time.Duration // bounds each statement: lock_timeout plus the lock connection's query timeout
 	late    lateCommits
 }
 
 const (
-	// The ids of the transactions in progress: each holds an exclusive
-	// lock on its own id from when it gets one (before it inserts a row)
-	// until its commit is visible. pg_current_snapshot() would not do: it
-	// does not list the ids above the last one to end. xid as text as
-	// bigint: pgx has no xid array type.
-	inProgressSQL = `SELECT coalesce(array_agg(DISTINCT transactionid::text::bigint), '{}') FROM pg_locks
-		WHERE locktype = 'transactionid' AND mode = 'ExclusiveLock' AND granted`
+	// The ids of the transactions in progress: a transaction's id shows
+	// in pg_stat_activity.backend_xid from when it gets one (before it
+	// inserts a row) until its commit is visible (PostgreSQL clears it
+	// from its PGPROC as it ends), and a prepared transaction's in
+	// pg_prepared_xacts until COMMIT PREPARED. pg_current_snapshot() would
+	// not do: it does not list the ids above the last one to end. Nor
+	// pg_locks (each transaction's lock on its own id), which this read
+	// before issue 23: it holds every partition of PostgreSQL's lock
+	// table while it copies it, so the app's lock requests (the trigger's
+	// looks at the gate among them) wait for it, and it copies every
+	// advisory lock held, 16 per idle schema (3,200 for a fleet of 200):
+	// 3-4.5ms a read against 0.06ms for this, prepared, on this machine.
+	// Every role may read both (backend_xid is not among the columns
+	// pg_stat_activity hides from other roles). xid as text as bigint:
+	// pgx has no xid array type.
+	inProgressSQL = `SELECT coalesce(array_agg(DISTINCT x), '{}') FROM (
+		SELECT backend_xid::text::bigint FROM pg_stat_activity WHERE backend_xid IS NOT NULL
+		UNION ALL SELECT transaction::text::bigint FROM pg_prepared_xacts) t(x)`
 	// Which of $1 are still in progress.
-	stillInProgressSQL = `SELECT coalesce(array_agg(DISTINCT transactionid::text::bigint), '{}') FROM pg_locks
-		WHERE locktype = 'transactionid' AND mode = 'ExclusiveLock' AND granted
-		  AND transactionid::text::bigint = ANY($1::bigint[])`
+	stillInProgressSQL = `SELECT coalesce(array_agg(DISTINCT x), '{}') FROM (
+		SELECT backend_xid::text::bigint FROM pg_stat_activity WHERE backend_xid IS NOT NULL
+		UNION ALL SELECT transaction::text::bigint FROM pg_prepared_xacts) t(x)
+		WHERE x = ANY($1::bigint[])`
 )
 
 // wake marks the relay awake: it releases "idle", so that commits stop
@@ -167,6 +193,18 @@ func (g *gate) awakeIfSlow(ctx context.Context) (done func() error) {
 	}
 }
 
+// heldAwake reports whether the relay must not go idle: its listener is
+// not LISTENing, or a hot fleet holds it awake (hot).
+func (g *gate) heldAwake() bool {
+	return g.deaf != nil && g.deaf.Load() || g.hot()
+}
+
+// hot reports whether a hot fleet holds the relay awake, and finds its
+// rows by its poll (unless backpressure holds a queue back).
+func (g *gate) hot() bool {
+	return g.held != nil && g.held.Load() && !g.paused
+}
+
 // release gives back the gate's locks at the end of a lead, whatever ended
 // it: ctx (a fleet letting the schema go, or shutting down), a step-down
 // (fenced, lost lock, a fatal error). Without it a fleet's lock
@@ -189,7 +227,7 @@ func (g *gate) release(ctx context.Context) error {
 // relay awake and has ended, and the drain loop drains again when one of
 // the others ends.
 func (g *gate) sleep(ctx context.Context) error {
-	if !g.awake || g.pinned {
+	if !g.awake || g.pinned || g.heldAwake() {
 		return nil
 	}
 	g.idleAt = time.Now()

@@ -50,7 +50,7 @@ type benchFlags struct {
 
 // benchConfig is what one bench run does, after --quick.
 type benchConfig struct {
-	target          relay.Target  // the relay's --target: sidekiq, or celery (the backlog scenario only)
+	target          relay.Target  // the relay's --target: sidekiq, or bullmq or celery (the backlog scenario only)
 	tpsDuration     time.Duration // per app-TPS scenario
 	latencyDuration time.Duration // per latency rate
 	idleWarmup      time.Duration // relay running before the idle window opens
@@ -84,11 +84,11 @@ func newBenchFlags() (*flagSet, *benchFlags) {
 	f.env("backlog", "STAGEDRAIN_BENCH_BACKLOG")
 	f.fs.IntVar(&c.writers, "writers", 16, "concurrent app writers of the TPS and 5,000 jobs/s scenarios")
 	f.env("writers", "STAGEDRAIN_BENCH_WRITERS")
-	f.fs.StringVar(&c.scenarios, "scenarios", strings.Join(benchDefaultScenarios, ","), "comma-separated `list` of scenarios to run: tps, latency, idle, backlog, schemas (one relay --schemas of 10 schemas: the others' latency while one drains the --backlog), scale (1, 10, 100 and 1,000 schemas: connections, idle statements, RSS, latency; not run by default: several minutes), app-cost (the app's write TPS with no relay, a polling relay, a relay, a relay whose Redis hangs, and a relay of 20 and of 200 schemas, each against the same with the triggers disabled, in alternating runs; the relay's CPU per 1,000 jobs; not run by default: several minutes)")
+	f.fs.StringVar(&c.scenarios, "scenarios", strings.Join(benchDefaultScenarios, ","), "comma-separated `list` of scenarios to run: tps, latency, idle, backlog, schemas (one relay --schemas of 10 schemas: the others' latency while one drains the --backlog), scale (1, 10, 100 and 1,000 schemas: connections, idle statements, RSS, latency; not run by default: several minutes), app-cost (the app's write TPS with no relay, a polling relay, a relay, a relay whose Redis hangs, and a relay of 20 and of 200 schemas, each against the same with the triggers disabled, in alternating runs; the relay's CPU per 1,000 jobs; the fleets' latency at 100 and 1,000 jobs/s spread over their schemas; not run by default: several minutes)")
 	f.env("scenarios", "STAGEDRAIN_BENCH_SCENARIOS")
 	f.fs.BoolVar(&c.quick, "quick", false, "a smoke run: 500ms scenarios (each until it has 50 jobs), a 1s idle window, a 10,000-job backlog, scale at 1 and 10 schemas only, app-cost's fleets of 4 and 8 (an explicit --duration or --backlog wins); the same rows, none judged")
 	f.env("quick", "STAGEDRAIN_BENCH_QUICK")
-	f.fs.StringVar(&c.target, "target", "sidekiq", "the relay's `target`: sidekiq, or celery (with --scenarios backlog only)")
+	f.fs.StringVar(&c.target, "target", "sidekiq", "the job `system` the relay writes: sidekiq; bullmq (BullMQ's wait lists) or celery (Kombu's lists) with --scenarios backlog only")
 	f.env("target", "STAGEDRAIN_TARGET")
 	f.required("database-url", "redis-url", "scenarios")
 	return f, c
@@ -145,10 +145,10 @@ func (c *benchFlags) config(f *flagSet) (benchConfig, error) {
 		cfg.run[s] = true
 	}
 	switch {
-	case cfg.target != relay.TargetSidekiq && cfg.target != relay.TargetCelery:
-		return cfg, usagef("bench: %s must be %q or %q, got %q", f.source("target"), relay.TargetSidekiq, relay.TargetCelery, c.target)
-	case cfg.target == relay.TargetCelery && (len(cfg.run) != 1 || !cfg.run["backlog"]):
-		return cfg, usagef("bench: %s celery runs the backlog scenario only: add --scenarios backlog", f.source("target"))
+	case cfg.target != relay.TargetSidekiq && cfg.target != relay.TargetBullMQ && cfg.target != relay.TargetCelery:
+		return cfg, usagef("bench: %s must be %q, %q or %q, got %q", f.source("target"), relay.TargetSidekiq, relay.TargetBullMQ, relay.TargetCelery, c.target)
+	case cfg.target != relay.TargetSidekiq && (len(cfg.run) != 1 || !cfg.run["backlog"]):
+		return cfg, usagef("bench: %s %s runs with --scenarios backlog only", f.source("target"), cfg.target)
 	}
 	return cfg, nil
 }
@@ -370,10 +370,14 @@ func (b *bench) connect(ctx context.Context) (*pgx.Conn, error) {
 
 func (b *bench) table() string { return pgx.Identifier{b.schema, "staged_jobs"}.Sanitize() }
 
-// queueKey is the list a queue's jobs land in: Sidekiq's queue:<queue>, or
-// Kombu's list of the queue (--target celery), under the namespace.
+// queueKey is the list a queue's jobs land in, under the namespace:
+// Sidekiq's queue:<queue>, BullMQ's <queue>:wait (--target bullmq, whose
+// prefix is the namespace), or Kombu's list of the queue (--target celery).
 func (b *bench) queueKey(queue string) string {
-	if b.cfg.target == relay.TargetCelery {
+	switch b.cfg.target {
+	case relay.TargetBullMQ:
+		return b.ns + ":" + queue + ":wait"
+	case relay.TargetCelery:
 		return b.ns + ":" + queue
 	}
 	return b.ns + ":queue:" + queue

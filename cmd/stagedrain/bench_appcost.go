@@ -47,6 +47,9 @@ type appCostCase struct {
 	// check, if set, is called before each run and says how the state
 	// failed what its target is about ("" if it did not).
 	check func(ctx context.Context) (string, error)
+	// after, if set, runs with the state's relay before it stops, the
+	// triggers enabled, and returns rows of its own.
+	after func(ctx context.Context, p *relayProc) ([]benchRow, error)
 	note  string
 }
 
@@ -99,11 +102,12 @@ func (b *bench) benchAppCost(ctx context.Context) error {
 		b.hungCase(conn),
 	}
 	run := func(c appCostCase) error {
-		row, err := b.appCost(ctx, conn, c)
+		row, more, err := b.appCost(ctx, conn, c)
 		if err != nil {
 			return fmt.Errorf("%s: %w", strings.TrimPrefix(c.label, "app cost: "), err)
 		}
 		b.rows = append(b.rows, row)
+		b.rows = append(b.rows, more...)
 		return nil
 	}
 	for _, c := range cases {
@@ -141,6 +145,20 @@ func (b *bench) benchAppCost(ctx context.Context) error {
 					return nil, err
 				}
 				return p, b.waitReadyOn(ctx, p, true, tables)
+			},
+			// The latency of a fleet's commits spread over its schemas,
+			// against the single-schema targets of the latency scenario.
+			after: func(ctx context.Context, p *relayProc) ([]benchRow, error) {
+				var rows []benchRow
+				for _, rate := range []int{100, 1000} {
+					row, err := b.latency(ctx, p, latencyCase{rate: rate, writers: 4,
+						p50: time.Millisecond, p99: 5 * time.Millisecond, tables: tables})
+					if err != nil {
+						return nil, err
+					}
+					rows = append(rows, row)
+				}
+				return rows, nil
 			}})
 		if err != nil {
 			return err
@@ -150,18 +168,18 @@ func (b *bench) benchAppCost(ctx context.Context) error {
 }
 
 // appCost runs one state: its relay started (if any), then its rounds.
-func (b *bench) appCost(ctx context.Context, conn *pgx.Conn, c appCostCase) (benchRow, error) {
+func (b *bench) appCost(ctx context.Context, conn *pgx.Conn, c appCostCase) (benchRow, []benchRow, error) {
 	if err := b.resetTables(ctx, conn, c.tables); err != nil {
-		return benchRow{}, err
+		return benchRow{}, nil, err
 	}
 	if err := setTriggers(ctx, conn, c.tables, true); err != nil {
-		return benchRow{}, err
+		return benchRow{}, nil, err
 	}
 	var p *relayProc
 	if c.start != nil {
 		var err error
 		if p, err = c.start(ctx); err != nil {
-			return benchRow{}, err
+			return benchRow{}, nil, err
 		}
 	}
 	key := b.queueKey("default")
@@ -183,21 +201,21 @@ func (b *bench) appCost(ctx context.Context, conn *pgx.Conn, c appCostCase) (ben
 			switch {
 			case p == nil:
 				if err := b.resetTables(ctx, conn, c.tables); err != nil {
-					return benchRow{}, err
+					return benchRow{}, nil, err
 				}
 			case c.drains:
 				// Everything delivered: only the queue to empty.
 				if err := b.rdb.Del(ctx, key).Err(); err != nil {
-					return benchRow{}, fmt.Errorf("DEL %s: %w", key, err)
+					return benchRow{}, nil, fmt.Errorf("DEL %s: %w", key, err)
 				}
 			}
 			if err := setTriggers(ctx, conn, c.tables, on); err != nil {
-				return benchRow{}, err
+				return benchRow{}, nil, err
 			}
 			if c.check != nil {
 				miss, err := c.check(ctx)
 				if err != nil {
-					return benchRow{}, err
+					return benchRow{}, nil, err
 				}
 				if miss != "" && !slices.Contains(misses, miss) {
 					misses = append(misses, miss)
@@ -207,24 +225,24 @@ func (b *bench) appCost(ctx context.Context, conn *pgx.Conn, c appCostCase) (ben
 			if p != nil {
 				var err error
 				if cpu0, err = p.cpu(); err != nil {
-					return benchRow{}, err
+					return benchRow{}, nil, err
 				}
 			}
 			tps, commits, err := b.appTPSOn(ctx, label, b.cfg.tpsDuration, c.tables)
 			if err != nil {
-				return benchRow{}, err
+				return benchRow{}, nil, err
 			}
 			side.tps += tps / appCostRounds
 			if p == nil {
 				continue
 			}
 			if err := p.exited(); err != nil {
-				return benchRow{}, err
+				return benchRow{}, nil, err
 			}
 			if c.drains {
 				n, err := b.waitDelivered(ctx, p, key, commits)
 				if err != nil {
-					return benchRow{}, err
+					return benchRow{}, nil, err
 				}
 				if n < commits {
 					unsure = append(unsure, fmt.Sprintf("%s of %s committed jobs delivered within %s", fmtInt(n), fmtInt(commits), deliveredTimeout))
@@ -233,7 +251,7 @@ func (b *bench) appCost(ctx context.Context, conn *pgx.Conn, c appCostCase) (ben
 			}
 			cpu1, err := p.cpu()
 			if err != nil {
-				return benchRow{}, err
+				return benchRow{}, nil, err
 			}
 			side.cpu += cpu1 - cpu0
 		}
@@ -241,16 +259,23 @@ func (b *bench) appCost(ctx context.Context, conn *pgx.Conn, c appCostCase) (ben
 	// The scenarios after this one run the relay as users do: with its
 	// trigger.
 	if err := setTriggers(ctx, conn, c.tables, true); err != nil {
-		return benchRow{}, err
+		return benchRow{}, nil, err
 	}
 	if b.hungRedis != nil {
 		// First: the relay's hung reads then end at once, and so does it.
 		b.hungRedis.close()
 		b.hungRedis = nil
 	}
+	var more []benchRow
+	if p != nil && c.after != nil {
+		var err error
+		if more, err = c.after(ctx, p); err != nil {
+			return benchRow{}, nil, err
+		}
+	}
 	if p != nil {
 		if _, err := b.stopRelay(); err != nil {
-			return benchRow{}, err
+			return benchRow{}, nil, err
 		}
 	}
 
@@ -283,7 +308,7 @@ func (b *bench) appCost(ctx context.Context, conn *pgx.Conn, c appCostCase) (ben
 	case len(unsure) > 0:
 		row.result = "not judged (" + unsure[0] + ")"
 	}
-	return row, nil
+	return row, more, nil
 }
 
 // deliveredTimeout bounds the wait for a run's jobs to reach Redis.

@@ -15,6 +15,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/stagedrain/stagedrain/relay"
 )
 
 // The scenarios of bench. Each starts from an empty staged_jobs and an
@@ -298,6 +300,9 @@ func argID(payload string) (int64, bool) {
 type latencyCase struct {
 	rate, writers int
 	p50, p99      time.Duration // targets; 0 means none
+	// tables, if set, are the tables of a fleet's schemas: job i is
+	// staged in tables[i % len(tables)]. Otherwise the scratch table.
+	tables []string
 }
 
 // freshRelay empties the scratch table and Redis keys, then starts the
@@ -361,8 +366,17 @@ func (b *bench) latency(ctx context.Context, p *relayProc, c latencyCase) (bench
 	queue := "latency" + strconv.Itoa(c.rate)
 	key := b.queueKey(queue)
 	label := fmt.Sprintf("latency, %s jobs/s offered by %d writers", fmtInt(int64(c.rate)), c.writers)
-	insert := "INSERT INTO " + b.table() + " (job_name, job_args, queue) VALUES ('BenchLatencyJob', jsonb_build_array($1::bigint), $2)"
-	conns, err := b.writerConns(ctx, c.writers, insert)
+	tables := c.tables
+	if len(tables) == 0 {
+		tables = []string{b.table()}
+	} else {
+		label += fmt.Sprintf(" over %s schemas", fmtInt(int64(len(tables))))
+	}
+	inserts := make([]string, len(tables))
+	for i, t := range tables {
+		inserts[i] = "INSERT INTO " + t + " (job_name, job_args, queue) VALUES ('BenchLatencyJob', jsonb_build_array($1::bigint), $2)"
+	}
+	conns, err := b.writerConns(ctx, c.writers, inserts...)
 	if err != nil {
 		return benchRow{}, err
 	}
@@ -433,7 +447,7 @@ func (b *bench) latency(ctx context.Context, p *relayProc, c latencyCase) (bench
 				if err := sleepCtx(wctx, time.Until(base.Add(time.Duration(i)*interval))); err != nil {
 					return err
 				}
-				if _, err := conn.Exec(wctx, insert, int64(i), queue); err != nil {
+				if _, err := conn.Exec(wctx, inserts[i%len(inserts)], int64(i), queue); err != nil {
 					return fmt.Errorf("stage: %w", err)
 				}
 				committed[i].Store(int64(time.Since(base)) + 1)
@@ -947,8 +961,12 @@ func (b *bench) benchBacklog(ctx context.Context) error {
 		tenths.result = "not judged (too few observations)"
 		tenths.note = fmt.Sprintf("the backlog reached Redis in %d observations, too few to tell its first tenth from its last", len(seen))
 	}
+	backlogRow := fmt.Sprintf("backlog drain, %d queues", backlogQueues)
+	if b.cfg.target != relay.TargetSidekiq {
+		backlogRow += ", --target " + string(b.cfg.target)
+	}
 	b.rows = append(b.rows,
-		benchRow{scenario: fmt.Sprintf("backlog drain, %d queues", backlogQueues),
+		benchRow{scenario: backlogRow,
 			offered: "backlog", achieved: fmtRate(overall), target: ">= 150,000/s", result: b.verdict(overall >= 150_000),
 			note: fmt.Sprintf("%s jobs, from the first batch in Redis (%s after the relay started) to the last; LLEN every 5ms", fmtInt(total), first.at.Sub(started).Round(time.Millisecond))},
 		tenths,

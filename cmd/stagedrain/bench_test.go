@@ -244,12 +244,12 @@ func TestBenchQuickCeleryBacklog(t *testing.T) {
 	var row []string
 	for _, l := range p.stdout.snapshot() {
 		cells := strings.Split(l.raw, "|")
-		if len(cells) == 9 && strings.TrimSpace(cells[0]) == "backlog drain, 4 queues" {
+		if len(cells) == 9 && strings.TrimSpace(cells[0]) == "backlog drain, 4 queues, --target celery" {
 			row = cells
 		}
 	}
 	if row == nil || strings.TrimSpace(row[2]) == "" || strings.TrimSpace(row[2]) == "-" {
-		t.Fatalf("no \"backlog drain, 4 queues\" row with a rate; output:\n%s", p.output())
+		t.Fatalf("no \"backlog drain, 4 queues, --target celery\" row with a rate; output:\n%s", p.output())
 	}
 	checkBenchLeftNothing(t, p)
 }
@@ -579,12 +579,30 @@ func TestBenchQuickAppCost(t *testing.T) {
 		{"app cost: relay --schemas, 4 schemas", ">= 90% of triggers disabled", true},
 		{"app cost: relay --schemas, 8 schemas", ">= 90% of triggers disabled", true},
 	}
+	// Each fleet's latency at 100 and 1,000 jobs/s spread over its
+	// schemas, after its row.
+	fleetLatency := func(n string) []string {
+		return []string{"latency, 100 jobs/s offered by 4 writers over " + n + " schemas",
+			"latency, 1,000 jobs/s offered by 4 writers over " + n + " schemas"}
+	}
 	var wantNames []string
 	for _, w := range want {
 		wantNames = append(wantNames, w.name)
+		if n, ok := strings.CutPrefix(w.name, "app cost: relay --schemas, "); ok {
+			wantNames = append(wantNames, fleetLatency(strings.TrimSuffix(n, " schemas"))...)
+		}
 	}
 	if !slices.Equal(names[1:], wantNames) {
 		t.Fatalf("rows\n  %s\nwant\n  %s\n%s", strings.Join(names[1:], "\n  "), strings.Join(wantNames, "\n  "), all)
+	}
+	for _, name := range slices.Concat(fleetLatency("4"), fleetLatency("8")) {
+		cells := rows[name]
+		if cells[6] != "p50 <= 1ms, p99 <= 5ms" || cells[7] != notJudgedQuick {
+			t.Errorf("row %q: target %q, result %q; want the single-schema targets, not judged", name, cells[6], cells[7])
+		}
+		if cells[3] == "-" || cells[4] == "-" {
+			t.Errorf("row %q: p50 %q, p99 %q; want figures: the jobs arrived", name, cells[3], cells[4])
+		}
 	}
 	for _, w := range want {
 		cells := rows[w.name]
@@ -647,4 +665,24 @@ func TestBenchQuickAppCost(t *testing.T) {
 		t.Errorf("the README's app-cost table has the rows\n  %s\nwant\n  %s", strings.Join(got, "\n  "), strings.Join(fullNames, "\n  "))
 	}
 	checkBenchLeftNothing(t, p)
+}
+
+// bench --target bullmq drains the backlog into BullMQ's wait lists and
+// says so in its row.
+func TestBenchQuickBullMQ(t *testing.T) {
+	t.Parallel()
+	p := startProc(t, "bench", childEnv(), "bench", "--quick", "--scenarios", "backlog", "--target", "bullmq")
+	if code := p.wait(benchRunTimeout); code != 0 {
+		t.Fatalf("exit code %d, want 0; output:\n%s", code, p.output())
+	}
+	for _, l := range p.stdout.snapshot() {
+		cells := strings.Split(l.raw, "|")
+		if len(cells) == 9 && strings.TrimSpace(cells[0]) == "backlog drain, 4 queues, --target bullmq" {
+			if rate := strings.TrimSpace(cells[2]); rate == "" || rate == "-" || rate == "0" {
+				t.Fatalf("the bullmq backlog row has no rate: %q", l.raw)
+			}
+			return
+		}
+	}
+	t.Fatalf("no \"backlog drain, 4 queues, --target bullmq\" row; output:\n%s", p.output())
 }

@@ -1,0 +1,160 @@
+package relay_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stagedrain/stagedrain/relay"
+	"github.com/stagedrain/stagedrain/relay/internal/testenv"
+)
+
+// A fleet whose schemas' commits notify often runs hot: it holds every
+// schema it leads awake, so that no commit notifies, and finds their rows
+// by polling them all at once; when the commits stop it cools, and each
+// schema goes idle again and is notified. Checked by which commits notify
+// (a marker notification: notifications arrive in commit order) and who
+// holds the idle locks, not by timing. The fallback poll is an hour away,
+// so only the hot poll can deliver a commit that does not notify.
+func TestFleetHotHoldsEverySchemaAwake(t *testing.T) {
+	t.Parallel()
+	fh := newFleetHarness(t, 3)
+	cfg := fh.fleetConfig()
+	cfg.PollInterval = time.Hour
+	quiet, busy := fh.schemas[0], fh.schemas[1:]
+	r := fh.start(cfg)
+	testenv.WaitFor(t, 10*time.Second, "the relay leads every schema", func() (bool, string) {
+		got := leads(r)
+		return len(got) == len(fh.schemas), fmt.Sprintf("leads %q", got)
+	})
+	for _, s := range fh.schemas {
+		waitIdleHeldBy(t, fh.conn, s, fh.leaderPID(s), "its leader (idle)")
+	}
+
+	bc := commitBusy(t, busy)
+	defer bc.stop()
+	testenv.WaitFor(t, 30*time.Second, "the fleet runs hot", func() (bool, string) {
+		return relay.FleetHot(r), "not hot"
+	})
+	// Hot: every schema's drain gives its idle lock back, the quiet one's
+	// too, though nothing was staged in it.
+	for _, s := range fh.schemas {
+		testenv.WaitFor(t, 10*time.Second, s+"'s idle lock held by nobody while the fleet runs hot", func() (bool, string) {
+			if !relay.FleetHot(r) {
+				t.Fatal("the fleet cooled while its schemas took commits")
+			}
+			got := idleHolders(t, fh.conn, s)
+			return len(got) == 0, fmt.Sprintf("held by %v", got)
+		})
+	}
+	listener := listen(t, testenv.DatabaseURL(), quiet)
+	jid := fh.stageIn(quiet, "default")
+	checkDidNotNotify(t, listener, quiet, "a commit while the fleet runs hot")
+	fh.waitJIDs("default", []string{jid})
+
+	// Cooled: each schema goes idle again, and a commit notifies.
+	staged := bc.stop()
+	fh.waitJIDs("busy", staged)
+	testenv.WaitFor(t, 30*time.Second, "the fleet cools once the commits stop", func() (bool, string) {
+		return !relay.FleetHot(r), "still hot"
+	})
+	for _, s := range fh.schemas {
+		waitIdleHeldBy(t, fh.conn, s, fh.leaderPID(s), "its leader (idle again)")
+	}
+	fh.checkNotifies(quiet, []string{jid})
+}
+
+// A hot fleet leaves a schema whose queue backpressure holds back to its
+// own retries and notifications, as a relay of one schema: it goes idle,
+// and the hot poll, which would find its held-back rows every step, leaves
+// it out. The other schemas stay awake, polled.
+func TestFleetHotLeavesABackpressuredSchemaIdle(t *testing.T) {
+	t.Parallel()
+	fh := newFleetHarness(t, 2)
+	cfg := fh.fleetConfig()
+	cfg.PollInterval = time.Hour
+	cfg.MaxQueueLength, cfg.BatchSize = 5, 1
+	quiet, busy := fh.schemas[0], fh.schemas[1]
+	r := fh.start(cfg)
+	testenv.WaitFor(t, 10*time.Second, "the relay leads every schema", func() (bool, string) {
+		got := leads(r)
+		return len(got) == len(fh.schemas), fmt.Sprintf("leads %q", got)
+	})
+	// Nobody consumes queue busy: it fills to the limit, and busy's rows
+	// stay staged.
+	bc := commitBusy(t, []string{busy})
+	defer bc.stop()
+	testenv.WaitFor(t, 30*time.Second, "the fleet runs hot", func() (bool, string) {
+		return relay.FleetHot(r), "not hot"
+	})
+	testenv.WaitFor(t, 10*time.Second, "queue busy full", func() (bool, string) {
+		n := len(fh.queueJIDs("busy"))
+		return int64(n) >= cfg.MaxQueueLength, fmt.Sprintf("%d jobs", n)
+	})
+	waitIdleHeldBy(t, fh.conn, busy, fh.leaderPID(busy), "its leader: paused by backpressure, idle")
+	if !relay.FleetHot(r) {
+		t.Fatal("the fleet cooled while busy took commits: they did not notify, so busy was not idle")
+	}
+	testenv.WaitFor(t, 10*time.Second, quiet+"'s idle lock held by nobody while the fleet runs hot", func() (bool, string) {
+		got := idleHolders(t, fh.conn, quiet)
+		return len(got) == 0, fmt.Sprintf("held by %v", got)
+	})
+	listener := listen(t, testenv.DatabaseURL(), quiet)
+	jid := fh.stageIn(quiet, "default")
+	checkDidNotNotify(t, listener, quiet, "a commit while the fleet runs hot")
+	fh.waitJIDs("default", []string{jid})
+}
+
+// busyCommits commits one job at a time in queue busy of some schemas,
+// from four sessions, until stopped: each commit notifies while its
+// schema is idle.
+type busyCommits struct {
+	stopc   chan struct{}
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	staged  []string
+	stopped bool
+}
+
+// stop stops the commits and returns the jids they staged.
+func (b *busyCommits) stop() []string {
+	if !b.stopped {
+		b.stopped = true
+		close(b.stopc)
+		b.wg.Wait()
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.staged
+}
+
+func commitBusy(t *testing.T, busy []string) *busyCommits {
+	b := &busyCommits{stopc: make(chan struct{})}
+	stop, wg, mu := b.stopc, &b.wg, &b.mu
+	for w := range 4 {
+		conn := testenv.ConnTo(t, testenv.DatabaseURL())
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				schema := busy[(w+i)%len(busy)]
+				var jid string
+				err := conn.QueryRow(context.Background(), fmt.Sprintf(
+					`INSERT INTO %q.staged_jobs (job_name, job_args, queue) VALUES ('W', '[]', 'busy') RETURNING jid`, schema)).Scan(&jid)
+				if err != nil {
+					t.Errorf("stage in %s: %v", schema, err)
+					return
+				}
+				mu.Lock()
+				b.staged = append(b.staged, jid)
+				mu.Unlock()
+			}
+		})
+	}
+	return b
+}
