@@ -116,7 +116,9 @@ type Config struct {
 	// MaxQueueLength, when positive, is backpressure per destination
 	// queue: the relay pushes no more jobs to a queue that holds this many
 	// or more (Sidekiq's queue:<q> and asynq's pending list by LLEN, a
-	// Celery queue by the LLEN of its list and its priority lists; a
+	// BullMQ queue by its wait and paused lists and prioritized set
+	// together, a Celery queue by the LLEN of its list and its priority
+	// lists; a
 	// stream by the entries its slowest consumer group has not
 	// acknowledged, pending plus lag, which needs Redis 7.0 or later (Run
 	// refuses an older one), or by XLEN while it has no group; checked in
