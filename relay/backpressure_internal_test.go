@@ -12,6 +12,54 @@ import (
 	"github.com/stagedrain/stagedrain/relay/internal/testenv"
 )
 
+// A length guard over several keys adds up their lengths, one command per
+// key: one command for all of them (celery.go's lists) or a sum with a term
+// per key (bullmq.go's LLEN+LLEN+ZCARD); both reach the script as the sum.
+func TestPushLengthGuardSums(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb, ns := testenv.Redis(t)
+	keys := newHandoffKeys(ns, "test", "lensum", "")
+	h := newHandoff(rdb, keys)
+	if err := h.acquire(ctx, "me"); err != nil {
+		t.Fatal(err)
+	}
+	l1, l2, l3, z := ns+":l1", ns+":l2", ns+":l3", ns+":z"
+	_ = rdb.LPush(ctx, l1, "a").Err()
+	_ = rdb.LPush(ctx, l2, "a").Err()
+	_ = rdb.ZAdd(ctx, z, redis.Z{Score: 1, Member: "m"}).Err()
+	u := &h.unit
+	u.reset()
+	u.maxLen = 3
+	u.begin([]int64{1})
+	u.limit("lists", "LLEN", l1, l2, l3) // 1 + 1 + 0 = 2: runs
+	u.command("LPUSH", l3, "x")
+	u.begin([]int64{2})
+	u.limit("mixed", "LLEN+LLEN+ZCARD", l1, l2, z) // 1 + 1 + 1 = 3: stopped
+	u.command("LPUSH", l1, "y")
+	u.begin([]int64{3})
+	u.limit("lists", "LLEN", l1, l2, l3) // now 1 + 1 + 1 = 3: stopped
+	u.command("LPUSH", l3, "z")
+	if g := u.args[u.ops[0].a0]; g != "0 LLEN+LLEN+LLEN 3" {
+		t.Fatalf("guard %q, want the sum \"0 LLEN+LLEN+LLEN 3\"", g)
+	}
+	if _, err := h.push(ctx, u); err != nil {
+		t.Fatal(err)
+	}
+	if op := u.ops[0]; op.over || op.err != nil {
+		t.Fatalf("op below the summed limit: over %v, err %v; want run", op.over, op.err)
+	}
+	want := "BACKPRESSURE " + l1 + " (with 2 more keys) holds 3 >= --max-queue-length 3"
+	for i := 1; i <= 2; i++ {
+		if op := u.ops[i]; !op.over || op.err == nil || op.err.Error() != want {
+			t.Fatalf("op %d: over %v, err %v; want %q", i, op.over, op.err, want)
+		}
+	}
+	if n1, n3 := rdb.LLen(ctx, l1).Val(), rdb.LLen(ctx, l3).Val(); n1 != 1 || n3 != 1 {
+		t.Fatalf("lists hold %d and %d, want 1 and 1 (only the first op ran)", n1, n3)
+	}
+}
+
 // A length guard (Config.MaxQueueLength) stops an op whose key holds the
 // limit or more, by LLEN, XLEN or ZCARD, with a BACKPRESSURE reason that is
 // deferred, not poison; an op below the limit runs whole (a batch's

@@ -43,6 +43,11 @@ const (
 	// BullMQ Worker runs them. RedisNamespace is BullMQ's prefix ("" means
 	// its default, "bull").
 	TargetBullMQ Target = "bullmq"
+	// TargetCelery LPUSHes a Celery task message (protocol 2, Kombu's
+	// Redis transport) per job onto the list of its queue (celery.go). A
+	// job whose run_at is in the future stays staged until it is due. Not
+	// on Redis Cluster.
+	TargetCelery Target = "celery"
 )
 
 // Config configures a Relay. The zero value of every field but DatabaseURL
@@ -90,16 +95,18 @@ type Config struct {
 	Source Source
 
 	// Target is the job system the jobs are written for: TargetSidekiq,
-	// TargetAsynq, TargetStreams or TargetBullMQ. Default TargetSidekiq.
+	// TargetAsynq, TargetStreams, TargetBullMQ or TargetCelery. Default
+	// TargetSidekiq.
 	Target Target
 
 	// RedisNamespace, when set, prefixes every Redis key with
 	// RedisNamespace + ":": Sidekiq's (the redis-namespace layout of
-	// Sidekiq 6 apps), the streams', and the relay's own fence and handoff
-	// record. Default "" (no prefix, as Sidekiq 7 and later use). asynq's
-	// key names are fixed, so it must be "" with TargetAsynq. With
-	// TargetBullMQ it is BullMQ's prefix of the queues' keys, "bull" when
-	// "" (the relay's own keys then have none).
+	// Sidekiq 6 apps), the streams', Celery's lists (its workers set
+	// Kombu's global_keyprefix to RedisNamespace + ":"), and the relay's
+	// own fence and handoff record. Default "" (no prefix, as Sidekiq 7
+	// and later use). asynq's key names are fixed, so it must be "" with
+	// TargetAsynq. With TargetBullMQ it is BullMQ's prefix of the queues'
+	// keys, "bull" when "" (the relay's own keys then have none).
 	RedisNamespace string
 
 	// StreamMaxLen, for TargetStreams, trims each stream to about this many
@@ -108,7 +115,10 @@ type Config struct {
 
 	// MaxQueueLength, when positive, is backpressure per destination
 	// queue: the relay pushes no more jobs to a queue that holds this many
-	// or more (Sidekiq's queue:<q> and asynq's pending list by LLEN; a
+	// or more (Sidekiq's queue:<q> and asynq's pending list by LLEN, a
+	// BullMQ queue by its wait and paused lists and prioritized set
+	// together, a Celery queue by the LLEN of its list and its priority
+	// lists; a
 	// stream by the entries its slowest consumer group has not
 	// acknowledged, pending plus lag, which needs Redis 7.0 or later (Run
 	// refuses an older one), or by XLEN while it has no group; checked in
@@ -161,9 +171,10 @@ type Config struct {
 
 	// MaxPayloadBytes is the largest job payload the relay pushes: a
 	// Sidekiq job's JSON, an asynq task's encoded message, the sum of a
-	// stream entry's field values. A row whose payload is bigger is poison:
-	// it moves to staged_jobs_dead instead of into Redis. Default 1 MiB
-	// (1048576); at most 512 MiB, Redis's own limit on a string.
+	// stream entry's field values, a Celery task message's JSON. A row
+	// whose payload is bigger is poison: it moves to staged_jobs_dead
+	// instead of into Redis. Default 1 MiB (1048576); at most 512 MiB,
+	// Redis's own limit on a string.
 	MaxPayloadBytes int
 
 	// Queues, when set, makes the relay drain only the rows whose queue is
@@ -226,10 +237,11 @@ type Config struct {
 	// schema-per-tenant app switches to the right tenant (tenant.go): a
 	// top-level key of the Sidekiq job hash (apartment-sidekiq reads
 	// "apartment"), a header of the asynq task, a field of the stream
-	// entry. With Schemas, each job gets its own schema's name. A row whose
-	// options already name another tenant under the key is poison (moved
-	// to staged_jobs_dead; SourceSidekiqStagedPush: left staged and
-	// skipped); one naming its own schema passes. It may not be a key the
+	// entry, a header of the Celery task message. With Schemas, each job
+	// gets its own schema's name. A row whose options already name
+	// another tenant under the key is poison (moved to staged_jobs_dead;
+	// SourceSidekiqStagedPush: left staged and skipped); one naming its
+	// own schema passes. It may not be a key the
 	// Target's format owns (class, args, retry, ...). Default "": off.
 	TenantKey string
 
@@ -313,14 +325,16 @@ func (c Config) Validate() error {
 		return fieldErr("MaxPayloadBytes", "must be between 1 and %d, got %d", maxMaxPayloadBytes, c.MaxPayloadBytes)
 	case c.ShutdownTimeout < 0:
 		return fieldErr("ShutdownTimeout", "must not be negative, got %s", c.ShutdownTimeout)
-	case c.Target != TargetSidekiq && c.Target != TargetAsynq && c.Target != TargetStreams && c.Target != TargetBullMQ:
-		return fieldErr("Target", "must be %q, %q, %q or %q, got %q", TargetSidekiq, TargetAsynq, TargetStreams, TargetBullMQ, c.Target)
+	case c.Target != TargetSidekiq && c.Target != TargetAsynq && c.Target != TargetStreams && c.Target != TargetBullMQ && c.Target != TargetCelery:
+		return fieldErr("Target", "must be %q, %q, %q, %q or %q, got %q", TargetSidekiq, TargetAsynq, TargetStreams, TargetBullMQ, TargetCelery, c.Target)
 	case c.Target == TargetAsynq && c.RedisNamespace != "":
 		return fieldErr("RedisNamespace", "must be empty with the asynq target: asynq's key names are fixed, and its servers would never see namespaced tasks")
 	case c.Target != TargetSidekiq && c.TimestampFormat != TimestampSeconds:
 		return fieldErr("TimestampFormat", "applies to the sidekiq target only, got %q with the %s target", c.TimestampFormat, c.Target)
 	case isCluster(c.Redis) && c.Target == TargetSidekiq:
 		return fieldErr("Redis", "is a Redis Cluster client, and the sidekiq target cannot run on Redis Cluster: Sidekiq's keys (queue:<name>, queues, schedule) have no hash tags, and Sidekiq does not support Redis Cluster (use a single Redis or Sentinel, or the asynq or streams target)")
+	case isCluster(c.Redis) && c.Target == TargetCelery:
+		return fieldErr("Redis", "is a Redis Cluster client, and the celery target cannot run on Redis Cluster: Kombu's Redis transport, which Celery's workers read with, does not support Redis Cluster (use a single Redis or Sentinel)")
 	case isRing(c.Redis):
 		return fieldErr("Redis", "is a *redis.Ring, which splits keys over shards: the relay's push would not be atomic (use a *redis.Client, a Sentinel FailoverClient or a *redis.ClusterClient)")
 	case c.RedisWaitReplicas < 0:

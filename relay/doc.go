@@ -72,8 +72,9 @@
 // comment gives its default and its flag's meaning (the README's flag table
 // maps flags to fields). Config.Redis may be a *redis.Client (one server, or
 // Sentinel through redis.NewFailoverClient) or a *redis.ClusterClient (not
-// with [TargetSidekiq]); the relay does not close it. Config.Target picks
-// [TargetSidekiq], [TargetAsynq], [TargetStreams] or [TargetBullMQ]; Config.Source picks
+// with [TargetSidekiq] or [TargetCelery]); the relay does not close it.
+// Config.Target picks [TargetSidekiq], [TargetAsynq], [TargetStreams],
+// [TargetBullMQ] or [TargetCelery]; Config.Source picks
 // [SourceStagedJobs] or [SourceSidekiqStagedPush].
 //
 // Run retries lost connections to PostgreSQL and Redis with capped
@@ -166,7 +167,7 @@
 // jackc/pgxlisten) -> wake.go (wake and poll) -> drain.go (one batch) ->
 // claim.go (the claim-and-delete SQL of the source, source.go) -> push.go
 // (the atomic push step, handoff.go, with a target's commands: sidekiq.go,
-// asynq.go, streams.go; their keys in keys.go); leader.go chooses which
+// asynq.go, streams.go; their keys in keys.go; celery.go, keys and all); leader.go chooses which
 // relay drains; summary.go and metrics.go count what it did. The wake-up
 // gate's mechanism and its proof are in the comments of
 // sql/009_wake_once.sql.

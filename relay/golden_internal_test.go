@@ -3,6 +3,7 @@ package relay
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"flag"
@@ -175,7 +176,7 @@ func decode(t *testing.T, c *goldenCommand, wire []string) {
 			set(i, json.RawMessage(arg))
 		case c.Command == "LPUSH" || c.Command == "ZADD" && i%2 == 1:
 			if strings.HasPrefix(arg, "{") && json.Valid([]byte(arg)) {
-				set(i, json.RawMessage(arg))
+				set(i, decodeEnvelope(t, arg))
 			}
 		}
 		if !utf8.ValidString(arg) {
@@ -183,6 +184,27 @@ func decode(t *testing.T, c *goldenCommand, wire []string) {
 		}
 		c.Args = append(c.Args, arg)
 	}
+}
+
+// decodeEnvelope returns a JSON payload as it is, but for a Kombu
+// envelope (the celery target's), whose base64 body it shows decoded, as
+// "body (decoded)" beside the message.
+func decodeEnvelope(t *testing.T, arg string) any {
+	t.Helper()
+	var env struct {
+		Body  string `json:"body"`
+		Props struct {
+			Encoding string `json:"body_encoding"`
+		} `json:"properties"`
+	}
+	if json.Unmarshal([]byte(arg), &env) != nil || env.Props.Encoding != "base64" {
+		return json.RawMessage(arg)
+	}
+	body, err := base64.StdEncoding.DecodeString(env.Body)
+	if err != nil || !json.Valid(body) {
+		t.Fatalf("Kombu envelope: body is not base64 of JSON: %v: %s", err, env.Body)
+	}
+	return map[string]json.RawMessage{"message": json.RawMessage(arg), "body (decoded)": body}
 }
 
 // decodeTaskMessage decodes asynq's TaskMessage (internal/proto/asynq.proto
@@ -358,6 +380,34 @@ func TestGoldenStreams(t *testing.T) {
 	checkGolden(t, "streams_entry.json", goldenFile{
 		Case:   "A Redis Streams entry: XADD stream:<queue> (MAXLEN ~ when set) * with the fields jid, class, args, queue, created_at (epoch milliseconds) and options (left out when {})",
 		Target: "streams", Now: goldenNow, Rows: rowsOf(jobs), Ops: build(t, newStreamTarget("", 100000, 1<<20), jobs)})
+}
+
+func TestGoldenCelery(t *testing.T) {
+	t.Parallel()
+	fixed := func(n int) []string { // delivery tags: random UUIDs, fixed here
+		out := make([]string, n)
+		for i := range out {
+			out[i] = fmt.Sprintf("00000000-0000-4000-8000-%012d", i+1)
+		}
+		return out
+	}
+	jobs := []stagedJob{
+		goldenJob(1, "myapp.tasks.send_welcome", `[42, "ada@example.com"]`, "celery", nil, `{}`),
+		goldenJob(2, "myapp.tasks.charge", `[42]`, "billing", nil,
+			`{"kwargs": {"amount": 1999, "currency": "usd"}, "priority": 5, "expires": 600, "time_limit": 30, "soft_time_limit": 25, "retries": 1, "headers": {"request_id": "r-7"}, "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}`),
+		goldenJob(3, "myapp.tasks.audit", `[]`, "celery", nil, `{"priority": 9, "ignore_result": true, "shadow": "audit"}`),
+	}
+	tg := newCeleryTarget("", 1<<20)
+	tg.tags = fixed
+	checkGolden(t, "celery_task.json", goldenFile{
+		Case:   "Celery task messages (protocol 2 in Kombu's JSON envelope; body decoded beside each): LPUSH <queue> for priority 0-2 (the default 0), <queue>\\x06\\x163, 6 or 9 for higher numbers (Kombu's priority lists; on Redis a lower number runs first); options kwargs, expires (seconds after created_at), time limits, retries, custom headers and the trace context as headers",
+		Target: "celery", Now: goldenNow, Rows: rowsOf(jobs), Ops: build(t, tg, jobs)})
+	tenant := []stagedJob{goldenJob(1, "myapp.tasks.send_welcome", `[42]`, "celery", nil, `{"apartment": "tenant_acme"}`)}
+	tg = newCeleryTarget("myapp", 1<<20)
+	tg.tags, tg.tenant = fixed, newTenantTag("apartment", "tenant_acme")
+	checkGolden(t, "celery_task_namespace_tenant.json", goldenFile{
+		Case:   "A Celery task with --redis-namespace myapp (the workers set Kombu's global_keyprefix to \"myapp:\") and --tenant-key apartment: the list is myapp:<queue>, the tenant a header (task.request.apartment)",
+		Target: "celery", TenantKey: "apartment", Schema: "tenant_acme", Now: goldenNow, Rows: rowsOf(tenant), Ops: build(t, tg, tenant)})
 }
 
 // The seed article's table has three columns, id, job_name and job_args,

@@ -78,17 +78,18 @@ import (
 // for each command: its name, its number of keys, its number of arguments,
 // and the arguments.
 //
-// The guard count may instead be the text "<guards> <cmd> <limit>": the
-// key after the guard keys is then a length guard, whose length cmd (LLEN,
-// ZCARD, XLEN, or XUNACKED) must be below limit for the op to run
-// (backpressure, see backpressure.go); an op it stops runs nothing and
+// The guard count may instead be the text "<guards> <cmd> <limit>"
+// (backpressure, see backpressure.go): the keys after the guard keys are
+// then a length guard, whose length cmd measures; it must be below limit
+// for the op to run. cmd is LLEN, ZCARD, XLEN, or XUNACKED with one key,
+// or a sum with one key per term, "LLEN+LLEN+ZCARD", whose length is the
+// sum of the terms (a BullMQ queue's waiting jobs are in its wait and
+// paused lists and its prioritized set, bullmq.go; a Celery queue's in its
+// list and its priority lists, celery.go). An op it stops runs nothing and
 // delivers nothing. XUNACKED, for a stream, is what its slowest consumer
 // group has not acknowledged (see unacked below): the first op of a run to
 // a stream measures it, and each op that runs counts one entry more (each
-// such op adds one entry). cmd may also be a sum, "LLEN+LLEN+ZCARD": one
-// key per term follows the guard keys, and the length is the sum of the
-// terms (a BullMQ queue's waiting jobs are in its wait and paused lists and
-// its prioritized set, bullmq.go).
+// such op adds one entry); it is never a term of a sum.
 //
 // A command's name may be that of a Lua op instead (luaOps: a target's
 // own Lua, such as bullmq.add, bullmq.go): it is called with the indexes of
@@ -169,8 +170,8 @@ while a <= #ARGV do
   local guard, ncmds, ids = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), ARGV[a + 2]
   local lencmd, limit
   if not guard then
-    -- "<guards> <LLEN|ZCARD|XLEN> <limit>": a length guard follows the
-    -- guard keys (backpressure).
+    -- "<guards> <cmd> <limit>": a length guard follows the guard keys
+    -- (backpressure); cmd may be a sum, "LLEN+LLEN+ZCARD".
     local g, c, l = string.match(ARGV[a], '^(%d+) ([%u+]+) (%d+)$')
     guard, lencmd, limit = tonumber(g), c, tonumber(l)
   end
@@ -718,16 +719,26 @@ type pushUnit struct {
 }
 
 // limit makes the current op, before any of its commands, run only while
-// key (queue's, measured by cmd: LLEN, ZCARD, XLEN, or XUNACKED for a
-// stream whose op adds one entry; see handoffScript) holds fewer than
-// maxLen entries. cmd may be a sum of terms, "LLEN+LLEN+ZCARD", with a key
-// per term. Without maxLen it does nothing.
+// the keys (queue's) hold fewer than maxLen entries together: cmd
+// measures them, LLEN, ZCARD, XLEN, or XUNACKED for a stream whose op adds
+// one entry (one key); with several keys, cmd is either one command that
+// measures each of them or a sum with one term per key, "LLEN+LLEN+ZCARD"
+// (see handoffScript). Without maxLen it does nothing.
 func (u *pushUnit) limit(queue, cmd string, keys ...string) {
 	if u.maxLen <= 0 {
 		return
 	}
 	op := &u.ops[len(u.ops)-1]
-	op.queue, op.lenKey, op.limit = queue, strings.Join(keys, " + "), u.maxLen
+	op.queue, op.lenKey, op.limit = queue, keys[0], u.maxLen
+	if len(keys) > 1 {
+		op.lenKey += fmt.Sprintf(" (with %d more keys)", len(keys)-1) // their lengths are added up
+		if !strings.Contains(cmd, "+") {
+			cmd = strings.TrimSuffix(strings.Repeat(cmd+"+", len(keys)), "+")
+		}
+	}
+	if strings.Count(cmd, "+")+1 != len(keys) || (len(keys) > 1 && strings.Contains(cmd, "XUNACKED")) {
+		panic("relay: length guard " + cmd + " on " + strconv.Itoa(len(keys)) + " keys")
+	}
 	u.keys = append(u.keys, keys...)
 	g := u.ncmds - 1
 	u.args[g] = strconv.Itoa(u.args[g].(int)) + " " + cmd + " " + strconv.FormatInt(u.maxLen, 10)

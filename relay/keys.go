@@ -8,7 +8,8 @@ import (
 
 // Every Redis key the relay writes is built here: the targets' keys (a
 // user's workers find jobs only if these match their job system's layout)
-// and the relay's own fence and record hashes.
+// and the relay's own fence and record hashes. The celery target keeps its
+// keys in celery.go, so that a target is one file.
 
 // sidekiqKeys builds the keys the Sidekiq target writes.
 type sidekiqKeys struct {

@@ -192,6 +192,10 @@ func New(cfg Config) (*Relay, error) {
 		t := newStreamTarget(cfg.RedisNamespace, cfg.StreamMaxLen, cfg.MaxPayloadBytes)
 		t.tenant, r.target = tenant, t
 		r.sql.claim, r.dueOnly = r.sql.claimDue, true
+	case TargetCelery:
+		t := newCeleryTarget(cfg.RedisNamespace, cfg.MaxPayloadBytes)
+		t.tenant, r.target = tenant, t
+		r.sql.claim, r.dueOnly = r.sql.claimDue, true // celery.go: Celery on Redis holds an eta in memory
 	default:
 		t := newSidekiqTarget(cfg.RedisNamespace, cfg.TimestampFormat, cfg.MaxPayloadBytes)
 		t.tenant, r.target = tenant, t

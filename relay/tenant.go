@@ -20,6 +20,8 @@ import (
 //     v0.26.0), beside the "headers" option; the payload stays the
 //     job_args JSON text.
 //   - streams: a field of the entry, after created_at.
+//   - celery: a header of the task message, after any "headers" option's;
+//     the worker sets it on task.request (self.request.<key>).
 //
 // The relay knows the schema for certain; the app may have forgotten to
 // stage its tenant, or staged the wrong one. A row whose options already
@@ -90,6 +92,9 @@ func tenantKeysOwned(target Target) []string {
 		return bullmqOwnedKeys()
 	case TargetStreams:
 		return []string{"jid", "class", "args", "queue", "created_at", "options", traceparentKey, tracestateKey}
+	case TargetCelery:
+		// The protocol's headers and the options the target maps.
+		return append(slices.Clone(celeryProtocolHeaders), celeryOptions...)
 	default:
 		// Those the relay writes, and those Sidekiq (6.4 to 8) and its
 		// ActiveJob adapter write or read in a job hash.

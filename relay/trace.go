@@ -31,6 +31,13 @@ import (
 //   - asynq: the task's headers (TaskMessage field 15, Task.Headers() in
 //     v0.26.0), beside any "headers" option; these two keys win.
 //   - streams: entry fields "traceparent" and "tracestate".
+//   - celery: headers of the task message. opentelemetry-instrumentation-celery
+//     injects them into the message's headers (_trace_before_publish,
+//     inject(headers)) and extracts them from task.request, whose
+//     attributes the worker sets from the headers (_trace_prerun,
+//     extract(request, getter=celery_getter), a getattr), in
+//     instrumentation/opentelemetry-instrumentation-celery/src/opentelemetry/instrumentation/celery/__init__.py
+//     (github.com/open-telemetry/opentelemetry-python-contrib).
 //
 // A traceparent that is not a JSON string of the W3C form is dropped (and
 // its tracestate with it): the job goes on without it, and the relay logs

@@ -51,6 +51,7 @@ type benchFlags struct {
 
 // benchConfig is what one bench run does, after --quick.
 type benchConfig struct {
+	target          relay.Target  // the relay's --target: sidekiq, or bullmq or celery (the backlog scenario only)
 	tpsDuration     time.Duration // per app-TPS scenario
 	latencyDuration time.Duration // per latency rate
 	idleWarmup      time.Duration // relay running before the idle window opens
@@ -62,7 +63,6 @@ type benchConfig struct {
 	appCostSchemas  []int         // the app-cost scenario's fleets: numbers of schemas
 	writers         int           // app writers of the TPS and the 5,000/s scenarios
 	quick           bool          // figures too short for their targets are not judged
-	target          string        // the relay's --target: sidekiq, or bullmq (backlog only)
 	waitForStandby  bool          // the relays run with --wait-for-standby
 	run             map[string]bool
 }
@@ -90,7 +90,7 @@ func newBenchFlags() (*flagSet, *benchFlags) {
 	f.env("scenarios", "STAGEDRAIN_BENCH_SCENARIOS")
 	f.fs.BoolVar(&c.quick, "quick", false, "a smoke run: 500ms scenarios (each until it has 50 jobs), a 1s idle window, a 10,000-job backlog, scale at 1 and 10 schemas only, app-cost's fleets of 4 and 8 (an explicit --duration or --backlog wins); the same rows, none judged")
 	f.env("quick", "STAGEDRAIN_BENCH_QUICK")
-	f.fs.StringVar(&c.target, "target", "sidekiq", "the job `system` the relay writes: sidekiq, or bullmq (BullMQ's wait lists; with --scenarios backlog only)")
+	f.fs.StringVar(&c.target, "target", "sidekiq", "the job `system` the relay writes: sidekiq; bullmq (BullMQ's wait lists) or celery (Kombu's lists) with --scenarios backlog only")
 	f.env("target", "STAGEDRAIN_TARGET")
 	f.fs.BoolVar(&c.standby, "wait-for-standby", false, "run the relays with --wait-for-standby (the database needs a streaming standby): latency then includes the replication lag")
 	f.env("wait-for-standby", "STAGEDRAIN_WAIT_FOR_STANDBY")
@@ -117,9 +117,9 @@ func (c *benchFlags) config(f *flagSet) (benchConfig, error) {
 	cfg := benchConfig{
 		tpsDuration: c.duration, latencyDuration: c.duration,
 		idleWarmup: 10 * time.Second, idleWindow: 60 * time.Second,
-		backlog: c.backlog, writers: c.writers, quick: c.quick, target: c.target, waitForStandby: c.standby, run: make(map[string]bool),
+		backlog: c.backlog, writers: c.writers, quick: c.quick, waitForStandby: c.standby, run: make(map[string]bool),
 		scaleSteps: []int{1, 10, 100, 1000}, scaleWarmup: 5 * time.Second, scaleWindow: 30 * time.Second,
-		appCostSchemas: []int{20, 200},
+		appCostSchemas: []int{20, 200}, target: relay.Target(c.target),
 	}
 	if c.quick {
 		cfg.idleWarmup, cfg.idleWindow = 500*time.Millisecond, time.Second
@@ -149,10 +149,10 @@ func (c *benchFlags) config(f *flagSet) (benchConfig, error) {
 		cfg.run[s] = true
 	}
 	switch {
-	case c.target != "sidekiq" && c.target != "bullmq":
-		return cfg, usagef("bench: %s must be sidekiq or bullmq, got %q", f.source("target"), c.target)
-	case c.target == "bullmq" && (len(cfg.run) != 1 || !cfg.run["backlog"]):
-		return cfg, usagef("bench: %s bullmq runs with --scenarios backlog only", f.source("target"))
+	case cfg.target != relay.TargetSidekiq && cfg.target != relay.TargetBullMQ && cfg.target != relay.TargetCelery:
+		return cfg, usagef("bench: %s must be %q, %q or %q, got %q", f.source("target"), relay.TargetSidekiq, relay.TargetBullMQ, relay.TargetCelery, c.target)
+	case cfg.target != relay.TargetSidekiq && (len(cfg.run) != 1 || !cfg.run["backlog"]):
+		return cfg, usagef("bench: %s %s runs with --scenarios backlog only", f.source("target"), cfg.target)
 	}
 	return cfg, nil
 }
@@ -374,7 +374,18 @@ func (b *bench) connect(ctx context.Context) (*pgx.Conn, error) {
 
 func (b *bench) table() string { return pgx.Identifier{b.schema, "staged_jobs"}.Sanitize() }
 
-func (b *bench) queueKey(queue string) string { return b.ns + ":queue:" + queue }
+// queueKey is the list a queue's jobs land in, under the namespace:
+// Sidekiq's queue:<queue>, BullMQ's <queue>:wait (--target bullmq, whose
+// prefix is the namespace), or Kombu's list of the queue (--target celery).
+func (b *bench) queueKey(queue string) string {
+	switch b.cfg.target {
+	case relay.TargetBullMQ:
+		return b.ns + ":" + queue + ":wait"
+	case relay.TargetCelery:
+		return b.ns + ":" + queue
+	}
+	return b.ns + ":queue:" + queue
+}
 
 // reset empties staged_jobs and the scratch Redis keys between scenarios.
 func (b *bench) reset(ctx context.Context, conn *pgx.Conn) error {
@@ -492,10 +503,7 @@ func (b *bench) startRelayOn(pollOnly bool, schemaArgs ...string) (*relayProc, e
 // startRelayWith is startRelayOn with the relay's Redis at redisURL.
 func (b *bench) startRelayWith(redisURL string, pollOnly bool, schemaArgs ...string) (*relayProc, error) {
 	args := append([]string{"run"}, schemaArgs...)
-	args = append(args, "--redis-namespace", b.ns, "--log-level", "warn")
-	if b.cfg.target != "" {
-		args = append(args, "--target", b.cfg.target)
-	}
+	args = append(args, "--target", string(b.cfg.target), "--redis-namespace", b.ns, "--log-level", "warn")
 	if pollOnly && b.pollOnly {
 		args = append(args, "--poll-only")
 	}

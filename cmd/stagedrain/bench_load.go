@@ -15,6 +15,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/stagedrain/stagedrain/relay"
 )
 
 // The scenarios of bench. Each starts from an empty staged_jobs and an
@@ -866,9 +868,6 @@ func (b *bench) benchBacklog(ctx context.Context) error {
 	keys := make([]string, backlogQueues)
 	for i := range keys {
 		keys[i] = b.queueKey("backlog" + strconv.Itoa(i))
-		if b.cfg.target == "bullmq" {
-			keys[i] = b.ns + ":backlog" + strconv.Itoa(i) + ":wait" // BullMQ's prefix is the namespace
-		}
 	}
 	inRedis := func() (int64, error) {
 		cmds, err := b.rdb.Pipelined(ctx, func(pipe redis.Pipeliner) error {
@@ -963,8 +962,8 @@ func (b *bench) benchBacklog(ctx context.Context) error {
 		tenths.note = fmt.Sprintf("the backlog reached Redis in %d observations, too few to tell its first tenth from its last", len(seen))
 	}
 	backlogRow := fmt.Sprintf("backlog drain, %d queues", backlogQueues)
-	if b.cfg.target == "bullmq" {
-		backlogRow += ", --target bullmq"
+	if b.cfg.target != relay.TargetSidekiq {
+		backlogRow += ", --target " + string(b.cfg.target)
 	}
 	b.rows = append(b.rows,
 		benchRow{scenario: backlogRow,

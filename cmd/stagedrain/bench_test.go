@@ -233,6 +233,27 @@ func TestBenchInterrupted(t *testing.T) {
 	checkBenchLeftNothing(t, p)
 }
 
+// bench --target celery drains the backlog into Kombu's lists (it counts
+// them, not Sidekiq's queue:<q>) and leaves nothing behind.
+func TestBenchQuickCeleryBacklog(t *testing.T) {
+	t.Parallel()
+	p := startProc(t, "bench", childEnv(), "bench", "--quick", "--scenarios", "backlog", "--target", "celery")
+	if code := p.wait(benchRunTimeout); code != 0 {
+		t.Fatalf("exit code %d, want 0; output:\n%s", code, p.output())
+	}
+	var row []string
+	for _, l := range p.stdout.snapshot() {
+		cells := strings.Split(l.raw, "|")
+		if len(cells) == 9 && strings.TrimSpace(cells[0]) == "backlog drain, 4 queues, --target celery" {
+			row = cells
+		}
+	}
+	if row == nil || strings.TrimSpace(row[2]) == "" || strings.TrimSpace(row[2]) == "-" {
+		t.Fatalf("no \"backlog drain, 4 queues, --target celery\" row with a rate; output:\n%s", p.output())
+	}
+	checkBenchLeftNothing(t, p)
+}
+
 // checkBenchLeftNothing checks that the scratch database, schema and Redis
 // keys bench named on stderr are gone, and so is every relay it started.
 func checkBenchLeftNothing(t *testing.T, p *proc) {

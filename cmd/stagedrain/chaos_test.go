@@ -39,7 +39,7 @@ var (
 	chaosSchemas = flag.Int("chaos.schemas", 0,
 		"run TestChaos's relays with --schemas over this many schemas (0: one schema, with --schema); TestChaosSchemas's default is chaosShortSchemas")
 	chaosTarget = flag.String("chaos.target", "sidekiq",
-		"the relays' --target: sidekiq, or bullmq (jobs read from BullMQ's wait lists and delayed sets, prefix bull)")
+		"the relays' --target: sidekiq; bullmq (jobs read from BullMQ's wait lists and delayed sets, prefix bull); or celery (whose lists are checked as Kombu names them; scheduled jobs held in PostgreSQL until due)")
 	chaosLogs = flag.String("chaos.logs", "",
 		"write each relay's output to `dir`/relay-N.log once TestChaos ends (a passing run shows none of it)")
 )
@@ -206,24 +206,56 @@ const (
 
 func chaosQueues() []string { return []string{"default", "critical", "mailers", "low"} }
 
-// chaosQueueKey is the list a queue's immediate jobs go to with
-// -chaos.target; chaosScheduleKeys the sorted sets of scheduled jobs.
-func chaosQueueKey(q string) string {
-	if *chaosTarget == "bullmq" {
-		return "bull:" + q + ":wait"
-	}
-	return "queue:" + q
+// chaosLayout is where -chaos.target's jobs land: the list of a queue's
+// immediate jobs, the sorted set of its scheduled ones (nil for a target
+// that holds them in PostgreSQL until due, and pushes them to the list
+// then), and how a scheduled job is staged.
+type chaosLayout struct {
+	target   string
+	list     func(queue string) string
+	schedule func(queue string) string
+	runAt    string // SQL: a scheduled job's run_at
 }
 
-func chaosScheduleKeys() []string {
-	if *chaosTarget != "bullmq" {
-		return []string{"schedule"}
+func chaosLayoutOf(t *testing.T) chaosLayout {
+	switch *chaosTarget {
+	case "sidekiq":
+		return chaosLayout{target: "sidekiq", list: func(q string) string { return "queue:" + q },
+			schedule: func(string) string { return "schedule" }, runAt: "now() + interval '1 hour'"}
+	case "bullmq":
+		// BullMQ's default prefix, bull: a queue's wait list and delayed set.
+		return chaosLayout{target: "bullmq", list: func(q string) string { return "bull:" + q + ":wait" },
+			schedule: func(q string) string { return "bull:" + q + ":delayed" }, runAt: "now() + interval '1 hour'"}
+	case "celery":
+		// Kombu's list of the queue (priority 0); due within the run.
+		return chaosLayout{target: "celery", list: func(q string) string { return q },
+			runAt: "now() + interval '3 seconds'"}
 	}
+	t.Fatalf("-chaos.target %q: want sidekiq, bullmq or celery", *chaosTarget)
+	return chaosLayout{}
+}
+
+// scheduleKeys are the sorted sets of the queues' scheduled jobs, each once.
+func (l chaosLayout) scheduleKeys() []string {
 	var keys []string
-	for _, q := range chaosQueues() {
-		keys = append(keys, "bull:"+q+":delayed")
+	if l.schedule != nil {
+		for _, q := range chaosQueues() {
+			if k := l.schedule(q); !slices.Contains(keys, k) {
+				keys = append(keys, k)
+			}
+		}
 	}
 	return keys
+}
+
+// queueOf returns the queue whose list key is, if it is one.
+func (l chaosLayout) queueOf(key string) (string, bool) {
+	for _, q := range append(chaosQueues(), chaosWrongTypeQueue) {
+		if l.list(q) == key {
+			return q, true
+		}
+	}
+	return "", false
 }
 
 // TestChaos runs two stagedrain relays (a leader and a standby) against a
@@ -334,6 +366,8 @@ type chaos struct {
 	redis *relaytest.RedisServer
 	rdb   *redis.Client
 
+	layout chaosLayout // where -chaos.target's jobs land
+
 	schemas []string            // the schemas drained: "chaos" alone, or chaos_00... with -chaos.schemas
 	fleet   bool                // the relays run --schemas chaos_*, not --schema chaos
 	sql     map[string]chaosSQL // by schema
@@ -364,6 +398,7 @@ func newChaos(t *testing.T, plan chaosPlan, seed int64, schemas int) *chaos {
 	c := &chaos{
 		t: t, ctx: t.Context(), plan: plan, seed: seed, rng: rand.New(rand.NewPCG(uint64(seed), 0)),
 		schemas: []string{"chaos"}, faults: make(map[string]int), sql: make(map[string]chaosSQL),
+		layout: chaosLayoutOf(t),
 	}
 	if schemas > 0 {
 		c.fleet, c.schemas = true, nil
@@ -393,11 +428,11 @@ func newChaos(t *testing.T, plan chaosPlan, seed int64, schemas int) *chaos {
 		c.sql[schema] = chaosSQL{
 			ledger: "INSERT INTO " + ledger + " (tx) VALUES ($1)",
 			stage: "INSERT INTO " + pgx.Identifier{schema, "staged_jobs"}.Sanitize() + ` (job_name, job_args, queue, run_at)
-			SELECT 'ChaosJob', a::jsonb, q, CASE WHEN s THEN now() + interval '1 hour' END
+			SELECT 'ChaosJob', a::jsonb, q, CASE WHEN s THEN ` + c.layout.runAt + ` END
 			FROM unnest($1::text[], $2::text[], $3::bool[]) AS u(a, q, s)`,
 		}
 	}
-	if err := c.rdb.Set(c.ctx, chaosQueueKey(chaosWrongTypeQueue), "not a list", 0).Err(); err != nil {
+	if err := c.rdb.Set(c.ctx, c.layout.list(chaosWrongTypeQueue), "not a list", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
 	return c
@@ -476,8 +511,7 @@ func (c *chaos) startRelay() *proc {
 	c.t.Helper()
 	name := fmt.Sprintf("relay %d", len(c.relays)+1)
 	p := startProc(c.t, name, childEnv("DATABASE_URL="+c.pg.URL(), "REDIS_URL="+c.redis.URL()),
-		"run", c.schemaFlag(), c.schemaArg(), "--max-payload-bytes", fmt.Sprint(chaosMaxPayloadBytes), "--max-backoff", "1s",
-		"--target", *chaosTarget)
+		"run", "--target", c.layout.target, c.schemaFlag(), c.schemaArg(), "--max-payload-bytes", fmt.Sprint(chaosMaxPayloadBytes), "--max-backoff", "1s")
 	p.failTail = 40
 	c.relays = append(c.relays, p)
 	c.note("%s started (pid %d)", name, p.cmd.Process.Pid)
@@ -539,7 +573,7 @@ func (c *chaos) run() {
 
 	sampler, stopSampler := context.WithCancel(c.ctx)
 	var sampled sync.WaitGroup
-	sampled.Go(func() { c.gap = sampleDeliveries(sampler, c.redis.Port) })
+	sampled.Go(func() { c.gap = sampleDeliveries(sampler, c.redis.Port, c.layout) })
 	defer func() { stopSampler(); sampled.Wait() }()
 
 	c.start = time.Now()
@@ -1197,7 +1231,7 @@ func (g deliveryGap) unplanned(ran []chaosRun) (longest time.Duration, endedAt t
 
 // sampleDeliveries counts the jobs in the queues and the schedule every
 // 20ms until ctx ends (errors, Redis down, count as no change).
-func sampleDeliveries(ctx context.Context, port int) deliveryGap {
+func sampleDeliveries(ctx context.Context, port int, layout chaosLayout) deliveryGap {
 	rdb := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", port), DisableIdentity: true,
 		MaxRetries: -1, DialTimeout: 200 * time.Millisecond, ReadTimeout: 500 * time.Millisecond, PoolSize: 1})
 	defer rdb.Close()
@@ -1215,9 +1249,9 @@ func sampleDeliveries(ctx context.Context, port int) deliveryGap {
 		var cmds []*redis.IntCmd
 		_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for _, q := range chaosQueues() {
-				cmds = append(cmds, p.LLen(ctx, chaosQueueKey(q)))
+				cmds = append(cmds, p.LLen(ctx, layout.list(q)))
 			}
-			for _, k := range chaosScheduleKeys() {
+			for _, k := range layout.scheduleKeys() {
 				cmds = append(cmds, p.ZCard(ctx, k))
 			}
 			return nil
@@ -1286,6 +1320,35 @@ end
 return {#items, table.concat(out, '\n')}
 `)
 
+// chaosReadCeleryScript is chaosReadScript for Celery's task messages
+// (-chaos.target celery): the marker is the first of the args, read from
+// the headers' argsrepr (the args' JSON text; the body is the same text in
+// base64, which the real-worker and golden tests check), the jid the
+// task id, the queue delivery_info's routing_key; enqueued_at is "".
+var chaosReadCeleryScript = redis.NewScript(`
+local items = redis.call('LRANGE', KEYS[1], ARGV[1], ARGV[2])
+local out = {}
+for i, raw in ipairs(items) do
+  local ok, m = pcall(cjson.decode, raw)
+  local h = ok and type(m) == 'table' and m.headers
+  local p = ok and type(m) == 'table' and m.properties
+  local marker, queue, jid
+  if type(h) == 'table' and h.task == 'ChaosJob' and type(h.argsrepr) == 'string' and type(p) == 'table' and
+     type(p.delivery_info) == 'table' then
+    local ok2, args = pcall(cjson.decode, h.argsrepr)
+    marker = ok2 and type(args) == 'table' and args[1]
+    queue, jid = p.delivery_info.routing_key, h.id
+  end
+  if type(marker) == 'string' and marker ~= '' and type(queue) == 'string' and type(jid) == 'string' and
+     not (marker .. queue .. jid):find('[\t\n]') then
+    out[i] = marker .. '\t' .. jid .. '\t' .. queue .. '\t'
+  else
+    out[i] = '!' .. raw:gsub('\n', '\\n')
+  end
+end
+return {#items, table.concat(out, '\n')}
+`)
+
 // readDeliveries reads every job of Sidekiq's keys (the queue:* lists and
 // the schedule zset; any other key, such as the relay's own bookkeeping,
 // is not a delivery) by marker. Entries that are not a chaos job, and
@@ -1307,7 +1370,7 @@ func (c *chaos) readDeliveries() (map[string][]delivery, []string) {
 			foreign = append(foreign, key+": "+entry)
 			return
 		}
-		if q, ok := strings.CutPrefix(key, "queue:"); ok && queue != q {
+		if q, ok := c.layout.queueOf(key); ok && queue != q {
 			foreign = append(foreign, key+": queue "+queue+": "+marker+" jid "+jid)
 			return
 		}
@@ -1326,7 +1389,11 @@ func (c *chaos) readDeliveries() (map[string][]delivery, []string) {
 	const chunk = 10_000
 	read := func(key, kind string) {
 		for i := int64(0); ; i += chunk {
-			reply, err := chaosReadScript.Run(ctx, c.rdb, []string{key}, i, i+chunk-1, kind).Slice()
+			script := chaosReadScript
+			if c.layout.target == "celery" {
+				script = chaosReadCeleryScript
+			}
+			reply, err := script.Run(ctx, c.rdb, []string{key}, i, i+chunk-1, kind).Slice()
 			if err != nil {
 				t.Fatalf("read %s %s: %v", kind, key, err)
 			}
@@ -1342,15 +1409,19 @@ func (c *chaos) readDeliveries() (map[string][]delivery, []string) {
 			}
 		}
 	}
-	if *chaosTarget == "bullmq" {
+	if c.layout.target == "bullmq" {
 		c.readBullmqDeliveries(add)
 		return byMarker, foreign
 	}
-	keys, err := c.rdb.Keys(ctx, "queue:*").Result()
+	pattern := c.layout.list("*")
+	keys, err := c.rdb.Keys(ctx, pattern).Result()
 	if err != nil {
-		t.Fatalf("KEYS queue:*: %v", err)
+		t.Fatalf("KEYS %s: %v", pattern, err)
 	}
 	for _, key := range keys {
+		if c.layout.target == "celery" && (strings.HasPrefix(key, "stagedrain:") || strings.HasPrefix(key, "_kombu.")) {
+			continue // the relay's own keys (and no worker's) share the key space with Kombu's lists
+		}
 		typ, err := c.rdb.Type(ctx, key).Result()
 		if err != nil {
 			t.Fatalf("TYPE %s: %v", key, err)
@@ -1358,12 +1429,14 @@ func (c *chaos) readDeliveries() (map[string][]delivery, []string) {
 		switch {
 		case typ == "list":
 			read(key, "list")
-		case key == "queue:"+chaosWrongTypeQueue && typ == "string":
+		case key == c.layout.list(chaosWrongTypeQueue) && typ == "string":
 		default:
 			foreign = append(foreign, fmt.Sprintf("%s: a %s", key, typ))
 		}
 	}
-	read("schedule", "zset")
+	for _, k := range c.layout.scheduleKeys() {
+		read(k, "zset")
+	}
 	return byMarker, foreign
 }
 
@@ -1394,7 +1467,7 @@ return {#items, table.concat(out, '\n')}
 `)
 
 // readBullmqDeliveries reads every job of the BullMQ queues' wait lists
-// (as key queue:<name>) and delayed sets (as schedule) into add. The job
+// and delayed sets into add. The job
 // key guards a BullMQ add, so a second push of a job is a no-op there: the
 // queues' job counters (<prefix>:<queue>:id, one INCR per add that ran)
 // must then add up to the jobs found, or a job was added twice.
@@ -1404,9 +1477,9 @@ func (c *chaos) readBullmqDeliveries(add func(key, entry string)) {
 	var found, adds int64
 	for _, q := range chaosQueues() {
 		for _, kind := range []string{"list", "zset"} {
-			key, as := "bull:"+q+":wait", "queue:"+q
+			key := c.layout.list(q)
 			if kind == "zset" {
-				key, as = "bull:"+q+":delayed", "schedule"
+				key = c.layout.schedule(q)
 			}
 			for i := int64(0); ; i += chunk {
 				reply, err := chaosBullmqReadScript.Run(ctx, c.rdb, []string{key, "bull:" + q + ":"}, i, i+chunk-1, kind, q).Slice()
@@ -1418,7 +1491,7 @@ func (c *chaos) readBullmqDeliveries(add func(key, entry string)) {
 				for got := int64(0); got < n; got++ {
 					var entry string
 					entry, lines, _ = strings.Cut(lines, "\n")
-					add(as, entry)
+					add(key, entry)
 				}
 				found += n
 				if n < chunk {
@@ -1613,9 +1686,9 @@ func (c *chaos) verdict() *chaosFigures {
 			got := deliveries[j.marker]
 			delete(deliveries, j.marker)
 			f.delivered += len(got)
-			want := "queue:" + j.queue
-			if j.scheduled {
-				want = "schedule"
+			want := c.layout.list(j.queue)
+			if j.scheduled && c.layout.schedule != nil {
+				want = c.layout.schedule(j.queue)
 			}
 			for _, d := range got {
 				if d.key != want {

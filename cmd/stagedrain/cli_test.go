@@ -96,7 +96,7 @@ func TestUsageErrors(t *testing.T) {
 
 		{"bad timestamp format", []string{"run", "--database-url", db, "--timestamp-format", "nanos"}, []string{"--timestamp-format", "nanos"}},
 		{"bench target bullmq beside other scenarios", []string{"bench", "--database-url", db, "--target", "bullmq"}, []string{"bench: --target bullmq runs with --scenarios backlog only"}},
-		{"unknown target", []string{"run", "--database-url", db, "--target", "resque"}, []string{"run: --target", `"sidekiq", "asynq", "streams" or "bullmq", got "resque"`}},
+		{"unknown target", []string{"run", "--database-url", db, "--target", "resque"}, []string{"run: --target", `"sidekiq", "asynq", "streams", "bullmq" or "celery", got "resque"`}},
 		{"empty target", []string{"run", "--database-url", db, "--target="}, []string{"--target", "must not be empty"}},
 		{"unknown source", []string{"run", "--database-url", db, "--source", "good_job"}, []string{"run: --source", `"staged_jobs" or "sidekiq_staged_push", got "good_job"`}},
 		{"unknown source to migrate", []string{"migrate", "--database-url", db, "--source", "outbox"}, []string{"migrate: --source", `got "outbox"`}},
@@ -114,6 +114,9 @@ func TestUsageErrors(t *testing.T) {
 		{"bad redis url", []string{"run", "--database-url", db, "--redis-url", "http://127.0.0.1:6379"}, []string{"--redis-url"}},
 		{"unknown redis mode", []string{"run", "--database-url", db, "--redis-mode", "ring"}, []string{"run: --redis-mode", `single, cluster or sentinel, got "ring"`}},
 		{"sidekiq on a cluster", []string{"run", "--database-url", db, "--redis-mode", "cluster"}, []string{"run: --redis-mode cluster cannot run the sidekiq target", "Sidekiq does not support Redis Cluster"}},
+		{"celery on a cluster", []string{"run", "--database-url", db, "--redis-mode", "cluster", "--target", "celery"}, []string{"run: --redis-mode cluster cannot run the celery target", "does not support Redis Cluster"}},
+		{"bench celery beyond backlog", []string{"bench", "--database-url", db, "--target", "celery"}, []string{"bench: --target celery runs with --scenarios backlog only"}},
+		{"bench unknown target", []string{"bench", "--database-url", db, "--target", "asynq", "--scenarios", "backlog"}, []string{"bench: --target", `"sidekiq", "bullmq" or "celery", got "asynq"`}},
 		{"bad cluster url", []string{"run", "--database-url", db, "--redis-mode", "cluster", "--target", "asynq", "--redis-url", "redis://h:1?addr=nocolon"}, []string{"--redis-url", "cluster URL"}},
 		{"sentinel url without master", []string{"run", "--database-url", db, "--redis-mode", "sentinel", "--redis-url", "redis://127.0.0.1:26379/0"}, []string{"--redis-url", "master_name"}},
 

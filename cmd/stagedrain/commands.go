@@ -244,7 +244,7 @@ func newRunFlags() (*flagSet, *runFlags) {
 	f.env("redis-url", "REDIS_URL")
 	f.fs.StringVar(&c.redisMode, "redis-mode", "single", "the `mode` of --redis-url: single (one server), cluster (Redis Cluster: redis://h1:p1?addr=h2:p2) or sentinel (redis://sentinel1:26379/0?master_name=mymaster&addr=sentinel2:26379)")
 	f.env("redis-mode", "STAGEDRAIN_REDIS_MODE")
-	f.fs.StringVar(&c.target, "target", "sidekiq", "the job `system` jobs are written for: sidekiq, asynq, streams (Redis streams) or bullmq (BullMQ 6)")
+	f.fs.StringVar(&c.target, "target", "sidekiq", "the job `system` jobs are written for: sidekiq, asynq, streams (Redis streams), bullmq (BullMQ 6) or celery (Celery task protocol 2)")
 	f.env("target", "STAGEDRAIN_TARGET")
 	f.fs.StringVar(&c.redisNamespace, "redis-namespace", "", "prefix every Redis key with `namespace`: (Sidekiq 6 redis-namespace apps; not with --target asynq; BullMQ's prefix with --target bullmq, bull when unset)")
 	f.env("redis-namespace", "STAGEDRAIN_REDIS_NAMESPACE")
@@ -546,6 +546,9 @@ func (c *runFlags) redisClient(f *flagSet) (func() redis.UniversalClient, error)
 	case "cluster":
 		if c.target == string(relay.TargetSidekiq) {
 			return nil, usagef("run: %s cluster cannot run the sidekiq target: Sidekiq's keys (queue:<name>, queues, schedule) have no hash tags and Sidekiq does not support Redis Cluster (use --target asynq or streams, or a single Redis or Sentinel)", f.source("redis-mode"))
+		}
+		if c.target == string(relay.TargetCelery) {
+			return nil, usagef("run: %s cluster cannot run the celery target: Kombu's Redis transport, which Celery's workers read with, does not support Redis Cluster (use a single Redis or Sentinel)", f.source("redis-mode"))
 		}
 		ropts, err := redis.ParseClusterURL(c.redisURL)
 		if err != nil {
