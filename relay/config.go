@@ -253,6 +253,16 @@ type Config struct {
 	// (trace.go). Default nil: no spans, and nothing spent per job on
 	// them. Jobs carry their trace context to the workers either way.
 	TracerProvider trace.TracerProvider
+
+	// HorizonWarnAfter is how long something (a session's snapshot or
+	// transaction, a prepared transaction, a replication slot, a standby's
+	// hot_standby_feedback) may hold the database's xmin horizon back
+	// before the relay logs one warn line naming it and the dead rows of
+	// its table (horizon.go; README, "A long transaction elsewhere"). The
+	// age is the metric stagedrain_xmin_horizon_age_seconds either way.
+	// Naming a session of another role needs pg_read_all_stats (or
+	// pg_monitor). Default 30s; -1 turns the check off.
+	HorizonWarnAfter time.Duration
 }
 
 const (
@@ -265,6 +275,7 @@ const (
 	defaultRedisWaitTimeout = time.Second
 	defaultStandbyRetention = 10 * time.Second
 	defaultMaxPayloadBytes  = 1 << 20
+	defaultHorizonWarnAfter = 30 * time.Second
 	maxMaxPayloadBytes      = 512 << 20
 	minBackoff              = 100 * time.Millisecond
 )
@@ -285,6 +296,7 @@ func (c Config) WithDefaults() Config {
 	c.MaxPayloadBytes = cmp.Or(c.MaxPayloadBytes, defaultMaxPayloadBytes)
 	c.RedisWaitTimeout = cmp.Or(c.RedisWaitTimeout, defaultRedisWaitTimeout)
 	c.StandbyRetention = cmp.Or(c.StandbyRetention, defaultStandbyRetention)
+	c.HorizonWarnAfter = cmp.Or(c.HorizonWarnAfter, defaultHorizonWarnAfter)
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
 	}
@@ -323,6 +335,8 @@ func (c Config) Validate() error {
 		return fieldErr("MaxBackoff", "must be at least %s, got %s", minBackoff, c.MaxBackoff)
 	case c.MaxPayloadBytes < 1 || c.MaxPayloadBytes > maxMaxPayloadBytes:
 		return fieldErr("MaxPayloadBytes", "must be between 1 and %d, got %d", maxMaxPayloadBytes, c.MaxPayloadBytes)
+	case c.HorizonWarnAfter < 0 && c.HorizonWarnAfter != -1:
+		return fieldErr("HorizonWarnAfter", "must be positive, or -1 to turn the check off, got %s", c.HorizonWarnAfter)
 	case c.ShutdownTimeout < 0:
 		return fieldErr("ShutdownTimeout", "must not be negative, got %s", c.ShutdownTimeout)
 	case c.Target != TargetSidekiq && c.Target != TargetAsynq && c.Target != TargetStreams && c.Target != TargetBullMQ && c.Target != TargetCelery:

@@ -138,7 +138,7 @@ func newFleet(cfg Config, pgCfg *pgx.ConnConfig, version int) (*Relay, error) {
 	// session and the listener. Served without a schema label.
 	r.metrics = newMetrics(string(cfg.Target), "", "", &r.backlog, &r.summary.mu)
 	r.metrics.reg = prometheus.NewRegistry()
-	r.metrics.reg.MustRegister(r.metrics.errs)
+	r.metrics.reg.MustRegister(r.metrics.errs, r.metrics.horizonAge)
 	r.state.init(prometheus.NewGauge(prometheus.GaugeOpts{Name: "unused"}))
 	f := &fleet{r: r, tenants: map[string]*tenant{}, missing: map[string]bool{},
 		memberKey: fleetLockName(cfg.Schemas, group), table: "staged_jobs"}
@@ -347,6 +347,8 @@ func (s *fleetSession) discover(ctx context.Context) error {
 		c.hooks = r.hooks
 		c.hot = &f.hot
 		c.gateTimeout, c.summaryEvery, c.drainIdleInTx = r.gateTimeout, r.summaryEvery, r.drainIdleInTx
+		// The horizon is the database's: the fleet's own registry serves it.
+		c.metrics.reg.Unregister(c.metrics.horizonAge)
 		c.handoff.system = f.system
 		c.state.setRole(RoleStandby)
 		f.mu.Lock()

@@ -28,6 +28,9 @@ type metrics struct {
 	latency   latencyHistogram
 	dead      prometheus.Counter
 	leader    prometheus.Gauge
+	// horizonAge is how long the database's xmin horizon has been held
+	// back by what holds it back the most (horizon.go); database-wide.
+	horizonAge prometheus.Gauge
 	// backpressure is 1 for a queue (and reason) whose pushes are paused.
 	backpressure *prometheus.GaugeVec
 
@@ -144,6 +147,10 @@ func newMetrics(target, schema, group string, b *backlog, mu *sync.Mutex) *metri
 		Name: "stagedrain_leader",
 		Help: "1 while this relay holds its leader lock (the schema's, or its group's with --queues) and drains, else 0.",
 	})
+	m.horizonAge = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "stagedrain_xmin_horizon_age_seconds",
+		Help: "How long the database's xmin horizon has been held back by what holds it back the most (a session's snapshot or transaction, a prepared transaction, a replication slot, a standby's hot_standby_feedback), 0 when nothing does; rows deleted since cannot be removed meanwhile. Checked every 5s.",
+	})
 	wakeups := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "stagedrain_wakeups_total",
 		Help: "Wake-up signals to the drain loop by cause: notify (a NOTIFY arrived), poll (the fallback poll), reconnect (the listener's LISTEN, first or again), late_commit (a transaction in progress when the relay went idle ended: it may have staged jobs without notifying), hot_poll (a fleet of schemas running hot polled them all and found rows in this one).",
@@ -174,6 +181,7 @@ func newMetrics(target, schema, group string, b *backlog, mu *sync.Mutex) *metri
 	prometheus.WrapRegistererWith(labels, m.reg).MustRegister(
 		m.pushed, m.batches, m.batchSize, m.batchDur, &m.latency, m.dead, m.leader,
 		wakeups, m.errs, m.backpressure, backlogCollector{b})
+	m.reg.MustRegister(m.horizonAge)
 	return m
 }
 

@@ -270,6 +270,15 @@ func (r *Relay) runSessions(ctx context.Context, maxConns int32, session func(co
 		return fmt.Errorf("pool: %w", err)
 	}
 	defer pool.Close()
+	// The database's xmin horizon, for the whole process (horizon.go).
+	w := &horizonWatch{table: "staged_jobs"}
+	if r.cfg.Source == SourceSidekiqStagedPush {
+		w.table = "sidekiq_staged_push_jobs"
+	}
+	if r.fleet == nil {
+		w.schemas = []string{r.cfg.Schema}
+	}
+	defer r.startHorizonWatch(ctx, pool, w)()
 
 	attempt := 0
 	readOnly := false // logged once until a session gets past the check

@@ -94,6 +94,8 @@ func TestUsageErrors(t *testing.T) {
 		{"batch size too big", []string{"run", "--database-url", db, "--batch-size", "100001"}, []string{"--batch-size", "100001"}},
 		{"batch size not a number", []string{"run", "--database-url", db, "--batch-size", "many"}, []string{"-batch-size"}},
 
+		{"negative horizon warning", []string{"run", "--database-url", db, "--horizon-warn-after", "-1s"}, []string{"run: --horizon-warn-after", "must not be negative, got -1s"}},
+
 		{"bad timestamp format", []string{"run", "--database-url", db, "--timestamp-format", "nanos"}, []string{"--timestamp-format", "nanos"}},
 		{"bench target bullmq beside other scenarios", []string{"bench", "--database-url", db, "--target", "bullmq"}, []string{"bench: --target bullmq runs with --scenarios backlog only"}},
 		{"unknown target", []string{"run", "--database-url", db, "--target", "resque"}, []string{"run: --target", `"sidekiq", "asynq", "streams", "bullmq" or "celery", got "resque"`}},
@@ -182,6 +184,7 @@ func TestEnvUsageErrors(t *testing.T) {
 		{"batch size", "STAGEDRAIN_BATCH_SIZE", "abc-xyz", []string{"run", "--database-url", db}, []string{"$STAGEDRAIN_BATCH_SIZE", "--batch-size"}},
 		{"duration", "STAGEDRAIN_POLL_INTERVAL", "five-xyz", []string{"run", "--database-url", db}, []string{"$STAGEDRAIN_POLL_INTERVAL", "--poll-interval"}},
 		{"bool", "STAGEDRAIN_MIGRATE", "perhaps-xyz", []string{"run", "--database-url", db}, []string{"$STAGEDRAIN_MIGRATE", "--migrate"}},
+		{"negative horizon warning", "STAGEDRAIN_HORIZON_WARN_AFTER", "-5s", []string{"run", "--database-url", db}, []string{"run: $STAGEDRAIN_HORIZON_WARN_AFTER (--horizon-warn-after)", "must not be negative"}},
 		{"zero batch size", "STAGEDRAIN_BATCH_SIZE", "0", []string{"run", "--database-url", db}, []string{"--batch-size"}},
 		{"unknown target", "STAGEDRAIN_TARGET", "kafka", []string{"run", "--database-url", db}, []string{"run: $STAGEDRAIN_TARGET (--target)", `got "kafka"`}},
 		{"unknown source", "STAGEDRAIN_SOURCE", "jobs", []string{"run", "--database-url", db}, []string{"run: $STAGEDRAIN_SOURCE (--source)", `got "jobs"`}},
@@ -271,6 +274,7 @@ func TestHelp(t *testing.T) {
 		"redis-wait-timeout":     "STAGEDRAIN_REDIS_WAIT_TIMEOUT",
 		"wait-for-standby":       "STAGEDRAIN_WAIT_FOR_STANDBY",
 		"standby-retention":      "STAGEDRAIN_STANDBY_RETENTION",
+		"horizon-warn-after":     "STAGEDRAIN_HORIZON_WARN_AFTER",
 		"queues":                 "STAGEDRAIN_QUEUES",
 		"schemas":                "STAGEDRAIN_SCHEMAS",
 		"tenant-key":             "STAGEDRAIN_TENANT_KEY",

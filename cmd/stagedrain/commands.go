@@ -200,6 +200,7 @@ type runFlags struct {
 	waitTimeout      time.Duration
 	waitForStandby   bool
 	standbyRetention time.Duration
+	horizonWarnAfter time.Duration
 	pollOnly         bool
 	queues           string
 	schemas          string
@@ -232,6 +233,7 @@ var flagOfField = map[string]string{
 	"RedisWaitReplicas":   "redis-wait-replicas",
 	"RedisWaitTimeout":    "redis-wait-timeout",
 	"StandbyRetention":    "standby-retention",
+	"HorizonWarnAfter":    "horizon-warn-after",
 }
 
 // newRunFlags declares run's flags.
@@ -276,6 +278,8 @@ func newRunFlags() (*flagSet, *runFlags) {
 	f.env("wait-for-standby", "STAGEDRAIN_WAIT_FOR_STANDBY")
 	f.fs.DurationVar(&c.standbyRetention, "standby-retention", 10*time.Second, "when the role cannot read the standbys' positions (no pg_monitor), keep each handoff record field this long after its delete, so a standby promoted within it does not bring its jobs back to be pushed twice; 0: none")
 	f.env("standby-retention", "STAGEDRAIN_STANDBY_RETENTION")
+	f.fs.DurationVar(&c.horizonWarnAfter, "horizon-warn-after", 30*time.Second, "log one warn line naming the session, prepared transaction, replication slot or standby that has held the database's xmin horizon back this long (dead rows of staged_jobs cannot be removed meanwhile); its age is stagedrain_xmin_horizon_age_seconds either way; 0: no check")
+	f.env("horizon-warn-after", "STAGEDRAIN_HORIZON_WARN_AFTER")
 	f.fs.BoolVar(&c.pollOnly, "poll-only", false, "drain on the fallback poll alone: no LISTEN, no wake-up gate (for PgBouncer in transaction pooling mode; pair with a short --poll-interval)")
 	f.env("poll-only", "STAGEDRAIN_POLL_ONLY")
 	f.fs.StringVar(&c.queues, "queues", "", "drain only these `queues` (comma list), as a group with a leader lock of its own; relays of a schema must have equal or disjoint lists (default: all queues)")
@@ -357,6 +361,7 @@ func (c *runFlags) config(f *flagSet) (relay.Config, func() redis.UniversalClien
 		RedisWaitTimeout:    c.waitTimeout,
 		WaitForStandby:      c.waitForStandby,
 		StandbyRetention:    c.standbyRetention,
+		HorizonWarnAfter:    c.horizonWarnAfter,
 		PollOnly:            c.pollOnly,
 		Queues:              queues,
 		Schemas:             schemas,
@@ -367,6 +372,12 @@ func (c *runFlags) config(f *flagSet) (relay.Config, func() redis.UniversalClien
 	}
 	if cfg.StandbyRetention == 0 {
 		cfg.StandbyRetention = -1 // the library's "none"; its 0 is the default
+	}
+	switch {
+	case c.horizonWarnAfter < 0:
+		return relay.Config{}, nil, usagef("run: %s must not be negative, got %s", f.source("horizon-warn-after"), c.horizonWarnAfter)
+	case c.horizonWarnAfter == 0:
+		cfg.HorizonWarnAfter = -1 // the library's "off"; its 0 is the default
 	}
 	// Validate only checks that a client is set; the caller makes it.
 	check := cfg
