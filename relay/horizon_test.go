@@ -114,3 +114,26 @@ func TestHorizonHolderNamedOnce(t *testing.T) {
 		t.Errorf("dead_rows = %v, want the 500 rows the relay deleted", f["dead_rows"])
 	}
 }
+
+// A relay of many schemas serves stagedrain_xmin_horizon_age_seconds
+// once, from its own registry, without a schema label: the horizon is
+// the database's, not a schema's.
+func TestFleetServesHorizonAgeOnce(t *testing.T) {
+	fh := newFleetHarness(t, 2)
+	r := fh.start(fh.fleetConfig())
+	ts := httptest.NewServer(r.MetricsHandler())
+	t.Cleanup(ts.Close)
+	var want []string
+	for _, s := range fh.schemas {
+		want = append(want, fh.stageIn(s, "default"))
+	}
+	fh.waitJIDs("default", want) // both schemas' relays exist
+	s := scrapeMetrics(t, ts.URL+"/metrics")
+	f := s["stagedrain_xmin_horizon_age_seconds"]
+	if f == nil || len(f.GetMetric()) != 1 || len(f.GetMetric()[0].GetLabel()) != 0 {
+		t.Fatalf("stagedrain_xmin_horizon_age_seconds: %v, want one sample without labels", f)
+	}
+	if s["stagedrain_leader"] == nil || len(s["stagedrain_leader"].GetMetric()) != 2 {
+		t.Fatalf("stagedrain_leader: %v, want a sample per schema", s["stagedrain_leader"])
+	}
+}
