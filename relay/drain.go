@@ -37,10 +37,19 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 	paused.Stop()
 	defer paused.Stop()
 	var pausedC <-chan time.Time
+	// tidy tidies the handoff record after drains that did not (tidyDue).
+	tidy := time.NewTimer(time.Hour)
+	tidy.Stop()
+	defer tidy.Stop()
+	var tidyC <-chan time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-tidyC:
+			tidyC = nil
+			r.tidy(ctx, pool, log)
+			continue
 		case <-wake:
 		case <-pausedC:
 			pausedC = nil
@@ -104,13 +113,11 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 				return nil
 			}
 		}
-		if err := r.handoff.tidy(ctx, func(ids []int64) ([]int64, error) {
-			return r.stillStaged(ctx, pool, ids)
-		}, func() (uint64, uint64, error) {
-			return r.walPositions(ctx, pool)
-		}); err != nil && ctx.Err() == nil {
-			// The records stay until a later drain deletes them.
-			log.Warn("could not tidy the handoff record", zap.Error(err))
+		if r.handoff.tidyDue(time.Now()) {
+			r.tidy(ctx, pool, log)
+		} else if tidyC == nil {
+			tidy.Reset(tidyEvery)
+			tidyC = tidy.C
 		}
 		if r.dueOnly {
 			dueC = r.armDue(ctx, pool, due, log)
@@ -125,6 +132,18 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 		if r.hooks.idle != nil {
 			r.hooks.idle(listens)
 		}
+	}
+}
+
+// tidy tidies the handoff record (handoff.tidy); a failure leaves the
+// fields for a later tidy.
+func (r *Relay) tidy(ctx context.Context, pool *pgxpool.Pool, log *zap.Logger) {
+	if err := r.handoff.tidy(ctx, func(ids []int64) ([]int64, error) {
+		return r.stillStaged(ctx, pool, ids)
+	}, func() (uint64, uint64, error) {
+		return r.walPositions(ctx, pool)
+	}); err != nil && ctx.Err() == nil {
+		log.Warn("could not tidy the handoff record", zap.Error(err))
 	}
 }
 

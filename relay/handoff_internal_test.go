@@ -340,3 +340,25 @@ func TestDropDeletesASettledRecord(t *testing.T) {
 		t.Errorf("%d of the fence and record left after a deposed leadership's drop, want both", n)
 	}
 }
+
+// A drain's end tidies the record while delivered rows wait, and otherwise
+// at most every tidyEvery (the drain loop's timer tidies after one that
+// did not).
+func TestTidyDue(t *testing.T) {
+	h := newHandoff(nil, newHandoffKeys("ns", "test", "tidy", ""))
+	now := time.Now()
+	if !h.tidyDue(now) {
+		t.Fatal("a first drain does not tidy")
+	}
+	h.tidiedAt = now
+	if h.tidyDue(now.Add(tidyEvery / 2)) {
+		t.Fatal("a drain half a tidyEvery after a tidy tidies again")
+	}
+	if !h.tidyDue(now.Add(tidyEvery)) {
+		t.Fatal("a drain a tidyEvery after a tidy does not tidy")
+	}
+	h.delivered[7] = "1:1"
+	if !h.tidyDue(now.Add(time.Millisecond)) {
+		t.Fatal("a drain with delivered rows waiting does not tidy")
+	}
+}
