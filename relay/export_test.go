@@ -80,3 +80,9 @@ func FleetHot(r *Relay) bool { return r.fleet != nil && r.fleet.hot.Load() }
 // SetOnStandbyBehind sets a hook run each time a batch, before its push,
 // finds that the standbys have not flushed its commits (standby.go).
 func SetOnStandbyBehind(r *Relay, f func(lsn uint64)) { r.hooks.standbyBehind = f }
+
+// SetFleetHotLeave sets the rate of schemas found with rows (a second)
+// below which a hot fleet r cools: a test that needs the fleet to stay hot
+// while it checks sets it low, so that a busy machine's slow commits do
+// not cool it (fleethot.go). Before Run.
+func SetFleetHotLeave(r *Relay, perSec float64) { r.fleet.hotLeave = perSec }

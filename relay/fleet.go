@@ -67,6 +67,8 @@ type fleet struct {
 	// commits' notifications, for the session loop to decide.
 	hot   atomic.Bool
 	noted atomic.Int64
+	// The thresholds, hotEnter and hotLeave (tests change them).
+	hotEnter, hotLeave float64
 
 	memberKey string // the fleet's lock name (fleetLockName)
 	system    string // PostgreSQL's system_identifier, for every fence
@@ -141,7 +143,8 @@ func newFleet(cfg Config, pgCfg *pgx.ConnConfig, version int) (*Relay, error) {
 	r.metrics.reg.MustRegister(r.metrics.errs, r.metrics.horizonAge)
 	r.state.init(prometheus.NewGauge(prometheus.GaugeOpts{Name: "unused"}))
 	f := &fleet{r: r, tenants: map[string]*tenant{}, missing: map[string]bool{},
-		memberKey: fleetLockName(cfg.Schemas, group), table: "staged_jobs"}
+		memberKey: fleetLockName(cfg.Schemas, group), table: "staged_jobs",
+		hotEnter: hotEnter, hotLeave: hotLeave}
 	if cfg.Source == SourceSidekiqStagedPush {
 		f.table = "sidekiq_staged_push_jobs"
 	}

@@ -141,7 +141,12 @@ func TestFleetDrainsEverySchema(t *testing.T) {
 	// Each schema's drain is woken by its own channel's notifications,
 	// not only by the poll: the listener routes them. Its third session
 	// (after the late schema and the drop) LISTENs on the four left.
+	// A schema notifies once its leader is idle again after that LISTEN
+	// (a relay gives its idle lock back while nobody listens).
 	fh.waitLog("listening", 3)
+	for _, s := range append(fh.schemas[1:], late) {
+		waitIdleHeldBy(t, fh.conn, s, fh.leaderPID(s), "its leader (idle, listening)")
+	}
 	for _, s := range append(fh.schemas[1:], late) {
 		want = append(want, fh.stageIn(s, "default"))
 	}

@@ -92,7 +92,7 @@ func (s *fleetSession) weigh(h *fleetHeat) {
 	noted := int(s.f.noted.Swap(0))
 	now := time.Now()
 	if !h.hot {
-		if float64(noted) < hotEnter*hotWindow.Seconds() {
+		if float64(noted) < s.f.hotEnter*hotWindow.Seconds() {
 			return
 		}
 		h.hot, h.since, h.hits = true, now, 0
@@ -107,7 +107,7 @@ func (s *fleetSession) weigh(h *fleetHeat) {
 	if d < hotLeaveAfter {
 		return
 	}
-	if float64(h.hits)/d.Seconds() >= hotLeave {
+	if float64(h.hits)/d.Seconds() >= s.f.hotLeave {
 		h.since, h.hits = now, 0
 		return
 	}
