@@ -351,7 +351,7 @@ func (s *fleetSession) discover(ctx context.Context) error {
 		c.hot = &f.hot
 		c.gateTimeout, c.summaryEvery, c.drainIdleInTx = r.gateTimeout, r.summaryEvery, r.drainIdleInTx
 		// The horizon is the database's: the fleet's own registry serves it.
-		c.metrics.reg.Unregister(c.metrics.horizonAge)
+		c.metrics.labelled.Unregister(c.metrics.horizonAge)
 		c.handoff.system = f.system
 		c.state.setRole(RoleStandby)
 		f.mu.Lock()

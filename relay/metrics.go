@@ -31,6 +31,8 @@ type metrics struct {
 	// horizonAge is how long the database's xmin horizon has been held
 	// back by what holds it back the most (horizon.go); database-wide.
 	horizonAge prometheus.Gauge
+	// labelled registers on reg with the schema (and queues) labels.
+	labelled prometheus.Registerer
 	// backpressure is 1 for a queue (and reason) whose pushes are paused.
 	backpressure *prometheus.GaugeVec
 
@@ -178,10 +180,12 @@ func newMetrics(target, schema, group string, b *backlog, mu *sync.Mutex) *metri
 	if group != "" {
 		labels["queues"] = group
 	}
-	prometheus.WrapRegistererWith(labels, m.reg).MustRegister(
+	// Every series carries the schema label, the horizon's age too (a
+	// fleet serves that one once, without it: fleet.go).
+	m.labelled = prometheus.WrapRegistererWith(labels, m.reg)
+	m.labelled.MustRegister(
 		m.pushed, m.batches, m.batchSize, m.batchDur, &m.latency, m.dead, m.leader,
-		wakeups, m.errs, m.backpressure, backlogCollector{b})
-	m.reg.MustRegister(m.horizonAge)
+		wakeups, m.errs, m.backpressure, backlogCollector{b}, m.horizonAge)
 	return m
 }
 
