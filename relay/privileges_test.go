@@ -21,7 +21,7 @@ import (
 // role" block, for schema and role instead of its app and stagedrain_relay.
 func readmeGrants(t testing.TB, schema, role string) []string {
 	t.Helper()
-	b, err := os.ReadFile("../README.md")
+	b, err := os.ReadFile("../cmd/stagedrain/README.md")
 	if err != nil {
 		t.Fatal(err)
 	}

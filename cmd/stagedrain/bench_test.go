@@ -185,7 +185,7 @@ func checkBenchQuickRows(t *testing.T, p *proc) {
 // default scenarios', then app-cost's.
 func readmeBenchRows(t *testing.T) [][]string {
 	t.Helper()
-	text := readRepoFile(t, "README.md")
+	text := readRepoFile(t, "cmd/stagedrain/README.md")
 	_, perf, ok := strings.Cut(text, "\n## Performance\n")
 	if !ok {
 		t.Fatal("README.md has no \"## Performance\" section")

@@ -321,7 +321,7 @@ func (d *defaultsEnv) checkGroupsStatus(leaders map[string]*proc) {
 // the database.
 func readmeHealthCheck(t *testing.T) string {
 	t.Helper()
-	m := regexp.MustCompile(`(?m)^stagedrain status --json \| jq -e '([^']+)'$`).FindStringSubmatch(readRepoFile(t, "README.md"))
+	m := regexp.MustCompile(`(?m)^stagedrain status --json \| jq -e '([^']+)'$`).FindStringSubmatch(readRepoFile(t, "cmd/stagedrain/README.md"))
 	if m == nil {
 		t.Fatal("README.md has no line `stagedrain status --json | jq -e '...'`")
 	}

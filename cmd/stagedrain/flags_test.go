@@ -26,7 +26,7 @@ type flagRow struct {
 // readmeFlags parses README.md's flag table: flag name -> row.
 func readmeFlags(t *testing.T) map[string]flagRow {
 	t.Helper()
-	ls := lines(readRepoFile(t, "README.md"))
+	ls := lines(readRepoFile(t, "cmd/stagedrain/README.md"))
 	i := slices.Index(ls, readmeFlagHeader)
 	if i < 0 {
 		t.Fatalf("README.md has no table with the header %q", readmeFlagHeader)
