@@ -155,22 +155,7 @@ func TestWaitForStandbyPushesOnlyWhatAStandbyHas(t *testing.T) {
 	})
 	h.run(r)
 	jid := h.stage(relay.Job{Name: "Lagging"})
-	for i := range 3 {
-		select {
-		case <-behind:
-		case <-time.After(15 * time.Second):
-			t.Fatalf("look %d: the relay did not find the standby behind within 15s (it must wait for it); queue %v, logs %v",
-				i+1, h.queueJIDs("default"), messages(h.logs))
-		}
-	}
-	if got := h.queueJIDs("default"); len(got) != 0 {
-		t.Fatalf("queue holds %v while no standby has the commit, want nothing", got)
-	}
-	f.standby.SetReceiving(f.primary, true)
-	h.waitQueueLen("default", 1, 15*time.Second)
-	if got := h.queueJIDs("default"); !slices.Equal(got, []string{jid}) {
-		t.Fatalf("queue holds %v, want %s", got, jid)
-	}
+	f.heldBackUntilReceived(t, h, behind, jid, "the standby")
 }
 
 // A relay whose URL names a standby does not drain it: it says so once
@@ -266,16 +251,24 @@ func TestSynchronousCancelledCommitWaitsForTheStandby(t *testing.T) {
 	if err := <-staged; err != nil {
 		t.Fatalf("the app's commit, its wait cancelled: %v (PostgreSQL commits it locally)", err)
 	}
+	f.heldBackUntilReceived(t, h, behind, jid, "the synchronous standby")
+}
+
+// heldBackUntilReceived checks that the relay finds standby (what names
+// it) behind three times while jid's commit is not on it, pushing
+// nothing, and pushes jid once the standby receives again.
+func (f *failover) heldBackUntilReceived(t *testing.T, h *harness, behind <-chan uint64, jid, standby string) {
+	t.Helper()
 	for i := range 3 {
 		select {
 		case <-behind:
 		case <-time.After(15 * time.Second):
-			t.Fatalf("look %d: the relay did not find the synchronous standby behind within 15s; queue %v, logs %v",
-				i+1, h.queueJIDs("default"), messages(h.logs))
+			t.Fatalf("look %d: the relay did not find %s behind within 15s (it must wait for it); queue %v, logs %v",
+				i+1, standby, h.queueJIDs("default"), messages(h.logs))
 		}
 	}
 	if got := h.queueJIDs("default"); len(got) != 0 {
-		t.Fatalf("queue holds %v while the synchronous standby lacks the commit, want nothing", got)
+		t.Fatalf("queue holds %v while %s lacks the commit, want nothing", got, standby)
 	}
 	f.standby.SetReceiving(f.primary, true)
 	h.waitQueueLen("default", 1, 15*time.Second)
