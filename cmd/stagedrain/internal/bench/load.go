@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -44,7 +44,7 @@ func (b *bench) benchTPS(ctx context.Context) error {
 	// the ratios compare like with like. Each round starts with the next
 	// setup, so that none always follows the same one.
 	const rounds = 3
-	slice := b.cfg.tpsDuration / time.Duration(rounds)
+	slice := b.cfg.TPSDuration / time.Duration(rounds)
 	var noRelay, polling, withTrigger float64
 	setups := []struct {
 		trigger bool     // the table's triggers enabled
@@ -82,11 +82,11 @@ func (b *bench) benchTPS(ctx context.Context) error {
 		return err
 	}
 
-	w := strconv.Itoa(b.cfg.writers)
+	w := strconv.Itoa(b.cfg.Writers)
 	ofPolling, ofNone := withTrigger/polling, withTrigger/noRelay
 	b.rows = append(b.rows,
 		benchRow{scenario: "app TPS, no relay, triggers disabled", offered: "closed loop", achieved: fmtRate(noRelay),
-			note: fmt.Sprintf("%s writers, one job per transaction, %s in %d turns, rotating with the two below", w, b.cfg.tpsDuration, rounds)},
+			note: fmt.Sprintf("%s writers, one job per transaction, %s in %d turns, rotating with the two below", w, b.cfg.TPSDuration, rounds)},
 		benchRow{scenario: pollingLabel, offered: "closed loop", achieved: fmtRate(polling),
 			note: fmt.Sprintf("%.0f%% of no relay", 100*polling/noRelay)},
 		benchRow{scenario: "app TPS, relay and trigger", offered: "closed loop", achieved: fmtRate(withTrigger),
@@ -156,7 +156,7 @@ func (b *bench) appTPSOn(ctx context.Context, label string, d time.Duration, tab
 	for i, t := range tables {
 		inserts[i] = "INSERT INTO " + t + " (job_name, job_args) VALUES ('BenchTPSJob', jsonb_build_array($1::bigint))"
 	}
-	conns, err := b.writerConns(ctx, b.cfg.writers, inserts...)
+	conns, err := b.writerConns(ctx, b.cfg.Writers, inserts...)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -337,7 +337,7 @@ func (b *bench) benchLatency(ctx context.Context) error {
 	for _, c := range []latencyCase{
 		{rate: 100, writers: 4, p50: time.Millisecond, p99: 5 * time.Millisecond},
 		{rate: 1000, writers: 4, p50: time.Millisecond, p99: 5 * time.Millisecond},
-		{rate: 5000, writers: b.cfg.writers, p99: 10 * time.Millisecond},
+		{rate: 5000, writers: b.cfg.Writers, p99: 10 * time.Millisecond},
 	} {
 		row, err := b.latency(ctx, p, c)
 		if err != nil {
@@ -360,7 +360,7 @@ func (b *bench) benchLatency(ctx context.Context) error {
 // round trip to Redis (about 0.1ms) and, for a job that lands while its
 // consumer handles the previous reply, that handling (microseconds).
 func (b *bench) latency(ctx context.Context, p *relayProc, c latencyCase) (benchRow, error) {
-	d := b.cfg.latencyDuration
+	d := b.cfg.LatencyDuration
 	n := max(minCommits, int(float64(c.rate)*d.Seconds()))
 	interval := time.Second / time.Duration(c.rate)
 	queue := "latency" + strconv.Itoa(c.rate)
@@ -759,7 +759,7 @@ func (b *bench) benchIdle(ctx context.Context) error {
 		return fmt.Errorf("connect: %w", err)
 	}
 	defer admin.Close(context.WithoutCancel(ctx))
-	warm, window := b.cfg.idleWarmup, b.cfg.idleWindow
+	warm, window := b.cfg.IdleWarmup, b.cfg.IdleWindow
 	b.progress("idle: a relay run idle for %s, then one idle for %s more ...", warm, window)
 	short, err := b.runIdle(ctx, admin, warm, 0)
 	if err != nil {
@@ -784,7 +784,7 @@ func (b *bench) benchIdle(ctx context.Context) error {
 	// is not judged when it does not.
 	judge := func(ok bool, why string) string {
 		switch {
-		case b.cfg.quick:
+		case b.cfg.Quick:
 			return notJudgedQuick
 		case ok:
 			return "PASS"
@@ -838,7 +838,7 @@ const backlogQueues = 4
 // benchBacklog stages the backlog while no relay runs, then starts one and
 // watches Redis (LLEN of the queues, every 5ms) as it drains.
 func (b *bench) benchBacklog(ctx context.Context) error {
-	total := int64(b.cfg.backlog)
+	total := int64(b.cfg.Backlog)
 	conn, err := b.connect(ctx)
 	if err != nil {
 		return err
@@ -962,8 +962,8 @@ func (b *bench) benchBacklog(ctx context.Context) error {
 		tenths.note = fmt.Sprintf("the backlog reached Redis in %d observations, too few to tell its first tenth from its last", len(seen))
 	}
 	backlogRow := fmt.Sprintf("backlog drain, %d queues", backlogQueues)
-	if b.cfg.target != relay.TargetSidekiq {
-		backlogRow += ", --target " + string(b.cfg.target)
+	if b.cfg.Target != relay.TargetSidekiq {
+		backlogRow += ", --target " + string(b.cfg.Target)
 	}
 	b.rows = append(b.rows,
 		benchRow{scenario: backlogRow,
@@ -998,7 +998,7 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 // 50 jobs), "not judged (quick)".
 func (b *bench) verdict(ok bool) string {
 	switch {
-	case b.cfg.quick:
+	case b.cfg.Quick:
 		return notJudgedQuick
 	case ok:
 		return "PASS"

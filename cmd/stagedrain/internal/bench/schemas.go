@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -362,7 +362,7 @@ func (b *bench) benchSchemas(ctx context.Context) error {
 	if err := b.waitReadyOn(ctx, p, true, others); err != nil {
 		return err
 	}
-	total := int64(b.cfg.backlog)
+	total := int64(b.cfg.Backlog)
 	hotKey := b.queueKey("hot")
 	label := fmt.Sprintf("schemas: %d schemas' latency while 1 drains its backlog", len(others))
 	b.progress("%s: %d jobs/s over %d schemas, then the backlog committed in %s ...", label, manyRate, len(others), schemas[0])
@@ -468,8 +468,8 @@ func (b *bench) benchScale(ctx context.Context) error {
 		return fmt.Errorf("connect: %w", err)
 	}
 	defer admin.Close(context.WithoutCancel(ctx))
-	warm, window := b.cfg.scaleWarmup, b.cfg.scaleWindow
-	for _, n := range b.cfg.scaleSteps {
+	warm, window := b.cfg.ScaleWarmup, b.cfg.ScaleWindow
+	for _, n := range b.cfg.ScaleSteps {
 		// Ascending sizes: the pattern matches exactly the first n.
 		schemas := b.tenantSchemas("s", n)
 		if err := b.migrateTenants(ctx, schemas); err != nil {
@@ -517,7 +517,7 @@ func (b *bench) benchScale(ctx context.Context) error {
 		if err := b.waitReadyOn(ctx, p, true, tables); err != nil {
 			return err
 		}
-		dur := b.cfg.latencyDuration
+		dur := b.cfg.LatencyDuration
 		b.progress("%s: %d jobs/s spread over them, %s ...", name, manyRate, dur)
 		run, err := b.load(ctx, p, tables, manyRate, manyWriters, "scale", time.Time{}, dur, nil)
 		if err != nil {
