@@ -226,11 +226,8 @@ func (c *chaos) killLeader() {
 func (c *chaos) stopLeader() {
 	c.t.Helper()
 	p := c.live[c.leader()]
-	p.signal(syscall.SIGSTOP)
-	c.note("SIGSTOP %s, the leader", p.name)
-	c.pause(c.plan.stopFor)
-	p.signal(syscall.SIGCONT)
-	c.note("SIGCONT %s", p.name)
+	c.outage(func() { p.signal(syscall.SIGSTOP) }, "SIGSTOP "+p.name+", the leader", c.plan.stopFor,
+		func() { p.signal(syscall.SIGCONT) }, "SIGCONT "+p.name)
 }
 
 // pauseAll freezes every live relay at once with SIGSTOP, as a paused VM
@@ -389,20 +386,12 @@ const chaosAimWait = time.Second
 
 func (c *chaos) restartPostgres() {
 	c.t.Helper()
-	c.pg.Stop()
-	c.note("PostgreSQL stopped")
-	c.pause(c.plan.pgDownFor)
-	c.pg.Start()
-	c.note("PostgreSQL started")
+	c.outage(c.pg.Stop, "PostgreSQL stopped", c.plan.pgDownFor, c.pg.Start, "PostgreSQL started")
 }
 
 func (c *chaos) killRedis() {
 	c.t.Helper()
-	c.redis.Stop()
-	c.note("Redis killed")
-	c.pause(c.plan.redisDownFor)
-	c.redis.Start()
-	c.note("Redis started")
+	c.outage(c.redis.Stop, "Redis killed", c.plan.redisDownFor, c.redis.Start, "Redis started")
 }
 
 // stallRedis freezes Redis with SIGSTOP for redisStallFor, longer than
@@ -410,11 +399,18 @@ func (c *chaos) killRedis() {
 // (and what it sent again after a timeout) runs once it thaws.
 func (c *chaos) stallRedis() {
 	c.t.Helper()
-	c.redis.Signal(syscall.SIGSTOP)
-	c.note("SIGSTOP Redis")
-	c.pause(c.plan.redisStallFor)
-	c.redis.Signal(syscall.SIGCONT)
-	c.note("SIGCONT Redis")
+	c.outage(func() { c.redis.Signal(syscall.SIGSTOP) }, "SIGSTOP Redis", c.plan.redisStallFor,
+		func() { c.redis.Signal(syscall.SIGCONT) }, "SIGCONT Redis")
+}
+
+// outage runs stop, notes stopped, waits d, runs start and notes started.
+func (c *chaos) outage(stop func(), stopped string, d time.Duration, start func(), started string) {
+	c.t.Helper()
+	stop()
+	c.note("%s", stopped)
+	c.pause(d)
+	start()
+	c.note("%s", started)
 }
 
 // plantPoison commits a transaction with two rows the relay must

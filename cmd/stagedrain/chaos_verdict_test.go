@@ -138,14 +138,10 @@ func (d delivery) String() string {
 	return d.key + " jid " + d.jid + " enqueued " + d.enqueued.Format("15:04:05.000")
 }
 
-// chaosReadScript reads ARGV[1] to ARGV[2] of the list (ARGV[3] "list")
-// or zset KEYS[1] and decodes each entry in Redis (cjson: a million
-// payloads decode in seconds there, in minutes in a -race test binary):
-// "marker TAB jid TAB queue TAB enqueued_at" for a chaos job (enqueued_at
-// "" when the payload has none), "!" and the raw entry (its newlines as
-// \n) for anything else. It answers how many entries it read, and their
-// lines joined by newlines: one reply to parse, not one per entry.
-var chaosReadScript = redis.NewScript(`
+// chaosReadItems starts chaosReadScript and chaosBullmqReadScript: items,
+// ARGV[1] to ARGV[2] of the list (ARGV[3] "list") or zset KEYS[1], and out,
+// the lines of the reply.
+const chaosReadItems = `
 local items
 if ARGV[3] == 'list' then
   items = redis.call('LRANGE', KEYS[1], ARGV[1], ARGV[2])
@@ -153,7 +149,16 @@ else
   items = redis.call('ZRANGE', KEYS[1], ARGV[1], ARGV[2])
 end
 local out = {}
-for i, raw in ipairs(items) do
+`
+
+// chaosReadScript reads ARGV[1] to ARGV[2] of the list (ARGV[3] "list")
+// or zset KEYS[1] and decodes each entry in Redis (cjson: a million
+// payloads decode in seconds there, in minutes in a -race test binary):
+// "marker TAB jid TAB queue TAB enqueued_at" for a chaos job (enqueued_at
+// "" when the payload has none), "!" and the raw entry (its newlines as
+// \n) for anything else. It answers how many entries it read, and their
+// lines joined by newlines: one reply to parse, not one per entry.
+var chaosReadScript = redis.NewScript(chaosReadItems + `for i, raw in ipairs(items) do
   local ok, job = pcall(cjson.decode, raw)
   local marker = ok and type(job) == 'table' and job.class == 'ChaosJob' and type(job.args) == 'table' and job.args[1]
   if type(marker) == 'string' and marker ~= '' and type(job.queue) == 'string' and type(job.jid) == 'string' and
@@ -234,29 +239,11 @@ func (c *chaos) readDeliveries() (map[string][]delivery, []string) {
 		}
 		byMarker[marker] = append(byMarker[marker], d)
 	}
-	const chunk = 10_000
-	read := func(key, kind string) {
-		for i := int64(0); ; i += chunk {
-			script := chaosReadScript
-			if c.layout.target == "celery" {
-				script = chaosReadCeleryScript
-			}
-			reply, err := script.Run(ctx, c.rdb, []string{key}, i, i+chunk-1, kind).Slice()
-			if err != nil {
-				t.Fatalf("read %s %s: %v", kind, key, err)
-			}
-			n, _ := reply[0].(int64)
-			lines, _ := reply[1].(string)
-			for got := int64(0); got < n; got++ {
-				var entry string
-				entry, lines, _ = strings.Cut(lines, "\n")
-				add(key, entry)
-			}
-			if n < chunk {
-				break
-			}
-		}
+	script := chaosReadScript
+	if c.layout.target == "celery" {
+		script = chaosReadCeleryScript
 	}
+	read := func(key, kind string) { c.readScript(script, kind, []string{key}, nil, add) }
 	if c.layout.target == "bullmq" {
 		c.readBullmqDeliveries(add)
 		return byMarker, foreign
@@ -293,15 +280,7 @@ func (c *chaos) readDeliveries() (map[string][]delivery, []string) {
 // KEYS[2] (bull:<queue>:), as chaosReadScript does Sidekiq's: each entry is
 // a job id, its job hash <prefix><id> holds the name and data (whose first
 // element is the marker). The queue is the key's.
-var chaosBullmqReadScript = redis.NewScript(`
-local items
-if ARGV[3] == 'list' then
-  items = redis.call('LRANGE', KEYS[1], ARGV[1], ARGV[2])
-else
-  items = redis.call('ZRANGE', KEYS[1], ARGV[1], ARGV[2])
-end
-local out = {}
-for i, id in ipairs(items) do
+var chaosBullmqReadScript = redis.NewScript(chaosReadItems + `for i, id in ipairs(items) do
   local h = redis.call('HMGET', KEYS[2] .. id, 'name', 'data')
   local ok, data = pcall(cjson.decode, h[2] or '')
   local marker = ok and h[1] == 'ChaosJob' and type(data) == 'table' and data[1]
@@ -321,7 +300,6 @@ return {#items, table.concat(out, '\n')}
 // must then add up to the jobs found, or a job was added twice.
 func (c *chaos) readBullmqDeliveries(add func(key, entry string)) {
 	t, ctx := c.t, c.ctx
-	const chunk = 10_000
 	var found, adds int64
 	for _, q := range chaosQueues() {
 		for _, kind := range []string{"list", "zset"} {
@@ -329,23 +307,7 @@ func (c *chaos) readBullmqDeliveries(add func(key, entry string)) {
 			if kind == "zset" {
 				key = c.layout.schedule(q)
 			}
-			for i := int64(0); ; i += chunk {
-				reply, err := chaosBullmqReadScript.Run(ctx, c.rdb, []string{key, "bull:" + q + ":"}, i, i+chunk-1, kind, q).Slice()
-				if err != nil {
-					t.Fatalf("read %s %s: %v", kind, key, err)
-				}
-				n, _ := reply[0].(int64)
-				lines, _ := reply[1].(string)
-				for got := int64(0); got < n; got++ {
-					var entry string
-					entry, lines, _ = strings.Cut(lines, "\n")
-					add(key, entry)
-				}
-				found += n
-				if n < chunk {
-					break
-				}
-			}
+			found += c.readScript(chaosBullmqReadScript, kind, []string{key, "bull:" + q + ":"}, []any{q}, add)
 		}
 		n, err := c.rdb.Get(ctx, "bull:"+q+":id").Int64()
 		if err != nil && !errors.Is(err, redis.Nil) {
@@ -358,6 +320,34 @@ func (c *chaos) readBullmqDeliveries(add func(key, entry string)) {
 	}
 	c.note("bullmq: %d jobs found, %d adds counted", found, adds)
 }
+
+// readScript reads the entries of KEYS[1] of keys (kind: "list" or "zset")
+// with script (chaosReadScript and the like), chaosReadChunk at a time,
+// its ARGV the range, kind, then extra; it hands add each line of the
+// replies and returns how many entries it read.
+func (c *chaos) readScript(script *redis.Script, kind string, keys []string, extra []any, add func(key, entry string)) int64 {
+	var found int64
+	for i := int64(0); ; i += chaosReadChunk {
+		reply, err := script.Run(c.ctx, c.rdb, keys, append([]any{i, i + chaosReadChunk - 1, kind}, extra...)...).Slice()
+		if err != nil {
+			c.t.Fatalf("read %s %s: %v", kind, keys[0], err)
+		}
+		n, _ := reply[0].(int64)
+		lines, _ := reply[1].(string)
+		for got := int64(0); got < n; got++ {
+			var entry string
+			entry, lines, _ = strings.Cut(lines, "\n")
+			add(keys[0], entry)
+		}
+		found += n
+		if n < chaosReadChunk {
+			return found
+		}
+	}
+}
+
+// chaosReadChunk is how many entries a read script reads at a time.
+const chaosReadChunk = 10_000
 
 // readDead returns the markers of staged_jobs_dead's rows (of every
 // schema), each with its reason and attempts; in a fleet, "in <schema>"
