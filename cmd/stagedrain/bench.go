@@ -1,40 +1,23 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
-	"os/exec"
-	"runtime"
 	"slices"
-	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/stagedrain/stagedrain/cmd/stagedrain/internal/bench"
 	"github.com/stagedrain/stagedrain/relay"
 )
 
-// benchScenarios are the scenario groups of bench, in the order they run.
-var benchScenarios = []string{"tps", "latency", "idle", "backlog", "schemas", "scale", "app-cost"}
-
-// benchDefaultScenarios are those a run without --scenarios runs: all but
-// scale, which migrates 1,000 schemas and runs three relays for each of
-// its four sizes (several minutes), and app-cost, which runs the writers
-// for --duration 24 times, some beside a relay of 200 schemas (several
-// minutes).
-var benchDefaultScenarios = []string{"tps", "latency", "idle", "backlog", "schemas"}
+// The bench command: its flags and their checks here; the scenarios, the
+// scratch data and the table in package bench.
 
 // benchFlags are bench's flags.
 type benchFlags struct {
@@ -47,24 +30,6 @@ type benchFlags struct {
 	quick       bool
 	target      string
 	standby     bool
-}
-
-// benchConfig is what one bench run does, after --quick.
-type benchConfig struct {
-	target          relay.Target  // the relay's --target: sidekiq, or bullmq or celery (the backlog scenario only)
-	tpsDuration     time.Duration // per app-TPS scenario
-	latencyDuration time.Duration // per latency rate
-	idleWarmup      time.Duration // relay running before the idle window opens
-	idleWindow      time.Duration // the idle measurement window
-	backlog         int           // jobs staged before the backlog drain, and in the schemas scenario's one schema
-	scaleSteps      []int         // the scale scenario's numbers of schemas
-	scaleWarmup     time.Duration // the scale scenario's idleWarmup
-	scaleWindow     time.Duration // and idleWindow
-	appCostSchemas  []int         // the app-cost scenario's fleets: numbers of schemas
-	writers         int           // app writers of the TPS and the 5,000/s scenarios
-	quick           bool          // figures too short for their targets are not judged
-	waitForStandby  bool          // the relays run with --wait-for-standby
-	run             map[string]bool
 }
 
 func newBenchFlags() (*flagSet, *benchFlags) {
@@ -86,7 +51,7 @@ func newBenchFlags() (*flagSet, *benchFlags) {
 	f.env("backlog", "STAGEDRAIN_BENCH_BACKLOG")
 	f.fs.IntVar(&c.writers, "writers", 16, "concurrent app writers of the TPS and 5,000 jobs/s scenarios")
 	f.env("writers", "STAGEDRAIN_BENCH_WRITERS")
-	f.fs.StringVar(&c.scenarios, "scenarios", strings.Join(benchDefaultScenarios, ","), "comma-separated `list` of scenarios to run: tps, latency, idle, backlog, schemas (one relay --schemas of 10 schemas: the others' latency while one drains the --backlog), scale (1, 10, 100 and 1,000 schemas: connections, idle statements, RSS, latency; not run by default: several minutes), app-cost (the app's write TPS with no relay, a polling relay, a relay, a relay whose Redis hangs, and a relay of 20 and of 200 schemas, each against the same with the triggers disabled, in alternating runs; the relay's CPU per 1,000 jobs; the fleets' latency at 100 and 1,000 jobs/s spread over their schemas; not run by default: several minutes)")
+	f.fs.StringVar(&c.scenarios, "scenarios", strings.Join(bench.DefaultScenarios(), ","), "comma-separated `list` of scenarios to run: "+bench.ScenariosHelp())
 	f.env("scenarios", "STAGEDRAIN_BENCH_SCENARIOS")
 	f.fs.BoolVar(&c.quick, "quick", false, "a smoke run: 500ms scenarios (each until it has 50 jobs), a 1s idle window, a 10,000-job backlog, scale at 1 and 10 schemas only, app-cost's fleets of 4 and 8 (an explicit --duration or --backlog wins); the same rows, none judged")
 	f.env("quick", "STAGEDRAIN_BENCH_QUICK")
@@ -99,37 +64,38 @@ func newBenchFlags() (*flagSet, *benchFlags) {
 }
 
 // config checks the flags and applies --quick to those not given.
-func (c *benchFlags) config(f *flagSet) (benchConfig, error) {
+func (c *benchFlags) config(f *flagSet) (bench.Config, error) {
 	if c.databaseURL == "" {
-		return benchConfig{}, usagef("bench: --database-url or $DATABASE_URL is required")
+		return bench.Config{}, usagef("bench: --database-url or $DATABASE_URL is required")
 	}
 	if err := relay.CheckDatabaseURL(c.databaseURL); err != nil {
-		return benchConfig{}, usagef("bench: %s: %s", f.source("database-url"), err)
+		return bench.Config{}, usagef("bench: %s: %s", f.source("database-url"), err)
 	}
 	if _, err := redis.ParseURL(c.redisURL); err != nil {
-		return benchConfig{}, usagef("bench: %s cannot be parsed (want redis://[user:password@]host:port/db, or rediss:// for TLS)", f.source("redis-url"))
+		return bench.Config{}, usagef("bench: %s cannot be parsed (want redis://[user:password@]host:port/db, or rediss:// for TLS)", f.source("redis-url"))
 	}
 	set := make(map[string]bool)
 	f.fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
 	for name := range f.fromEnv {
 		set[name] = true
 	}
-	cfg := benchConfig{
-		tpsDuration: c.duration, latencyDuration: c.duration,
-		idleWarmup: 10 * time.Second, idleWindow: 60 * time.Second,
-		backlog: c.backlog, writers: c.writers, quick: c.quick, waitForStandby: c.standby, run: make(map[string]bool),
-		scaleSteps: []int{1, 10, 100, 1000}, scaleWarmup: 5 * time.Second, scaleWindow: 30 * time.Second,
-		appCostSchemas: []int{20, 200}, target: relay.Target(c.target),
+	cfg := bench.Config{
+		DatabaseURL: c.databaseURL, RedisURL: c.redisURL,
+		TPSDuration: c.duration, LatencyDuration: c.duration,
+		IdleWarmup: 10 * time.Second, IdleWindow: 60 * time.Second,
+		Backlog: c.backlog, Writers: c.writers, Quick: c.quick, WaitForStandby: c.standby,
+		ScaleSteps: []int{1, 10, 100, 1000}, ScaleWarmup: 5 * time.Second, ScaleWindow: 30 * time.Second,
+		AppCostSchemas: []int{20, 200}, Target: relay.Target(c.target),
 	}
 	if c.quick {
-		cfg.idleWarmup, cfg.idleWindow = 500*time.Millisecond, time.Second
-		cfg.scaleSteps, cfg.scaleWarmup, cfg.scaleWindow = []int{1, 10}, 500*time.Millisecond, time.Second
-		cfg.appCostSchemas = []int{4, 8}
+		cfg.IdleWarmup, cfg.IdleWindow = 500*time.Millisecond, time.Second
+		cfg.ScaleSteps, cfg.ScaleWarmup, cfg.ScaleWindow = []int{1, 10}, 500*time.Millisecond, time.Second
+		cfg.AppCostSchemas = []int{4, 8}
 		if !set["duration"] {
-			cfg.tpsDuration, cfg.latencyDuration = 500*time.Millisecond, 500*time.Millisecond
+			cfg.TPSDuration, cfg.LatencyDuration = 500*time.Millisecond, 500*time.Millisecond
 		}
 		if !set["backlog"] {
-			cfg.backlog = 10_000
+			cfg.Backlog = 10_000
 		}
 	}
 	if c.duration <= 0 {
@@ -141,18 +107,22 @@ func (c *benchFlags) config(f *flagSet) (benchConfig, error) {
 	if c.writers < 1 || c.writers > 1000 {
 		return cfg, usagef("bench: %s must be between 1 and 1000, got %d", f.source("writers"), c.writers)
 	}
+	run := make(map[string]bool)
 	for _, s := range strings.Split(c.scenarios, ",") {
 		s = strings.TrimSpace(s)
-		if !slices.Contains(benchScenarios, s) {
-			return cfg, usagef("bench: %s: unknown scenario %q, want some of %s", f.source("scenarios"), s, strings.Join(benchScenarios, ", "))
+		if !slices.Contains(bench.Scenarios(), s) {
+			return cfg, usagef("bench: %s: unknown scenario %q, want some of %s", f.source("scenarios"), s, strings.Join(bench.Scenarios(), ", "))
 		}
-		cfg.run[s] = true
+		if !run[s] {
+			run[s] = true
+			cfg.Scenarios = append(cfg.Scenarios, s)
+		}
 	}
 	switch {
-	case cfg.target != relay.TargetSidekiq && cfg.target != relay.TargetBullMQ && cfg.target != relay.TargetCelery:
+	case cfg.Target != relay.TargetSidekiq && cfg.Target != relay.TargetBullMQ && cfg.Target != relay.TargetCelery:
 		return cfg, usagef("bench: %s must be %q, %q or %q, got %q", f.source("target"), relay.TargetSidekiq, relay.TargetBullMQ, relay.TargetCelery, c.target)
-	case cfg.target != relay.TargetSidekiq && (len(cfg.run) != 1 || !cfg.run["backlog"]):
-		return cfg, usagef("bench: %s %s runs with --scenarios backlog only", f.source("target"), cfg.target)
+	case cfg.Target != relay.TargetSidekiq && (len(run) != 1 || !run["backlog"]):
+		return cfg, usagef("bench: %s %s runs with --scenarios backlog only", f.source("target"), cfg.Target)
 	}
 	return cfg, nil
 }
@@ -169,503 +139,12 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	for _, name := range unknownEnv(os.Environ()) {
 		fmt.Fprintf(stderr, "bench: unknown environment variable %s, ignored\n", name)
 	}
-	exe, err := os.Executable()
-	if err != nil {
+	if cfg.Exe, err = os.Executable(); err != nil {
 		return fmt.Errorf("bench: find this binary to run the relay: %w", err)
 	}
-	b := &bench{cfg: cfg, out: stderr, exe: exe, baseURL: c.databaseURL, redisURL: c.redisURL}
-	runErr := b.run(ctx)
-	if ctx.Err() != nil {
-		b.progress("interrupted: removing the scratch data")
-	}
-	cleanErr := b.cleanup(ctx)
-	if ctx.Err() != nil {
-		if cleanErr != nil {
-			return fmt.Errorf("bench: interrupted; cleanup: %w", cleanErr)
-		}
-		return errors.New("bench: interrupted; scratch data removed")
-	}
-	if runErr != nil {
-		if cleanErr != nil {
-			return fmt.Errorf("bench: %w (and cleanup: %v)", runErr, cleanErr)
-		}
-		return fmt.Errorf("bench: %w", runErr)
-	}
-	if cleanErr != nil {
-		return fmt.Errorf("bench: cleanup: %w", cleanErr)
-	}
-	b.printTable(stdout)
-	return nil
-}
-
-// bench is one run of the bench command.
-type bench struct {
-	cfg      benchConfig
-	out      io.Writer // progress
-	exe      string    // this binary, run as the relay
-	baseURL  string    // the user's database
-	redisURL string
-
-	dbURL       string // the database staged_jobs lives in: scratchDB's, or baseURL
-	scratchDB   string // "" when the user may not CREATE DATABASE
-	database    string // the name of the database of dbURL
-	schema      string
-	ns          string
-	rdb         *redis.Client
-	pollOnly    bool       // run --help lists --poll-only
-	metricsAddr bool       // run --help lists --metrics-addr
-	relay       *relayProc // the running relay, if any
-	created     bool       // the scratch schema (or database) may exist
-	tenants     []string   // the scratch schemas of the schemas, scale and app-cost scenarios, which may exist
-	hungRedis   *hungRedis // the app-cost scenario's Redis that hangs, while it listens
-
-	machine []string
-	rows    []benchRow
-	peakRSS int64 // bytes, the highest VmHWM of every relay run
-}
-
-// benchRow is one line of the result table.
-type benchRow struct {
-	scenario, offered, achieved, p50, p99, max, target, result, note string
-}
-
-func (b *bench) progress(format string, args ...any) {
-	fmt.Fprintf(b.out, "bench: "+format+"\n", args...)
-}
-
-func (b *bench) run(ctx context.Context) error {
-	name := "stagedrain_bench_" + randomHex(6)
-	b.schema, b.ns = name, name
-	ropts, _ := redis.ParseURL(b.redisURL) // checked by config
-	ropts.ClientName = "stagedrain-bench"
-	ropts.DisableIdentity = true
-	b.rdb = redis.NewClient(ropts)
-	if err := b.setup(ctx, name); err != nil {
-		return err
-	}
-	b.progress("scratch database %s, schema %s, Redis namespace %s (removed at the end)", b.database, b.schema, b.ns)
-	if b.cfg.run["tps"] {
-		if err := b.benchTPS(ctx); err != nil {
-			return fmt.Errorf("app TPS: %w", err)
-		}
-	}
-	if b.cfg.run["latency"] {
-		if err := b.benchLatency(ctx); err != nil {
-			return fmt.Errorf("latency: %w", err)
-		}
-	}
-	if b.cfg.run["idle"] {
-		if err := b.benchIdle(ctx); err != nil {
-			return fmt.Errorf("idle: %w", err)
-		}
-	}
-	if b.cfg.run["backlog"] {
-		if err := b.benchBacklog(ctx); err != nil {
-			return fmt.Errorf("backlog: %w", err)
-		}
-	}
-	if b.cfg.run["schemas"] {
-		if err := b.benchSchemas(ctx); err != nil {
-			return fmt.Errorf("schemas: %w", err)
-		}
-	}
-	if b.cfg.run["scale"] {
-		if err := b.benchScale(ctx); err != nil {
-			return fmt.Errorf("scale: %w", err)
-		}
-	}
-	if b.cfg.run["app-cost"] {
-		if err := b.benchAppCost(ctx); err != nil {
-			return fmt.Errorf("app cost: %w", err)
-		}
+	cfg.Version = versionString()
+	if err := bench.Run(ctx, cfg, stdout, stderr); err != nil {
+		return fmt.Errorf("bench: %w", err)
 	}
 	return nil
-}
-
-// setup creates the scratch database (or, without the privilege, uses the
-// user's), migrates the scratch schema in it, and records the machine.
-func (b *bench) setup(ctx context.Context, name string) error {
-	admin, err := pgx.Connect(ctx, b.baseURL)
-	if err != nil {
-		return fmt.Errorf("connect to %s: %w", relay.DescribeDatabase(b.baseURL), err)
-	}
-	defer admin.Close(context.WithoutCancel(ctx))
-	var pgVersion string
-	if err := admin.QueryRow(ctx, "SHOW server_version").Scan(&pgVersion); err != nil {
-		return fmt.Errorf("PostgreSQL version: %w", err)
-	}
-	info, err := b.rdb.Info(ctx, "server").Result()
-	if err != nil {
-		return fmt.Errorf("Redis version: %w", err)
-	}
-	redisVersion := "?"
-	for _, l := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(l), "redis_version:"); ok {
-			redisVersion = v
-		}
-	}
-	b.machine = []string{
-		fmt.Sprintf("machine: %d CPUs, GOMAXPROCS %d, %s %s/%s", runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version(), runtime.GOOS, runtime.GOARCH),
-		fmt.Sprintf("servers: PostgreSQL %s, Redis %s", pgVersion, redisVersion),
-		fmt.Sprintf("relay: stagedrain %s, default configuration", versionString()),
-	}
-
-	// A database of its own makes pg_stat_database count only the relay's
-	// transactions in the idle scenario.
-	// Set before the attempt: an interrupted CREATE DATABASE may still
-	// have created it, and cleanup drops it IF EXISTS.
-	b.created, b.scratchDB = true, name
-	_, err = admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
-	var pgErr *pgconn.PgError
-	switch {
-	case err == nil:
-		if b.dbURL, err = withDatabase(b.baseURL, name); err != nil {
-			return err
-		}
-		b.database = name
-	case errors.As(err, &pgErr) && pgErr.Code == "42501": // insufficient_privilege
-		b.scratchDB = ""
-		b.progress("cannot CREATE DATABASE (%s): using a scratch schema of %s; the idle figure then counts every session of that database", pgErr.Message, relay.DescribeDatabase(b.baseURL))
-		b.dbURL = b.baseURL
-		if err := admin.QueryRow(ctx, "SELECT current_database()").Scan(&b.database); err != nil {
-			return err
-		}
-	default:
-		return fmt.Errorf("create scratch database: %w", err)
-	}
-	conn, err := b.connect(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	if _, err := relay.Migrate(ctx, conn, b.schema); err != nil {
-		return err
-	}
-	out, err := exec.CommandContext(ctx, b.exe, "run", "--help").Output()
-	if err != nil {
-		return fmt.Errorf("%s run --help: %w", b.exe, err)
-	}
-	b.pollOnly = bytes.Contains(out, []byte("--poll-only"))
-	b.metricsAddr = bytes.Contains(out, []byte("--metrics-addr"))
-	return nil
-}
-
-// withDatabase returns databaseURL with its database replaced by name.
-func withDatabase(databaseURL, name string) (string, error) {
-	if strings.HasPrefix(databaseURL, "postgres://") || strings.HasPrefix(databaseURL, "postgresql://") {
-		u, err := url.Parse(databaseURL)
-		if err != nil {
-			return "", errors.New("the database URL cannot be parsed") // never echo it
-		}
-		u.Path, u.RawPath = "/"+name, ""
-		return u.String(), nil
-	}
-	return databaseURL + " dbname=" + name, nil // key=value: the last one wins
-}
-
-// connect opens a connection to the database of staged_jobs.
-func (b *bench) connect(ctx context.Context) (*pgx.Conn, error) {
-	conn, err := pgx.Connect(ctx, b.dbURL)
-	if err != nil {
-		return nil, fmt.Errorf("connect to %s: %w", relay.DescribeDatabase(b.dbURL), err)
-	}
-	return conn, nil
-}
-
-func (b *bench) table() string { return pgx.Identifier{b.schema, "staged_jobs"}.Sanitize() }
-
-// queueKey is the list a queue's jobs land in, under the namespace:
-// Sidekiq's queue:<queue>, BullMQ's <queue>:wait (--target bullmq, whose
-// prefix is the namespace), or Kombu's list of the queue (--target celery).
-func (b *bench) queueKey(queue string) string {
-	switch b.cfg.target {
-	case relay.TargetBullMQ:
-		return b.ns + ":" + queue + ":wait"
-	case relay.TargetCelery:
-		return b.ns + ":" + queue
-	}
-	return b.ns + ":queue:" + queue
-}
-
-// reset empties staged_jobs and the scratch Redis keys between scenarios.
-func (b *bench) reset(ctx context.Context, conn *pgx.Conn) error {
-	return b.resetTables(ctx, conn, []string{b.table()})
-}
-
-// resetTables empties the tables (quoted) and the scratch Redis keys.
-func (b *bench) resetTables(ctx context.Context, conn *pgx.Conn, tables []string) error {
-	if _, err := conn.Exec(ctx, "TRUNCATE "+strings.Join(tables, ", ")); err != nil {
-		return fmt.Errorf("truncate staged_jobs: %w", err)
-	}
-	return b.deleteKeys(ctx)
-}
-
-// deleteKeys deletes every key of the scratch namespace.
-func (b *bench) deleteKeys(ctx context.Context) error {
-	iter := b.rdb.Scan(ctx, 0, b.ns+":*", 1000).Iterator()
-	var batch []string
-	for iter.Next(ctx) {
-		batch = append(batch, iter.Val())
-		if len(batch) == 1000 {
-			if err := b.rdb.Unlink(ctx, batch...).Err(); err != nil {
-				return fmt.Errorf("delete scratch keys: %w", err)
-			}
-			batch = batch[:0]
-		}
-	}
-	if err := iter.Err(); err != nil {
-		return fmt.Errorf("scan scratch keys: %w", err)
-	}
-	if len(batch) > 0 {
-		if err := b.rdb.Unlink(ctx, batch...).Err(); err != nil {
-			return fmt.Errorf("delete scratch keys: %w", err)
-		}
-	}
-	return nil
-}
-
-// cleanup stops the relay and removes everything the run created. It runs
-// after ctx may have ended, so it has a deadline of its own.
-func (b *bench) cleanup(parent context.Context) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), time.Minute)
-	defer cancel()
-	var errs []error
-	if b.hungRedis != nil {
-		// First: a relay's reads from it end at once, and so does the relay.
-		b.hungRedis.close()
-		b.hungRedis = nil
-	}
-	if b.relay != nil {
-		if _, err := b.stopRelay(); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if b.created {
-		if err := b.dropScratch(ctx); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if b.rdb != nil {
-		if b.ns != "" {
-			if err := b.deleteKeys(ctx); err != nil {
-				errs = append(errs, err)
-			}
-		}
-		_ = b.rdb.Close()
-	}
-	return errors.Join(errs...)
-}
-
-func (b *bench) dropScratch(ctx context.Context) error {
-	admin, err := pgx.Connect(ctx, b.baseURL)
-	if err != nil {
-		return fmt.Errorf("connect to %s: %w", relay.DescribeDatabase(b.baseURL), err)
-	}
-	defer admin.Close(ctx)
-	if b.scratchDB != "" {
-		// FORCE ends the sessions still connected (a killed relay's, say).
-		if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{b.scratchDB}.Sanitize()+" WITH (FORCE)"); err != nil {
-			return fmt.Errorf("drop scratch database: %w", err)
-		}
-		return nil
-	}
-	if _, err := admin.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{b.schema}.Sanitize()+" CASCADE"); err != nil {
-		return fmt.Errorf("drop scratch schema: %w", err)
-	}
-	for _, s := range b.tenants {
-		if _, err := admin.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{s}.Sanitize()+" CASCADE"); err != nil {
-			return fmt.Errorf("drop scratch schema: %w", err)
-		}
-	}
-	return nil
-}
-
-// relayProc is a relay running as a child process.
-type relayProc struct {
-	cmd  *exec.Cmd
-	done chan struct{} // closed once Wait has returned
-	err  error         // Wait's result, set before done is closed
-}
-
-// startRelay starts `stagedrain run` on the scratch schema and namespace,
-// with the relay's default configuration: no STAGEDRAIN_* variable of this
-// process reaches it.
-func (b *bench) startRelay(pollOnly bool) (*relayProc, error) {
-	return b.startRelayOn(pollOnly, "--schema", b.schema)
-}
-
-// startRelayOn is startRelay with schemaArgs (--schema or --schemas and its
-// value) naming what it drains.
-func (b *bench) startRelayOn(pollOnly bool, schemaArgs ...string) (*relayProc, error) {
-	return b.startRelayWith(b.redisURL, pollOnly, schemaArgs...)
-}
-
-// startRelayWith is startRelayOn with the relay's Redis at redisURL.
-func (b *bench) startRelayWith(redisURL string, pollOnly bool, schemaArgs ...string) (*relayProc, error) {
-	args := append([]string{"run"}, schemaArgs...)
-	args = append(args, "--target", string(b.cfg.target), "--redis-namespace", b.ns, "--log-level", "warn")
-	if pollOnly && b.pollOnly {
-		args = append(args, "--poll-only")
-	}
-	if b.cfg.waitForStandby {
-		args = append(args, "--wait-for-standby")
-	}
-	if b.metricsAddr {
-		// No HTTP listener: it would take the port of a relay on this host.
-		args = append(args, "--metrics-addr=")
-	}
-	cmd := exec.Command(b.exe, args...)
-	for _, kv := range os.Environ() {
-		if name, _, _ := strings.Cut(kv, "="); !isStagedrainVar(name) {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	// The URLs go through the environment, not argv, where ps would show
-	// a password.
-	cmd.Env = append(cmd.Env, "DATABASE_URL="+b.dbURL, "REDIS_URL="+redisURL)
-	cmd.Stdout, cmd.Stderr = b.out, b.out // warnings and errors only
-	cmd.WaitDelay = 5 * time.Second
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start relay: %w", err)
-	}
-	p := &relayProc{cmd: cmd, done: make(chan struct{})}
-	go func() {
-		p.err = cmd.Wait()
-		close(p.done)
-	}()
-	b.relay = p
-	b.progress("relay started (pid %d)", cmd.Process.Pid)
-	return p, nil
-}
-
-// isStagedrainVar reports whether the environment variable name configures
-// stagedrain.
-func isStagedrainVar(name string) bool {
-	return name == "DATABASE_URL" || name == "REDIS_URL" || strings.HasPrefix(name, "STAGEDRAIN_")
-}
-
-// exited reports the relay's exit, or nil while it runs.
-func (p *relayProc) exited() error {
-	select {
-	case <-p.done:
-		if p.err == nil {
-			return errors.New("relay exited with status 0")
-		}
-		return fmt.Errorf("relay exited: %w", p.err)
-	default:
-		return nil
-	}
-}
-
-// peakRSS is the relay's peak resident set so far (VmHWM), in bytes.
-func (p *relayProc) peakRSS() (int64, error) {
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
-	if err != nil {
-		return 0, fmt.Errorf("read relay peak RSS: %w", err)
-	}
-	for _, l := range strings.Split(string(status), "\n") {
-		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			if err != nil {
-				return 0, fmt.Errorf("parse VmHWM %q: %w", v, err)
-			}
-			return kb * 1024, nil
-		}
-	}
-	return 0, errors.New("no VmHWM in /proc/<pid>/status")
-}
-
-// cpu is the CPU time the relay has used so far, user and system: utime
-// plus stime of /proc/<pid>/stat, in clock ticks of USER_HZ, which Linux
-// fixes at 100 a second for every architecture.
-func (p *relayProc) cpu() (time.Duration, error) {
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
-	if err != nil {
-		return 0, fmt.Errorf("read relay CPU time: %w", err)
-	}
-	// Field 2, the command's name, is in parentheses and may hold spaces:
-	// field 3 on are those after the last ')'. utime and stime are fields
-	// 14 and 15.
-	i := bytes.LastIndexByte(stat, ')')
-	fields := strings.Fields(string(stat[i+1:]))
-	if i < 0 || len(fields) < 13 {
-		return 0, fmt.Errorf("read relay CPU time: /proc/%d/stat has too few fields", p.cmd.Process.Pid)
-	}
-	var ticks int64
-	for _, f := range fields[11:13] {
-		n, err := strconv.ParseInt(f, 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("read relay CPU time: parse %q: %w", f, err)
-		}
-		ticks += n
-	}
-	const userHZ = 100
-	return time.Duration(ticks) * time.Second / userHZ, nil
-}
-
-// stopRelay records the running relay's peak RSS, then stops it with
-// SIGTERM (SIGKILL if it has not exited 15s later). It returns the peak RSS.
-func (b *bench) stopRelay() (int64, error) {
-	p := b.relay
-	b.relay = nil
-	var rss int64
-	var rssErr error
-	// It may have stopped already: a Ctrl-C in a terminal signals the
-	// whole process group.
-	if p.exited() == nil {
-		rss, rssErr = p.peakRSS()
-		b.peakRSS = max(b.peakRSS, rss)
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	}
-	select {
-	case <-p.done:
-	case <-time.After(15 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-		return rss, errors.New("relay still running 15s after SIGTERM: killed")
-	}
-	if p.err != nil {
-		return rss, fmt.Errorf("relay: %w", p.err)
-	}
-	return rss, rssErr
-}
-
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
-// printTable writes the machine lines and the result table.
-func (b *bench) printTable(w io.Writer) {
-	for _, l := range b.machine {
-		fmt.Fprintln(w, l)
-	}
-	fmt.Fprintln(w)
-	rows := append([]benchRow{{"scenario", "offered/s", "achieved/s", "p50", "p99", "max", "target", "result", "note"}}, b.rows...)
-	cells := func(r benchRow) []string {
-		cs := []string{r.scenario, r.offered, r.achieved, r.p50, r.p99, r.max, r.target, r.result, r.note}
-		for i, c := range cs {
-			if c == "" {
-				cs[i] = "-"
-			}
-		}
-		return cs
-	}
-	widths := make([]int, 9)
-	for _, r := range rows {
-		for i, c := range cells(r) {
-			widths[i] = max(widths[i], len(c))
-		}
-	}
-	for _, r := range rows {
-		var line strings.Builder
-		for i, c := range cells(r) {
-			if i > 0 {
-				line.WriteString(" | ")
-			}
-			line.WriteString(c + strings.Repeat(" ", widths[i]-len(c)))
-		}
-		fmt.Fprintln(w, strings.TrimRight(line.String(), " "))
-	}
 }

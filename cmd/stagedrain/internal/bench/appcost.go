@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"bufio"
@@ -82,7 +82,7 @@ func (b *bench) benchAppCost(ctx context.Context) error {
 	}
 	cases := []appCostCase{
 		{label: "app cost: no relay", target: 0.95, tables: one,
-			note: fmt.Sprintf("%d writers, one job per transaction; each state runs %d times %s with its triggers and %d times without, alternating", b.cfg.writers, appCostRounds, b.cfg.tpsDuration, appCostRounds)},
+			note: fmt.Sprintf("%d writers, one job per transaction; each state runs %d times %s with its triggers and %d times without, alternating", b.cfg.Writers, appCostRounds, b.cfg.TPSDuration, appCostRounds)},
 		{label: polling, tables: one, drains: true, note: "a relay of the schema that never holds the idle lock",
 			start: func(ctx context.Context) (*relayProc, error) {
 				p, err := b.startRelay(true)
@@ -115,7 +115,7 @@ func (b *bench) benchAppCost(ctx context.Context) error {
 			return err
 		}
 	}
-	for _, n := range b.cfg.appCostSchemas {
+	for _, n := range b.cfg.AppCostSchemas {
 		// Ascending sizes, each migrated when its turn comes: the pattern
 		// matches exactly the first n.
 		schemas := b.tenantSchemas("a", n)
@@ -124,7 +124,7 @@ func (b *bench) benchAppCost(ctx context.Context) error {
 		}
 		tables := b.tenantTables(schemas)
 		note := fmt.Sprintf("one relay --schemas of %d schemas; each transaction stages its row in one of them at random", n)
-		if b.cfg.quick {
+		if b.cfg.Quick {
 			note += " (--quick: fewer schemas than a full run's 20 and 200)"
 		}
 		err := run(appCostCase{label: fmt.Sprintf("app cost: relay --schemas, %s schemas", fmtInt(int64(n))),
@@ -228,7 +228,7 @@ func (b *bench) appCost(ctx context.Context, conn *pgx.Conn, c appCostCase) (ben
 					return benchRow{}, nil, err
 				}
 			}
-			tps, commits, err := b.appTPSOn(ctx, label, b.cfg.tpsDuration, c.tables)
+			tps, commits, err := b.appTPSOn(ctx, label, b.cfg.TPSDuration, c.tables)
 			if err != nil {
 				return benchRow{}, nil, err
 			}
@@ -302,7 +302,7 @@ func (b *bench) appCost(ctx context.Context, conn *pgx.Conn, c appCostCase) (ben
 		row.note += "; " + strings.Join(all, "; ")
 	}
 	switch {
-	case row.result == "" || b.cfg.quick:
+	case row.result == "" || b.cfg.Quick:
 	case len(misses) > 0:
 		row.result = "MISS"
 	case len(unsure) > 0:

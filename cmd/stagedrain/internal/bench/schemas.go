@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -159,163 +159,6 @@ func (b *bench) probeAll(ctx context.Context, p *relayProc, tables []string) err
 	return nil
 }
 
-// loadRun is what one open-loop load recorded: times since base, in
-// nanoseconds plus 1 (0: not yet), of job i's COMMIT returning and of its
-// arrival in Redis.
-type loadRun struct {
-	base      time.Time
-	span      time.Duration // from base to the writers' end
-	committed []atomic.Int64
-	arrived   []atomic.Int64
-}
-
-// window returns the sorted latencies of the jobs whose COMMIT returned
-// within [from, to) after base, how many committed then, and how many of
-// those never arrived.
-func (l *loadRun) window(from, to time.Duration) (lats []time.Duration, commits, missing int64) {
-	for i := range l.committed {
-		c := l.committed[i].Load()
-		if c == 0 || time.Duration(c-1) < from || time.Duration(c-1) >= to {
-			continue
-		}
-		commits++
-		a := l.arrived[i].Load()
-		if a == 0 {
-			missing++
-			continue
-		}
-		lats = append(lats, max(0, time.Duration(a-c)))
-	}
-	slices.Sort(lats)
-	return lats, commits, missing
-}
-
-// load offers rate jobs/s to queue, job i in tables[i % len(tables)], from
-// writers connections, as the latency scenario does (open loop; latency is
-// from COMMIT returning to arrival in Redis, which two consumers BRPOP),
-// from base (zero: once the writers have connected) until d has passed or
-// stop is closed, and, without stop, on until minCommits jobs have
-// committed. Then it waits, up to 10s, for the committed jobs to arrive.
-func (b *bench) load(ctx context.Context, p *relayProc, tables []string, rate, writers int, queue string, base time.Time, d time.Duration, stop <-chan struct{}) (*loadRun, error) {
-	n := max(minCommits, int(float64(rate)*d.Seconds()))
-	interval := time.Second / time.Duration(rate)
-	key := b.queueKey(queue)
-	conns := make([]*pgx.Conn, 0, writers)
-	defer func() { closeAll(ctx, conns) }()
-	for range writers {
-		conn, err := b.connect(ctx)
-		if err != nil {
-			return nil, err
-		}
-		conns = append(conns, conn)
-	}
-	inserts := make([]string, len(tables))
-	for i, t := range tables {
-		inserts[i] = "INSERT INTO " + t + " (job_name, job_args, queue) VALUES ('BenchLatencyJob', jsonb_build_array($1::bigint), $2)"
-	}
-	// Connecting may take longer than a quick run's d on a busy machine:
-	// the schedule starts after it.
-	if base.IsZero() {
-		base = time.Now()
-	}
-	minimum := minCommits
-	if stop != nil {
-		minimum = 0 // stopped on a signal: it counts what it has
-	}
-	l := &loadRun{base: base, committed: make([]atomic.Int64, n), arrived: make([]atomic.Int64, n)}
-	var arrivals atomic.Int64
-	record := func(payload string, at time.Duration) {
-		id, ok := argID(payload)
-		if !ok || id < 0 || id >= int64(n) {
-			return
-		}
-		if l.arrived[id].CompareAndSwap(0, int64(at)+1) {
-			arrivals.Add(1)
-		}
-	}
-	done := make(chan struct{})
-	var consumers errgroup.Group
-	for range 2 {
-		consumers.Go(func() error {
-			for {
-				select {
-				case <-done:
-					return nil
-				default:
-				}
-				res, err := b.rdb.BRPop(ctx, 200*time.Millisecond, key).Result()
-				if errors.Is(err, redis.Nil) {
-					continue
-				}
-				if err != nil {
-					return fmt.Errorf("BRPOP: %w", err)
-				}
-				record(res[1], time.Since(base))
-				more, err := b.rdb.RPopCount(ctx, key, 1000).Result()
-				if err != nil && !errors.Is(err, redis.Nil) {
-					return fmt.Errorf("RPOP: %w", err)
-				}
-				at := time.Since(base)
-				for _, m := range more {
-					record(m, at)
-				}
-			}
-		})
-	}
-	finish := func() error {
-		close(done)
-		return consumers.Wait()
-	}
-	end := base.Add(d)
-	g, gctx := errgroup.WithContext(ctx)
-	for w, conn := range conns {
-		g.Go(func() error {
-			for i := w; i < n && (time.Now().Before(end) || i < minimum); i += len(conns) {
-				t := time.NewTimer(time.Until(base.Add(time.Duration(i) * interval)))
-				select {
-				case <-gctx.Done():
-					t.Stop()
-					return gctx.Err()
-				case <-stop:
-					t.Stop()
-					return nil
-				case <-t.C:
-				}
-				// Not prepared: a thousand tables would overflow the
-				// statement cache. One round trip all the same.
-				if _, err := conn.Exec(gctx, inserts[i%len(inserts)], pgx.QueryExecModeExec, int64(i), queue); err != nil {
-					return fmt.Errorf("stage: %w", err)
-				}
-				l.committed[i].Store(int64(time.Since(base)) + 1)
-			}
-			return nil
-		})
-	}
-	if err := g.Wait(); err != nil {
-		_ = finish()
-		return nil, err
-	}
-	l.span = time.Since(base) // past d only for the first minCommits
-	var commits int64
-	for i := range l.committed {
-		if l.committed[i].Load() != 0 {
-			commits++
-		}
-	}
-	for wait := time.Now().Add(10 * time.Second); arrivals.Load() < commits && time.Now().Before(wait); {
-		if sleepCtx(ctx, time.Millisecond) != nil {
-			break
-		}
-	}
-	if err := finish(); err != nil {
-		return nil, err
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	return l, p.exited()
-}
-
 // clampNote is what a row of idle statements adds when idleStatements
 // clamped the figure to 0.
 func clampNote(clamped bool, short, long idleRun) string {
@@ -362,7 +205,7 @@ func (b *bench) benchSchemas(ctx context.Context) error {
 	if err := b.waitReadyOn(ctx, p, true, others); err != nil {
 		return err
 	}
-	total := int64(b.cfg.backlog)
+	total := int64(b.cfg.Backlog)
 	hotKey := b.queueKey("hot")
 	label := fmt.Sprintf("schemas: %d schemas' latency while 1 drains its backlog", len(others))
 	b.progress("%s: %d jobs/s over %d schemas, then the backlog committed in %s ...", label, manyRate, len(others), schemas[0])
@@ -417,7 +260,7 @@ func (b *bench) benchSchemas(ctx context.Context) error {
 			}
 		}
 	})
-	run, err := b.load(ctx, p, others, manyRate, manyWriters, "fair", base, time.Hour, stop)
+	run, err := b.load(ctx, p, loadSpec{tables: others, rate: manyRate, writers: manyWriters, queue: "fair", base: base, d: time.Hour, stop: stop})
 	if berr := backlog.Wait(); berr != nil {
 		return berr
 	}
@@ -468,8 +311,8 @@ func (b *bench) benchScale(ctx context.Context) error {
 		return fmt.Errorf("connect: %w", err)
 	}
 	defer admin.Close(context.WithoutCancel(ctx))
-	warm, window := b.cfg.scaleWarmup, b.cfg.scaleWindow
-	for _, n := range b.cfg.scaleSteps {
+	warm, window := b.cfg.ScaleWarmup, b.cfg.ScaleWindow
+	for _, n := range b.cfg.ScaleSteps {
 		// Ascending sizes: the pattern matches exactly the first n.
 		schemas := b.tenantSchemas("s", n)
 		if err := b.migrateTenants(ctx, schemas); err != nil {
@@ -517,9 +360,9 @@ func (b *bench) benchScale(ctx context.Context) error {
 		if err := b.waitReadyOn(ctx, p, true, tables); err != nil {
 			return err
 		}
-		dur := b.cfg.latencyDuration
+		dur := b.cfg.LatencyDuration
 		b.progress("%s: %d jobs/s spread over them, %s ...", name, manyRate, dur)
-		run, err := b.load(ctx, p, tables, manyRate, manyWriters, "scale", time.Time{}, dur, nil)
+		run, err := b.load(ctx, p, loadSpec{tables: tables, rate: manyRate, writers: manyWriters, queue: "scale", d: dur})
 		if err != nil {
 			return err
 		}

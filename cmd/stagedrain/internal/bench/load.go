@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -44,7 +44,7 @@ func (b *bench) benchTPS(ctx context.Context) error {
 	// the ratios compare like with like. Each round starts with the next
 	// setup, so that none always follows the same one.
 	const rounds = 3
-	slice := b.cfg.tpsDuration / time.Duration(rounds)
+	slice := b.cfg.TPSDuration / time.Duration(rounds)
 	var noRelay, polling, withTrigger float64
 	setups := []struct {
 		trigger bool     // the table's triggers enabled
@@ -82,11 +82,11 @@ func (b *bench) benchTPS(ctx context.Context) error {
 		return err
 	}
 
-	w := strconv.Itoa(b.cfg.writers)
+	w := strconv.Itoa(b.cfg.Writers)
 	ofPolling, ofNone := withTrigger/polling, withTrigger/noRelay
 	b.rows = append(b.rows,
 		benchRow{scenario: "app TPS, no relay, triggers disabled", offered: "closed loop", achieved: fmtRate(noRelay),
-			note: fmt.Sprintf("%s writers, one job per transaction, %s in %d turns, rotating with the two below", w, b.cfg.tpsDuration, rounds)},
+			note: fmt.Sprintf("%s writers, one job per transaction, %s in %d turns, rotating with the two below", w, b.cfg.TPSDuration, rounds)},
 		benchRow{scenario: pollingLabel, offered: "closed loop", achieved: fmtRate(polling),
 			note: fmt.Sprintf("%.0f%% of no relay", 100*polling/noRelay)},
 		benchRow{scenario: "app TPS, relay and trigger", offered: "closed loop", achieved: fmtRate(withTrigger),
@@ -156,7 +156,7 @@ func (b *bench) appTPSOn(ctx context.Context, label string, d time.Duration, tab
 	for i, t := range tables {
 		inserts[i] = "INSERT INTO " + t + " (job_name, job_args) VALUES ('BenchTPSJob', jsonb_build_array($1::bigint))"
 	}
-	conns, err := b.writerConns(ctx, b.cfg.writers, inserts...)
+	conns, err := b.writerConns(ctx, b.cfg.Writers, inserts...)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -305,6 +305,190 @@ type latencyCase struct {
 	tables []string
 }
 
+// loadRun is what one open-loop load recorded: times since base, in
+// nanoseconds plus 1 (0: not yet), of job i's COMMIT returning and of its
+// arrival in Redis.
+type loadRun struct {
+	base      time.Time
+	span      time.Duration // from base to the writers' end
+	committed []atomic.Int64
+	arrived   []atomic.Int64
+}
+
+// window returns the sorted latencies of the jobs whose COMMIT returned
+// within [from, to) after base, how many committed then, and how many of
+// those never arrived.
+func (l *loadRun) window(from, to time.Duration) (lats []time.Duration, commits, missing int64) {
+	for i := range l.committed {
+		c := l.committed[i].Load()
+		if c == 0 || time.Duration(c-1) < from || time.Duration(c-1) >= to {
+			continue
+		}
+		commits++
+		a := l.arrived[i].Load()
+		if a == 0 {
+			missing++
+			continue
+		}
+		lats = append(lats, max(0, time.Duration(a-c)))
+	}
+	slices.Sort(lats)
+	return lats, commits, missing
+}
+
+// loadSpec is an open-loop load: rate jobs/s offered to queue, job i staged
+// in tables[i % len(tables)] (quoted), by writers connections, from base
+// (zero: once the writers have connected) until d has passed or stop is
+// closed.
+type loadSpec struct {
+	tables        []string
+	rate, writers int
+	queue         string
+	base          time.Time
+	d             time.Duration
+	stop          <-chan struct{}
+	// prepare: each writer prepares every table's INSERT first. Not for
+	// a thousand tables: they would overflow the statement cache.
+	// Unprepared, an INSERT is one round trip all the same.
+	prepare bool
+}
+
+// load runs an open-loop load: writers commit job i at base + i/rate (a
+// writer that falls behind commits its next job at once; one so far behind
+// that its next job would start after the end stops there: those jobs
+// count as offered, not committed) and record when each COMMIT returned;
+// two consumers in this process BRPOP the queue and record when each job
+// arrived, on the same monotonic clock. A job that arrives before its
+// writer saw the COMMIT return counts as 0. Without stop, the load goes on
+// past d until minCommits jobs have committed (late), so that a short run
+// on a busy machine has figures. Then it waits, up to 10s, for the
+// committed jobs to arrive.
+//
+// The arrival time is when the consumer's BRPOP (or its RPOP of the jobs
+// that arrived with it) returned, so each latency includes one loopback
+// round trip to Redis (about 0.1ms) and, for a job that lands while its
+// consumer handles the previous reply, that handling (microseconds).
+func (b *bench) load(ctx context.Context, p *relayProc, s loadSpec) (*loadRun, error) {
+	tables, rate, writers, queue, base, d, stop := s.tables, s.rate, s.writers, s.queue, s.base, s.d, s.stop
+	n := max(minCommits, int(float64(rate)*d.Seconds()))
+	interval := time.Second / time.Duration(rate)
+	key := b.queueKey(queue)
+	inserts := make([]string, len(tables))
+	for i, t := range tables {
+		inserts[i] = "INSERT INTO " + t + " (job_name, job_args, queue) VALUES ('BenchLatencyJob', jsonb_build_array($1::bigint), $2)"
+	}
+	var prepared []string
+	if s.prepare {
+		prepared = inserts
+	}
+	conns, err := b.writerConns(ctx, writers, prepared...)
+	if err != nil {
+		return nil, err
+	}
+	defer closeAll(ctx, conns)
+	// Connecting may take longer than a quick run's d on a busy machine:
+	// the schedule starts after it.
+	if base.IsZero() {
+		base = time.Now()
+	}
+	minimum := minCommits
+	if stop != nil {
+		minimum = 0 // stopped on a signal: it counts what it has
+	}
+	l := &loadRun{base: base, committed: make([]atomic.Int64, n), arrived: make([]atomic.Int64, n)}
+	var arrivals atomic.Int64
+	record := func(payload string, at time.Duration) {
+		id, ok := argID(payload)
+		if !ok || id < 0 || id >= int64(n) {
+			return
+		}
+		if l.arrived[id].CompareAndSwap(0, int64(at)+1) {
+			arrivals.Add(1)
+		}
+	}
+	done := make(chan struct{})
+	var consumers errgroup.Group
+	for range 2 {
+		consumers.Go(func() error {
+			for {
+				select {
+				case <-done:
+					return nil
+				default:
+				}
+				res, err := b.rdb.BRPop(ctx, 200*time.Millisecond, key).Result()
+				if errors.Is(err, redis.Nil) {
+					continue
+				}
+				if err != nil {
+					return fmt.Errorf("BRPOP: %w", err)
+				}
+				record(res[1], time.Since(base))
+				more, err := b.rdb.RPopCount(ctx, key, 1000).Result()
+				if err != nil && !errors.Is(err, redis.Nil) {
+					return fmt.Errorf("RPOP: %w", err)
+				}
+				at := time.Since(base)
+				for _, m := range more {
+					record(m, at)
+				}
+			}
+		})
+	}
+	finish := func() error {
+		close(done)
+		return consumers.Wait()
+	}
+	end := base.Add(d)
+	g, gctx := errgroup.WithContext(ctx)
+	for w, conn := range conns {
+		g.Go(func() error {
+			for i := w; i < n && (time.Now().Before(end) || i < minimum); i += len(conns) {
+				t := time.NewTimer(time.Until(base.Add(time.Duration(i) * interval)))
+				select {
+				case <-gctx.Done():
+					t.Stop()
+					return gctx.Err()
+				case <-stop:
+					t.Stop()
+					return nil
+				case <-t.C:
+				}
+				// A statement the writer prepared runs as such; any other
+				// is not prepared (QueryExecModeExec), in one round trip.
+				if _, err := conn.Exec(gctx, inserts[i%len(inserts)], pgx.QueryExecModeExec, int64(i), queue); err != nil {
+					return fmt.Errorf("stage: %w", err)
+				}
+				l.committed[i].Store(int64(time.Since(base)) + 1)
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		_ = finish()
+		return nil, err
+	}
+	l.span = time.Since(base) // past d only for the first minCommits
+	var commits int64
+	for i := range l.committed {
+		if l.committed[i].Load() != 0 {
+			commits++
+		}
+	}
+	for wait := time.Now().Add(10 * time.Second); arrivals.Load() < commits && time.Now().Before(wait); {
+		if sleepCtx(ctx, time.Millisecond) != nil {
+			break
+		}
+	}
+	if err := finish(); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return l, p.exited()
+}
+
 // freshRelay empties the scratch table and Redis keys, then starts the
 // relay with its trigger and waits until it is ready.
 func (b *bench) freshRelay(ctx context.Context) (*relayProc, error) {
@@ -337,7 +521,7 @@ func (b *bench) benchLatency(ctx context.Context) error {
 	for _, c := range []latencyCase{
 		{rate: 100, writers: 4, p50: time.Millisecond, p99: 5 * time.Millisecond},
 		{rate: 1000, writers: 4, p50: time.Millisecond, p99: 5 * time.Millisecond},
-		{rate: 5000, writers: b.cfg.writers, p99: 10 * time.Millisecond},
+		{rate: 5000, writers: b.cfg.Writers, p99: 10 * time.Millisecond},
 	} {
 		row, err := b.latency(ctx, p, c)
 		if err != nil {
@@ -349,22 +533,12 @@ func (b *bench) benchLatency(ctx context.Context) error {
 	return err
 }
 
-// latency runs one latency case. Writers commit job i at base + i/rate
-// (open loop; a writer that falls behind commits its next job at once) and
-// record when each COMMIT returned; consumers in this process BRPOP the
-// queue and record when each job arrived, on the same monotonic clock. A
-// job that arrives before its writer saw the COMMIT return counts as 0.
-//
-// The arrival time is when the consumer's BRPOP (or its RPOP of the jobs
-// that arrived with it) returned, so each figure includes one loopback
-// round trip to Redis (about 0.1ms) and, for a job that lands while its
-// consumer handles the previous reply, that handling (microseconds).
+// latency runs one latency case: c.rate jobs/s offered for --duration as
+// load offers them, each writer's INSERTs prepared, and a row of the
+// latencies of every job committed, against the case's targets.
 func (b *bench) latency(ctx context.Context, p *relayProc, c latencyCase) (benchRow, error) {
-	d := b.cfg.latencyDuration
-	n := max(minCommits, int(float64(c.rate)*d.Seconds()))
-	interval := time.Second / time.Duration(c.rate)
+	d := b.cfg.LatencyDuration
 	queue := "latency" + strconv.Itoa(c.rate)
-	key := b.queueKey(queue)
 	label := fmt.Sprintf("latency, %s jobs/s offered by %d writers", fmtInt(int64(c.rate)), c.writers)
 	tables := c.tables
 	if len(tables) == 0 {
@@ -372,126 +546,16 @@ func (b *bench) latency(ctx context.Context, p *relayProc, c latencyCase) (bench
 	} else {
 		label += fmt.Sprintf(" over %s schemas", fmtInt(int64(len(tables))))
 	}
-	inserts := make([]string, len(tables))
-	for i, t := range tables {
-		inserts[i] = "INSERT INTO " + t + " (job_name, job_args, queue) VALUES ('BenchLatencyJob', jsonb_build_array($1::bigint), $2)"
-	}
-	conns, err := b.writerConns(ctx, c.writers, inserts...)
+	b.progress("%s: %s ...", label, d)
+	run, err := b.load(ctx, p, loadSpec{tables: tables, rate: c.rate, writers: c.writers, queue: queue, d: d, prepare: true})
 	if err != nil {
 		return benchRow{}, err
 	}
-	defer closeAll(ctx, conns)
-	b.progress("%s: %s ...", label, d)
-
-	// Times are nanoseconds since base, plus 1 so that 0 means "not yet".
-	committed := make([]atomic.Int64, n)
-	arrived := make([]atomic.Int64, n)
-	var arrivals atomic.Int64
-	record := func(payload string, at time.Duration) {
-		id, ok := argID(payload)
-		if !ok || id < 0 || id >= int64(n) {
-			return
-		}
-		if arrived[id].CompareAndSwap(0, int64(at)+1) {
-			arrivals.Add(1)
-		}
-	}
-
-	base := time.Now()
-	stop := make(chan struct{})
-	var consumers errgroup.Group
-	for range 2 {
-		consumers.Go(func() error {
-			for {
-				select {
-				case <-stop:
-					return nil
-				default:
-				}
-				res, err := b.rdb.BRPop(ctx, 200*time.Millisecond, key).Result()
-				if errors.Is(err, redis.Nil) {
-					continue
-				}
-				if err != nil {
-					return fmt.Errorf("BRPOP: %w", err)
-				}
-				record(res[1], time.Since(base))
-				// The relay pushes a batch at once: take the rest of it in
-				// one round trip rather than one BRPOP each.
-				more, err := b.rdb.RPopCount(ctx, key, 1000).Result()
-				if err != nil && !errors.Is(err, redis.Nil) {
-					return fmt.Errorf("RPOP: %w", err)
-				}
-				at := time.Since(base)
-				for _, m := range more {
-					record(m, at)
-				}
-			}
-		})
-	}
-	finish := func() error {
-		close(stop)
-		return consumers.Wait()
-	}
-
-	// A writer that has fallen so far behind that its next job would start
-	// after the scenario's end stops there: those jobs count as offered,
-	// not committed, and the achieved rate shows the shortfall. The first
-	// minCommits jobs are committed all the same (late), so that a short
-	// run on a busy machine has figures.
-	end := base.Add(d)
-	writers, wctx := errgroup.WithContext(ctx)
-	for w, conn := range conns {
-		writers.Go(func() error {
-			for i := w; i < n && (time.Now().Before(end) || i < minCommits); i += len(conns) {
-				if err := sleepCtx(wctx, time.Until(base.Add(time.Duration(i)*interval))); err != nil {
-					return err
-				}
-				if _, err := conn.Exec(wctx, inserts[i%len(inserts)], int64(i), queue); err != nil {
-					return fmt.Errorf("stage: %w", err)
-				}
-				committed[i].Store(int64(time.Since(base)) + 1)
-			}
-			return nil
-		})
-	}
-	if err := writers.Wait(); err != nil {
-		_ = finish()
-		return benchRow{}, err
-	}
-	span := max(d, time.Since(base)) // past d only for the first minCommits
-	var commits int64
-	for i := range committed {
-		if committed[i].Load() != 0 {
-			commits++
-		}
-	}
-	// Wait (up to 10s) for the committed jobs to arrive.
-	for wait := time.Now().Add(10 * time.Second); arrivals.Load() < commits && time.Now().Before(wait); {
-		if sleepCtx(ctx, time.Millisecond) != nil {
-			break
-		}
-	}
-	if err := finish(); err != nil {
-		return benchRow{}, err
-	}
-	if err := ctx.Err(); err != nil {
-		return benchRow{}, err
-	}
-	if err := p.exited(); err != nil {
-		return benchRow{}, err
-	}
-
-	lats := make([]time.Duration, 0, n)
-	for i := range n {
-		if a, c := arrived[i].Load(), committed[i].Load(); a != 0 && c != 0 {
-			lats = append(lats, max(0, time.Duration(a-c)))
-		}
-	}
-	slices.Sort(lats)
+	n := len(run.committed)
+	span := max(d, run.span) // past d only for the first minCommits
+	lats, commits, missing := run.window(0, time.Duration(1<<62))
 	achieved := float64(commits) / span.Seconds()
 	row := benchRow{scenario: label, offered: fmtInt(int64(c.rate)), achieved: fmtRate(achieved)}
-	missing := commits - int64(len(lats))
 	note := fmt.Sprintf("%s of %s jobs committed in %s", fmtInt(commits), fmtInt(int64(n)), span.Round(time.Millisecond))
 	if missing > 0 {
 		note += fmt.Sprintf("; %s committed jobs never arrived (10s wait)", fmtInt(missing))
@@ -759,7 +823,7 @@ func (b *bench) benchIdle(ctx context.Context) error {
 		return fmt.Errorf("connect: %w", err)
 	}
 	defer admin.Close(context.WithoutCancel(ctx))
-	warm, window := b.cfg.idleWarmup, b.cfg.idleWindow
+	warm, window := b.cfg.IdleWarmup, b.cfg.IdleWindow
 	b.progress("idle: a relay run idle for %s, then one idle for %s more ...", warm, window)
 	short, err := b.runIdle(ctx, admin, warm, 0)
 	if err != nil {
@@ -784,7 +848,7 @@ func (b *bench) benchIdle(ctx context.Context) error {
 	// is not judged when it does not.
 	judge := func(ok bool, why string) string {
 		switch {
-		case b.cfg.quick:
+		case b.cfg.Quick:
 			return notJudgedQuick
 		case ok:
 			return "PASS"
@@ -838,7 +902,7 @@ const backlogQueues = 4
 // benchBacklog stages the backlog while no relay runs, then starts one and
 // watches Redis (LLEN of the queues, every 5ms) as it drains.
 func (b *bench) benchBacklog(ctx context.Context) error {
-	total := int64(b.cfg.backlog)
+	total := int64(b.cfg.Backlog)
 	conn, err := b.connect(ctx)
 	if err != nil {
 		return err
@@ -962,8 +1026,8 @@ func (b *bench) benchBacklog(ctx context.Context) error {
 		tenths.note = fmt.Sprintf("the backlog reached Redis in %d observations, too few to tell its first tenth from its last", len(seen))
 	}
 	backlogRow := fmt.Sprintf("backlog drain, %d queues", backlogQueues)
-	if b.cfg.target != relay.TargetSidekiq {
-		backlogRow += ", --target " + string(b.cfg.target)
+	if b.cfg.Target != relay.TargetSidekiq {
+		backlogRow += ", --target " + string(b.cfg.Target)
 	}
 	b.rows = append(b.rows,
 		benchRow{scenario: backlogRow,
@@ -998,7 +1062,7 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 // 50 jobs), "not judged (quick)".
 func (b *bench) verdict(ok bool) string {
 	switch {
-	case b.cfg.quick:
+	case b.cfg.Quick:
 		return notJudgedQuick
 	case ok:
 		return "PASS"
