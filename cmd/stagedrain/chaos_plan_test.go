@@ -16,7 +16,7 @@ import (
 
 var (
 	chaosFull = flag.Bool("chaos.full", false,
-		"run TestChaos at full size: 20,000 jobs/s for 90s under every kind of fault (see the README's Tests)")
+		"run TestChaos at full size: 20,000 jobs/s for 90s under every kind of fault (see relay/README.md, How the guarantees are tested)")
 	chaosRate = flag.Int("chaos.rate", 0,
 		"jobs/s TestChaos's producers commit (0: the plan's, chaosFullRate or chaosShortRate)")
 	chaosWindow = flag.Duration("chaos.window", 0,
