@@ -39,7 +39,7 @@ import (
 // its rows held back), or when the memory is below the ratio.
 
 // The leader publishes what it pauses in Redis, in the hash of pausedKey,
-// for stagedrain status (ReadPaused) to show: a relay's own Status and
+// for stagedrain status (admin.ReadPaused) to show: a relay's own Status and
 // /readyz answer only where it runs. The hash expires pausedTTL after its
 // last write, and is written again every pausedRefresh while anything is
 // paused, so the entries of a relay that died or stopped leading vanish by

@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/stagedrain/stagedrain/relay"
+	"github.com/stagedrain/stagedrain/relay/admin"
 	"github.com/stagedrain/stagedrain/relay/internal/testenv"
 )
 
@@ -198,7 +199,7 @@ func TestBackpressureRedisMemorySidekiq(t *testing.T) {
 	}
 	// Published for stagedrain status too (below maxmemory, Redis takes it).
 	published := func() []relay.Paused {
-		p, err := relay.ReadPaused(ctx, rdb, "", h.conn.Config().Database, h.schema)
+		p, err := admin.ReadPaused(ctx, rdb, "", h.conn.Config().Database, h.schema)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -282,7 +283,7 @@ func TestBackpressureEndsWithLeadership(t *testing.T) {
 	testenv.WaitFor(t, 10*time.Second, "a standby", func() (bool, string) {
 		return b.Status().Role == relay.RoleStandby, string(b.Status().Role)
 	})
-	st, err := relay.ReadStatus(ctx, h.conn, relay.StatusParams{Schema: h.schema})
+	st, err := admin.ReadStatus(ctx, h.conn, admin.StatusParams{Schema: h.schema})
 	if err != nil || st.Leader == nil {
 		t.Fatalf("ReadStatus: %+v, %v; want a leader", st, err)
 	}

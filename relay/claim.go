@@ -68,11 +68,6 @@ type tableSQL struct {
 	staged   string
 }
 
-// claimColumns are the columns a batch reads, in stagedJob's scan order:
-// all of staged_jobs', which staged_jobs_dead keeps too (dead retry moves
-// them back, admin.go).
-const claimColumns = `id, job_name, job_args, queue, run_at, jid, created_at, options`
-
 // byQueue makes the claims take rows of the queues in $4 only (a relay with
 // Config.Queues): the scan by id steps over other queues' rows, a heap
 // fetch each (see README, "Several groups of queues").

@@ -46,7 +46,8 @@
 // [Source]: for [SourceSidekiqStagedPush] it adds only the wake trigger to
 // the sidekiq-staged_push gem's table. A fresh schema gets the baseline
 // (sql/baseline_009.sql) and later migrations; an existing one the
-// migrations it lacks: both end with identical catalogs.
+// migrations it lacks: both end with identical catalogs. See
+// ExampleMigrate.
 //
 // # Running a relay
 //
@@ -97,8 +98,8 @@
 // of four connections among them; each schema keeps its own leader lock,
 // fence, wake gate and dead letters, and its own error when it cannot be
 // drained (Status().Schemas). Relays with the same Schemas split the
-// schemas between them. [ListSchemas] lists the schemas a list names, for
-// admin tools.
+// schemas between them. Package relay/admin's ListSchemas lists the
+// schemas a list names, as a relay finds them, for admin tools.
 //
 // # Health and metrics
 //
@@ -109,7 +110,18 @@
 // serves. [Relay.MetricsHandler] serves the relay's Prometheus metrics (each
 // Relay has a registry of its own); [Relay.MetricsGatherer] adds them to
 // yours, prometheus.Gatherers{r.MetricsGatherer(), reg}. [DescribeDatabase]
-// and [DescribeRedis] name a server without its password, for logs.
+// and [DescribeRedis] name a server without its password, for logs. See
+// ExampleRelay_CheckReady.
+//
+// # Operating a schema
+//
+// Package relay/admin (github.com/stagedrain/stagedrain/relay/admin) reads
+// and repairs a schema as an operator does, whether a relay runs or not:
+// its backlog and leaders (ReadStatus), its dead letters
+// (ListDead, RetryDead, PurgeDead), what backpressure pauses (ReadPaused,
+// from Redis) and the schemas a list names (ListSchemas). stagedrain
+// status and dead are those functions and a printer; an application that
+// stages jobs and runs relays needs none of them.
 //
 // # Testing an application
 //
@@ -159,7 +171,9 @@
 // fails the test if the relay cannot drain (an unmigrated schema, Redis out
 // of memory, another relay leading) or dead-letters a job. WaitFor polls a
 // condition with a deadline, for tests that run a relay of their own; Role
-// makes a database role with no privileges, to run the relay as.
+// makes a database role with no privileges, to run the relay as. Its
+// server starters (StartRedis, StartPostgres, ...) are stagedrain's own
+// test helpers, not a stable API.
 //
 // # Inside
 //
@@ -170,5 +184,8 @@
 // asynq.go, streams.go; their keys in keys.go; celery.go, keys and all); leader.go chooses which
 // relay drains; summary.go and metrics.go count what it did. The wake-up
 // gate's mechanism and its proof are in the comments of
-// sql/009_wake_once.sql.
+// sql/009_wake_once.sql. What relay/admin shares with the relay (the
+// columns, the gem's table, lock names, schema lists, the paused key) is
+// in relay/internal/pgschema and relay/internal/keys, named here in
+// shared.go.
 package relay

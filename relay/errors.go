@@ -3,7 +3,7 @@ package relay
 import "errors"
 
 // The exported errors of the package, for errors.Is: Run, CheckReady and
-// the admin operations return them, or errors that wrap them.
+// the admin operations (relay/admin) return them, or errors that wrap them.
 
 var (
 	// ErrNotMigrated is returned by Run when the schema version recorded by
@@ -39,8 +39,3 @@ var ErrForeignFence = errors.New("the Redis fence belongs to another PostgreSQL 
 
 // ErrNotReady is wrapped by every error of CheckReady.
 var ErrNotReady = errors.New("not ready")
-
-// ErrNoDeadChosen is the error of RetryDead or PurgeDead given none, or
-// more than one, of IDs, All and OlderThan: an empty params never means
-// every row.
-var ErrNoDeadChosen = errors.New("give exactly one of IDs, All or OlderThan")

@@ -309,7 +309,7 @@ func (s *fleetSession) discover(ctx context.Context) error {
 	var found []string
 	err := s.exec(ctx, func(ctx context.Context, conn *pgx.Conn) error {
 		var err error
-		found, err = ListSchemas(ctx, conn, r.cfg.Schemas, f.table)
+		found, err = listSchemas(ctx, conn, r.cfg.Schemas, f.table)
 		return err
 	})
 	if err != nil {
@@ -328,7 +328,7 @@ func (s *fleetSession) discover(ctx context.Context) error {
 	// would leave the relay silent after "starting": say so once, until it
 	// matches. f.missing holds patterns too: a name has no '*'.
 	for _, pattern := range r.cfg.Schemas {
-		if !IsSchemaPattern(pattern) {
+		if !isSchemaPattern(pattern) {
 			continue
 		}
 		ok := slices.ContainsFunc(found, func(s string) bool { return matchSchemaPattern(pattern, s) })

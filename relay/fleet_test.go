@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/stagedrain/stagedrain/relay"
+	"github.com/stagedrain/stagedrain/relay/admin"
 	"github.com/stagedrain/stagedrain/relay/internal/testenv"
 )
 
@@ -363,7 +364,7 @@ func TestFleetPollOnlyWithQueues(t *testing.T) {
 	// lock connection, one for both.
 	var backends []int
 	for _, schema := range fh.schemas {
-		st, err := relay.ReadStatus(context.Background(), fh.conn, relay.StatusParams{Schema: schema})
+		st, err := admin.ReadStatus(context.Background(), fh.conn, admin.StatusParams{Schema: schema})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -389,13 +390,13 @@ func TestFleetLockConnectionLost(t *testing.T) {
 		got := leads(r)
 		return len(got) == 3, fmt.Sprintf("leads %q", got)
 	})
-	st, err := relay.ReadStatus(ctx, fh.conn, relay.StatusParams{Schema: fh.schemas[0]})
+	st, err := admin.ReadStatus(ctx, fh.conn, admin.StatusParams{Schema: fh.schemas[0]})
 	if err != nil || st.Leader == nil {
 		t.Fatalf("ReadStatus: %+v, %v; want a leader", st, err)
 	}
 	// One connection holds every schema's leader lock.
 	for _, s := range fh.schemas[1:] {
-		other, err := relay.ReadStatus(ctx, fh.conn, relay.StatusParams{Schema: s})
+		other, err := admin.ReadStatus(ctx, fh.conn, admin.StatusParams{Schema: s})
 		if err != nil || other.Leader == nil || other.Leader.BackendPID != st.Leader.BackendPID {
 			t.Fatalf("schema %s: leader %+v, %v; want the lock connection of %s's (pid %d)", s, other.Leader, err, fh.schemas[0], st.Leader.BackendPID)
 		}

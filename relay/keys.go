@@ -101,16 +101,3 @@ func (k handoffKeys) slot(slot int) handoffKeys {
 	base := strings.TrimSuffix(k.fence, "fence") + "{" + slotTag(slot) + "}:"
 	return handoffKeys{fence: base + "fence", record: base + "handoff"}
 }
-
-// pausedKey is the hash in which the leaders of one schema of one database
-// publish what backpressure pauses (backpressure.go), under the namespace:
-// field a queue ("*" for Redis's memory, which pauses every queue), value
-// the reason. The relays of every group of Config.Queues share it (their
-// queues are disjoint); it is one key, so any cluster slot will do.
-func pausedKey(namespace, database, schema string) string {
-	k := "stagedrain:" + database + ":" + schema + ":paused"
-	if namespace != "" {
-		k = namespace + ":" + k
-	}
-	return k
-}

@@ -1,10 +1,5 @@
 package relay
 
-import (
-	"encoding/binary"
-	"math"
-)
-
 // The advisory locks the relay and its admin operations take, by name,
 // and the statements that take them. The leader and migrate locks are
 // one-key locks, each name hashed to a key by lockKeySQL in PostgreSQL;
@@ -21,16 +16,6 @@ const (
 	// migrateLockSQL serializes the migrations of one schema.
 	migrateLockSQL = `SELECT pg_advisory_xact_lock(` + lockKeySQL + `)`
 )
-
-// leaderLockName is the name of the leader lock of schema's relays that
-// drain group ("" for every queue; else the sorted queue list, comma
-// separated): one leader per name.
-func leaderLockName(schema, group string) string {
-	if group == "" {
-		return "stagedrain:" + schema
-	}
-	return "stagedrain:" + schema + ":queues=" + group
-}
 
 // migrateLockName is the name of the lock Migrate holds on schema.
 func migrateLockName(schema string) string {
@@ -53,7 +38,7 @@ func migrateLockName(schema string) string {
 //	                                             shows it: hashtext of the
 //	                                             group, unsigned)
 //
-// The last spell the group's list out, so that ReadStatus can name each
+// The last spell the group's list out, so that admin.ReadStatus can name each
 // group and find its leader lock from pg_locks alone: hashtext cannot be
 // read back, and no other session-lived place in PostgreSQL holds a
 // string as long as a list of queues (application_name keeps 63 bytes).
@@ -117,36 +102,4 @@ func gateLockNames(schema string, queues []string) []string {
 		idle = append(idle, idleLockName(schema)+":"+q)
 	}
 	return idle
-}
-
-// groupNameWords spells group for its name locks: its length in bytes,
-// then its bytes four at a time, big-endian, the last word padded with
-// zeros. Nil for the group of all queues, which needs no name.
-func groupNameWords(group string) []int32 {
-	if group == "" {
-		return nil
-	}
-	words := []int32{int32(len(group))}
-	for i := 0; i < len(group); i += 4 {
-		var b [4]byte
-		copy(b[:], group[i:])
-		words = append(words, int32(binary.BigEndian.Uint32(b[:])))
-	}
-	return words
-}
-
-// readGroupName reads back groupNameWords's words, as pg_locks shows them
-// (unsigned); ok is false when they do not spell a name.
-func readGroupName(words []int64) (group string, ok bool) {
-	if len(words) == 0 || words[0] <= 0 || (words[0]+3)/4 != int64(len(words)-1) {
-		return "", false
-	}
-	b := make([]byte, 0, 4*(len(words)-1))
-	for _, w := range words[1:] {
-		if w < 0 || w > math.MaxUint32 {
-			return "", false
-		}
-		b = binary.BigEndian.AppendUint32(b, uint32(w))
-	}
-	return string(b[:words[0]]), true
 }

@@ -2,7 +2,7 @@ package relay
 
 import "testing"
 
-// matchSchemaPattern matches as listSchemasSQL's LIKE does: '*' any run of
+// matchSchemaPattern matches as pgschema.ListSchemas's LIKE does: '*' any run of
 // characters, '_' and '%' only themselves.
 func TestMatchSchemaPattern(t *testing.T) {
 	t.Parallel()

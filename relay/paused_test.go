@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/stagedrain/stagedrain/relay"
+	"github.com/stagedrain/stagedrain/relay/admin"
 	"github.com/stagedrain/stagedrain/relay/internal/testenv"
 )
 
@@ -27,7 +28,7 @@ func TestBackpressurePublished(t *testing.T) {
 	cfg.MaxQueueLength, cfg.BatchSize = 10, 5
 	h.start(cfg)
 
-	read := func() ([]relay.Paused, error) { return relay.ReadPaused(ctx, h.rdb, h.ns, db, h.schema) }
+	read := func() ([]relay.Paused, error) { return admin.ReadPaused(ctx, h.rdb, h.ns, db, h.schema) }
 	waitPaused := func(what string, want []relay.Paused) {
 		t.Helper()
 		testenv.WaitFor(t, 10*time.Second, what, func() (bool, string) {

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/stagedrain/stagedrain/relay"
+	"github.com/stagedrain/stagedrain/relay/admin"
 	"github.com/stagedrain/stagedrain/relay/internal/testenv"
 )
 
@@ -405,9 +406,9 @@ func TestReadStatusQueueGroups(t *testing.T) {
 	c := h.startGroup(long)
 	h.waitRole(c, relay.RoleLeader)
 
-	read := func() *relay.SchemaStatus {
+	read := func() *admin.SchemaStatus {
 		t.Helper()
-		st, err := relay.ReadStatus(ctx, h.conn, relay.StatusParams{Schema: h.schema})
+		st, err := admin.ReadStatus(ctx, h.conn, admin.StatusParams{Schema: h.schema})
 		if err != nil {
 			t.Fatalf("ReadStatus: %v", err)
 		}

@@ -2,9 +2,10 @@ package relay
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/stagedrain/stagedrain/relay/internal/pgschema"
 )
 
 // A relay drains one schema (Config.Schema) or many (Config.Schemas). Many
@@ -31,90 +32,26 @@ func ParseSchemas(list string) ([]string, error) {
 
 // validateSchemas checks Config.Schemas.
 func validateSchemas(items []string) error {
-	if len(items) == 0 {
-		return fieldErr("Schemas", "must name at least one schema or pattern")
-	}
-	seen := make(map[string]bool, len(items))
-	for _, s := range items {
-		switch {
-		case s == "":
-			return fieldErr("Schemas", "must not hold an empty item (a doubled or trailing comma?)")
-		case len(s) > 63:
-			return fieldErr("Schemas", "item %.20q... is %d bytes: a PostgreSQL name has at most 63", s, len(s))
-		case strings.IndexByte(s, 0) >= 0:
-			return fieldErr("Schemas", "must not contain a NUL byte")
-		case strings.ContainsRune(s, ','):
-			return fieldErr("Schemas", "item %q must not contain a comma", s)
-		case seen[s]:
-			return fieldErr("Schemas", "names %q twice", s)
-		}
-		seen[s] = true
+	if err := pgschema.CheckSchemaList(items); err != nil {
+		return fieldErr("Schemas", "%s", err)
 	}
 	return nil
 }
 
-// IsSchemaPattern reports whether item of a schema list is a pattern (it
+// isSchemaPattern reports whether item of a schema list is a pattern (it
 // has a '*') rather than a name.
-func IsSchemaPattern(item string) bool { return strings.Contains(item, "*") }
+func isSchemaPattern(item string) bool { return pgschema.IsSchemaPattern(item) }
 
-// splitSchemas sorts the items of a schema list into names and LIKE
-// patterns (with '\' as LIKE's escape).
-func splitSchemas(items []string) (names, like []string) {
-	esc := strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`, `*`, `%`)
-	for _, s := range items {
-		if IsSchemaPattern(s) {
-			like = append(like, esc.Replace(s))
-		} else {
-			names = append(names, s)
-		}
-	}
-	return names, like
-}
-
-// listSchemasSQL finds the schemas that a list names: $1 the names, $2 the
-// LIKE patterns; $3, when not empty, a table the schema must hold (an
-// ordinary or partitioned table). A pattern never matches PostgreSQL's own
-// schemas (pg_*, information_schema); a name may. Sorted bytewise, so that
-// every relay sees the same order.
-const listSchemasSQL = `SELECT n.nspname::text FROM pg_namespace n
-	WHERE (n.nspname = ANY($1::text[])
-		OR (n.nspname LIKE ANY($2::text[]) AND n.nspname !~ '^pg_' AND n.nspname <> 'information_schema'))
-	AND ($3 = '' OR EXISTS (SELECT FROM pg_class c
-		WHERE c.relnamespace = n.oid AND c.relname = $3 AND c.relkind IN ('r', 'p')))
-	ORDER BY n.nspname COLLATE "C"`
-
-// ListSchemas returns the schemas of the database that items (names and
-// patterns, as ParseSchemas returns them) name, sorted bytewise. With
-// table set (such as "staged_jobs"), only schemas that hold a table of
-// that name; with table "", every schema that exists. A name that matches
-// no schema is left out, not an error: the caller says what it needs of it.
-func ListSchemas(ctx context.Context, db DB, items []string, table string) ([]string, error) {
-	if err := validateSchemas(items); err != nil {
-		return nil, err
-	}
-	names, like := splitSchemas(items)
-	rows, err := db.Query(ctx, listSchemasSQL, names, like, table)
-	if err != nil {
-		return nil, fmt.Errorf("list schemas: %w", err)
-	}
-	defer rows.Close()
-	var found []string
-	for rows.Next() {
-		var s string
-		if err := rows.Scan(&s); err != nil {
-			return nil, fmt.Errorf("list schemas: %w", err)
-		}
-		found = append(found, s)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("list schemas: %w", err)
-	}
-	return found, nil
+// listSchemas returns the schemas of the database that items (a valid
+// list) name, sorted bytewise; with table set, only those that hold it.
+// relay/admin's ListSchemas is the same, for admin tools.
+func listSchemas(ctx context.Context, q pgschema.Querier, items []string, table string) ([]string, error) {
+	return pgschema.ListSchemas(ctx, q, items, table)
 }
 
 // matchSchemaPattern reports whether a pattern of a schema list matches
-// name as listSchemasSQL's LIKE does: '*' matches any run of characters,
-// every other character itself.
+// name as pgschema.ListSchemas's LIKE does: '*' matches any run of
+// characters, every other character itself.
 func matchSchemaPattern(pattern, name string) bool {
 	parts := strings.Split(pattern, "*")
 	if !strings.HasPrefix(name, parts[0]) {
@@ -134,5 +71,5 @@ func matchSchemaPattern(pattern, name string) bool {
 
 // schemaNames returns the items of a list that are names, not patterns.
 func schemaNames(items []string) []string {
-	return slices.DeleteFunc(slices.Clone(items), IsSchemaPattern)
+	return slices.DeleteFunc(slices.Clone(items), isSchemaPattern)
 }

@@ -34,9 +34,6 @@ const (
 	SourceSidekiqStagedPush Source = "sidekiq_staged_push"
 )
 
-// sidekiqStagedPushTable is the gem's table.
-const sidekiqStagedPushTable = "sidekiq_staged_push_jobs"
-
 // A source owns what the relay knows of the table it drains: the claim
 // (and its due-only variant), the scan of a claimed row into a stagedJob,
 // the reinsert of rows left staged, where poison rows go, the backlog
@@ -194,18 +191,6 @@ func (s *stagedPushSource) scan(rows pgx.Rows, j *stagedJob) error {
 	mapStagedPush(j, payload, created, time.Now())
 	return nil
 }
-
-// stagedPushPoison is true for a payload of the gem's table (as json, j) no
-// worker could run: mapStagedPush's checks, in SQL, for ReadStatus's count
-// of the rows the relay skips. TestStagedPushPoisonRulesAgree holds the two
-// to one set of rules.
-const stagedPushPoison = `(j IS NULL OR json_typeof(j) <> 'object'
-	OR json_typeof(j -> 'class') IS DISTINCT FROM 'string' OR j ->> 'class' = ''
-	OR json_typeof(j -> 'args') IS DISTINCT FROM 'array'
-	OR (j -> 'queue' IS NOT NULL AND (json_typeof(j -> 'queue') <> 'string' OR j ->> 'queue' = ''))
-	OR (j -> 'jid' IS NOT NULL AND (json_typeof(j -> 'jid') <> 'string' OR j ->> 'jid' = ''))
-	OR (j -> 'at' IS NOT NULL AND json_typeof(j -> 'at') <> 'number')
-	OR (j -> 'created_at' IS NOT NULL AND json_typeof(j -> 'created_at') <> 'number'))`
 
 // mapStagedPush fills j from a Sidekiq job hash, completing it as
 // Sidekiq's client would: queue "default", a random 24-hex jid, created_at

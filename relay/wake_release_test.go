@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/stagedrain/stagedrain/relay"
+	"github.com/stagedrain/stagedrain/relay/admin"
 	"github.com/stagedrain/stagedrain/relay/internal/testenv"
 )
 
@@ -61,7 +62,7 @@ func (fh *fleetHarness) leaderPID(schema string) uint32 {
 // schema, read on conn.
 func leaderPIDOf(t *testing.T, conn *pgx.Conn, schema string) uint32 {
 	t.Helper()
-	st, err := relay.ReadStatus(context.Background(), conn, relay.StatusParams{Schema: schema})
+	st, err := admin.ReadStatus(context.Background(), conn, admin.StatusParams{Schema: schema})
 	if err != nil || st.Leader == nil {
 		t.Fatalf("ReadStatus(%s): %+v, %v; want a leader", schema, st, err)
 	}
@@ -333,7 +334,7 @@ func TestWakeGateIdleAfterBackpressureStop(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			st, err := relay.ReadStatus(ctx, locks, relay.StatusParams{Schema: h.schema})
+			st, err := admin.ReadStatus(ctx, locks, admin.StatusParams{Schema: h.schema})
 			if err != nil || st.Leader == nil {
 				return fmt.Errorf("ReadStatus: %+v, %v; want a leader", st, err)
 			}

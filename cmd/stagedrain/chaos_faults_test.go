@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/stagedrain/stagedrain/relay"
+	"github.com/stagedrain/stagedrain/relay/admin"
 	"github.com/stagedrain/stagedrain/relay/relaytest"
 )
 
@@ -93,7 +93,7 @@ func (c *chaos) leader() int {
 	}
 	slot := -1
 	relaytest.WaitFor(c.t, 30*time.Second, "a live relay to lead", func() (bool, string) {
-		groups, err := relay.ReadGroups(c.ctx, c.db(), c.schemas[0])
+		groups, err := admin.ReadGroups(c.ctx, c.db(), c.schemas[0])
 		if err != nil {
 			return false, err.Error()
 		}
@@ -127,7 +127,7 @@ const fleetLeadersSQL = `SELECT coalesce((regexp_match(a.application_name, '^sta
 func (c *chaos) led() (counts [2]int, others int, desc string, err error) {
 	// One statement for every schema: the driver polls this, and each
 	// read of pg_locks takes every lock partition, holding up the relays'
-	// and the producers' own locks (relay.ReadGroups per schema, two reads
+	// and the producers' own locks (admin.ReadGroups per schema, two reads
 	// each, stalled delivery for 45s in a fleet of 20).
 	rows, err := c.db().Query(c.ctx, fleetLeadersSQL, c.schemas)
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/stagedrain/stagedrain/relay"
+	"github.com/stagedrain/stagedrain/relay/admin"
 )
 
 // deadFlags are the flags of the dead subcommands: where the table is, and
@@ -123,13 +124,13 @@ func deadCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	case "list":
 		err = deadList(ctx, conn, c.schema, c.json, stdout)
 	case "retry":
-		var res *relay.RetryDeadResult
-		if res, err = relay.RetryDead(ctx, conn, relay.RetryDeadParams{Schema: c.schema, IDs: ids, All: c.all}); err == nil {
+		var res *admin.RetryDeadResult
+		if res, err = admin.RetryDead(ctx, conn, admin.RetryDeadParams{Schema: c.schema, IDs: ids, All: c.all}); err == nil {
 			_, err = fmt.Fprintf(stdout, "moved %d dead %s back into staged_jobs\n", res.Moved, plural(res.Moved, "row", "rows"))
 		}
 	case "purge":
-		var res *relay.PurgeDeadResult
-		if res, err = relay.PurgeDead(ctx, conn, relay.PurgeDeadParams{Schema: c.schema, IDs: ids, All: c.all, OlderThan: olderThan}); err == nil {
+		var res *admin.PurgeDeadResult
+		if res, err = admin.PurgeDead(ctx, conn, admin.PurgeDeadParams{Schema: c.schema, IDs: ids, All: c.all, OlderThan: olderThan}); err == nil {
 			_, err = fmt.Fprintf(stdout, "purged %d dead %s\n", res.Purged, plural(res.Purged, "row", "rows"))
 		}
 	}
@@ -201,7 +202,7 @@ func parseAge(s string) (time.Duration, error) {
 }
 
 func deadList(ctx context.Context, conn *pgx.Conn, schema string, asJSON bool, w io.Writer) error {
-	res, err := relay.ListDead(ctx, conn, relay.ListDeadParams{Schema: schema})
+	res, err := admin.ListDead(ctx, conn, admin.ListDeadParams{Schema: schema})
 	if err != nil {
 		return err
 	}

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/stagedrain/stagedrain/relay"
+	"github.com/stagedrain/stagedrain/relay/admin"
 )
 
 // registerSchemas declares --schemas, of the commands that take a list of
@@ -52,16 +53,16 @@ func sourceTable(src relay.Source) string {
 
 // expandSchemas returns the schemas items name, sorted bytewise: every
 // name, whether it exists or not, and the schemas each pattern matches
-// (relay.ListSchemas with table). noMatch is called with each pattern that
+// (admin.ListSchemas with table). noMatch is called with each pattern that
 // matches none.
-func expandSchemas(ctx context.Context, db relay.DB, items []string, table string, noMatch func(pattern string)) ([]string, error) {
+func expandSchemas(ctx context.Context, db admin.DB, items []string, table string, noMatch func(pattern string)) ([]string, error) {
 	var schemas []string
 	for _, item := range items {
-		if !relay.IsSchemaPattern(item) {
+		if !admin.IsSchemaPattern(item) {
 			schemas = append(schemas, item)
 			continue
 		}
-		found, err := relay.ListSchemas(ctx, db, []string{item}, table)
+		found, err := admin.ListSchemas(ctx, db, []string{item}, table)
 		if err != nil {
 			return nil, err
 		}

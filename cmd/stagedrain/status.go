@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/stagedrain/stagedrain/relay"
+	"github.com/stagedrain/stagedrain/relay/admin"
 )
 
 // statusFlags are status's flags.
@@ -91,9 +92,9 @@ func (c *statusFlags) redisClient(f *flagSet) (redis.UniversalClient, error) {
 
 // schemaStatus is what status shows; its JSON is status --json's output.
 type (
-	schemaStatus = relay.SchemaStatus
-	queueStatus  = relay.QueueStatus
-	leaderStatus = relay.LeaderStatus
+	schemaStatus = admin.SchemaStatus
+	queueStatus  = admin.QueueStatus
+	leaderStatus = admin.LeaderStatus
 )
 
 // statusOut is a schema's status with what only some runs show: the
@@ -101,7 +102,7 @@ type (
 // a schema could not be read (SchemaStatus nil then).
 type statusOut struct {
 	Schema string `json:"schema"` // hides SchemaStatus's, which is the same
-	*relay.SchemaStatus
+	*admin.SchemaStatus
 	Paused *[]pausedQueue `json:"paused,omitempty"`
 	Error  string         `json:"error,omitempty"`
 }
@@ -160,7 +161,7 @@ func statusCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		if rdb == nil || redisErr != nil {
 			return nil
 		}
-		p, err := relay.ReadPaused(ctx, rdb, c.redisNamespace, cfg.Database, schema)
+		p, err := admin.ReadPaused(ctx, rdb, c.redisNamespace, cfg.Database, schema)
 		if err != nil {
 			redisErr = fmt.Errorf("status: %s: %w", relay.DescribeRedis(rdb), err)
 			return nil
@@ -173,7 +174,7 @@ func statusCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 
 	if items == nil {
-		st, err := relay.ReadStatus(ctx, conn, relay.StatusParams{Schema: c.schema, Source: src})
+		st, err := admin.ReadStatus(ctx, conn, admin.StatusParams{Schema: c.schema, Source: src})
 		if err != nil {
 			return fmt.Errorf("status: %w", err)
 		}
@@ -207,7 +208,7 @@ func statusCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	outs := make([]statusOut, 0, len(schemas))
 	var failed []string
 	for _, schema := range schemas {
-		st, err := relay.ReadStatus(ctx, conn, relay.StatusParams{Schema: schema, Source: src})
+		st, err := admin.ReadStatus(ctx, conn, admin.StatusParams{Schema: schema, Source: src})
 		if err != nil {
 			if ctx.Err() != nil {
 				return fmt.Errorf("status: %w", err)

@@ -16,6 +16,18 @@
 //
 // Failures are reported through the testing.TB given, with what was
 // expected and what was seen.
+//
+// # The server starters are not a stable API
+//
+// StartRedis, StartPostgres, StartRedisCluster, StartRedisSentinel and
+// StartSidekiq, and the types they return (RedisServer, PostgresServer,
+// RedisCluster, RedisSentinel, Sidekiq), are stagedrain's own test
+// helpers, exported so that its command's tests reach them, as River's
+// riverdbtest is River's. They are not a stable API: they change with
+// stagedrain's tests, in any release, and a change to them is not a
+// breaking change for the purpose of stagedrain's versioning. An
+// application may use them, at that price; the rest of the package
+// (RequireStaged, Drain, Schema, Redis, ...) is the API it can rely on.
 package relaytest
 
 import (

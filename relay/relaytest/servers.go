@@ -11,7 +11,9 @@ import (
 // The test servers, shared and private. These are the ones stagedrain's
 // own tests use (relay/internal/testenv holds them, so that the relay
 // package's internal tests reach them too); an application's tests may
-// use them as they are.
+// use them as they are. The private servers' starters and types are
+// stagedrain's own test helpers, not a stable API (see the package doc):
+// they change with its tests, in any release.
 
 // DatabaseURL is the shared test database: $TEST_DATABASE_URL, or
 // postgres://postgres@127.0.0.1:5432/test?sslmode=disable. A
@@ -53,6 +55,9 @@ type RedisServer = testenv.RedisServer
 // command line: "--requirepass", "secret" for one that wants a password;
 // "--appendonly", "yes" for one that keeps what it acknowledged across a
 // Stop and Start.
+//
+// It is one of stagedrain's own test helpers, not a stable API (see the
+// package doc).
 func StartRedis(t testing.TB, args ...string) *RedisServer {
 	t.Helper()
 	return testenv.StartRedis(t, args...)
@@ -70,6 +75,9 @@ type PostgresServer = testenv.PostgresServer
 // from $PG_BIN, else the newest /usr/lib/postgresql/*/bin (Debian's
 // layout), else $PATH. A test run as root runs them as the postgres OS
 // user, since PostgreSQL refuses root.
+//
+// It is one of stagedrain's own test helpers, not a stable API (see the
+// package doc).
 func StartPostgres(t testing.TB, settings ...string) *PostgresServer {
 	t.Helper()
 	return testenv.StartPostgres(t, settings...)
@@ -85,6 +93,9 @@ type RedisCluster = testenv.RedisCluster
 // cluster_state:ok. args are added to each node's command line; with
 // "--requirepass", p (and "--masterauth", p) the cluster is created and
 // awaited with that password.
+//
+// It is one of stagedrain's own test helpers, not a stable API (see the
+// package doc).
 func StartRedisCluster(t testing.TB, args ...string) *RedisCluster {
 	t.Helper()
 	return testenv.StartRedisCluster(t, args...)
@@ -99,6 +110,9 @@ type RedisSentinel = testenv.RedisSentinel
 // 127.0.0.1:primaryPort as "mymaster" and waits until it knows the
 // primary. conf are more lines of its configuration, e.g.
 // "sentinel auth-pass mymaster secret".
+//
+// It is one of stagedrain's own test helpers, not a stable API (see the
+// package doc).
 func StartRedisSentinel(t testing.TB, primaryPort int, conf ...string) *RedisSentinel {
 	t.Helper()
 	return testenv.StartRedisSentinel(t, primaryPort, conf...)
@@ -111,6 +125,9 @@ type Sidekiq = testenv.Sidekiq
 // StartSidekiq starts `sidekiq --require file --queue default
 // --concurrency 1` reading redisURL, killed (with its process group) when
 // the test ends.
+//
+// It is one of stagedrain's own test helpers, not a stable API (see the
+// package doc).
 func StartSidekiq(t testing.TB, file, redisURL string) *Sidekiq {
 	t.Helper()
 	return testenv.StartSidekiq(t, file, redisURL)

@@ -8,8 +8,8 @@ import (
 	"github.com/stagedrain/stagedrain/relay/internal/testenv"
 )
 
-// The poison rules are one set: for every payload, ReadStatus's SQL
-// (stagedPushPoison) counts a row as poison exactly when the relay's
+// The poison rules are one set: for every payload, admin.ReadStatus's SQL
+// (pgschema.StagedPushPoison) counts a row as poison exactly when the relay's
 // mapping (mapStagedPush) finds no worker could run it.
 func TestStagedPushPoisonRulesAgree(t *testing.T) {
 	t.Parallel()
@@ -46,34 +46,6 @@ func TestStagedPushPoisonRulesAgree(t *testing.T) {
 				shown = *p
 			}
 			t.Errorf("payload %s: SQL says poison %v, the mapping says %q", shown, poison, j.bad)
-		}
-	}
-}
-
-// A group's name locks spell its list whole, whatever its length, and
-// words that do not spell one (a relay that died part way, a collision)
-// read as no name.
-func TestGroupNameWords(t *testing.T) {
-	t.Parallel()
-	for _, group := range []string{"a", "ab", "abc", "abcd", "abcde", "a,b", "mailers,reports", "été,日本"} {
-		words := groupNameWords(group)
-		if want := 1 + (len(group)+3)/4; len(words) != want {
-			t.Errorf("%q: %d words, want %d", group, len(words), want)
-		}
-		seen := make([]int64, len(words))
-		for i, w := range words {
-			seen[i] = int64(uint32(w)) // as pg_locks shows a key: unsigned
-		}
-		if got, ok := readGroupName(seen); !ok || got != group {
-			t.Errorf("%q reads back as %q, %v", group, got, ok)
-		}
-	}
-	if words := groupNameWords(""); words != nil {
-		t.Errorf("the group of every queue has name words %v, want none", words)
-	}
-	for _, words := range [][]int64{nil, {0}, {-1}, {5, 0x61626364}, {4, 0x61626364, 0}, {4, -1}, {2, 1 << 33}} {
-		if got, ok := readGroupName(words); ok {
-			t.Errorf("words %v read as the name %q, want none", words, got)
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package relay_test
+package admin_test
 
 import (
 	"context"
@@ -14,8 +14,68 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/stagedrain/stagedrain/relay"
+	"github.com/stagedrain/stagedrain/relay/admin"
 	"github.com/stagedrain/stagedrain/relay/internal/testenv"
 )
+
+// harness is a migrated schema of the shared test database, and a
+// connection to it.
+type harness struct {
+	t      *testing.T
+	conn   *pgx.Conn
+	schema string
+}
+
+func newHarness(t *testing.T) *harness {
+	t.Helper()
+	h := &harness{t: t, schema: testenv.Schema(t), conn: testenv.Conn(t, testenv.DatabaseURL())}
+	if _, err := relay.Migrate(context.Background(), h.conn, h.schema); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	return h
+}
+
+// start runs a relay on the schema, with a Redis namespace of its own,
+// until the test ends; then it checks that Run returned nil.
+func (h *harness) start() {
+	h.t.Helper()
+	rdb, ns := testenv.Redis(h.t)
+	r, err := relay.New(relay.Config{
+		DatabaseURL:    testenv.DatabaseURL(),
+		Redis:          rdb,
+		Schema:         h.schema,
+		RedisNamespace: ns,
+		MaxBackoff:     500 * time.Millisecond,
+	})
+	if err != nil {
+		h.t.Fatalf("relay.New: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	h.t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				h.t.Errorf("Run returned %v, want nil after cancel", err)
+			}
+		case <-time.After(15 * time.Second):
+			h.t.Errorf("Run did not return within 15s of cancel")
+		}
+	})
+}
+
+// staged counts the rows of the schema's staged_jobs.
+func (h *harness) staged() int {
+	h.t.Helper()
+	var n int
+	err := h.conn.QueryRow(context.Background(), "SELECT count(*) FROM "+pgx.Identifier{h.schema, "staged_jobs"}.Sanitize()).Scan(&n)
+	if err != nil {
+		h.t.Fatalf("count staged_jobs: %v", err)
+	}
+	return n
+}
 
 // testPool is a pool of the shared test database, closed when the test ends.
 func testPool(t *testing.T) *pgxpool.Pool {
@@ -45,8 +105,8 @@ func TestReadStatus(t *testing.T) {
 	if _, err := h.conn.Exec(ctx, `INSERT INTO `+dead+` (id, reason, attempts) VALUES (100, 'test', 1)`); err != nil {
 		t.Fatal(err)
 	}
-	for name, db := range map[string]relay.DB{"conn": h.conn, "pool": testPool(t)} {
-		st, err := relay.ReadStatus(ctx, db, relay.StatusParams{Schema: h.schema})
+	for name, db := range map[string]admin.DB{"conn": h.conn, "pool": testPool(t)} {
+		st, err := admin.ReadStatus(ctx, db, admin.StatusParams{Schema: h.schema})
 		if err != nil {
 			t.Fatalf("%s: ReadStatus: %v", name, err)
 		}
@@ -60,11 +120,11 @@ func TestReadStatus(t *testing.T) {
 		}
 	}
 
-	h.start(h.config())
-	var st *relay.SchemaStatus
+	h.start()
+	var st *admin.SchemaStatus
 	testenv.WaitFor(t, 10*time.Second, "a leader and nothing staged", func() (bool, string) {
 		var err error
-		st, err = relay.ReadStatus(ctx, h.conn, relay.StatusParams{Schema: h.schema, Source: relay.SourceStagedJobs})
+		st, err = admin.ReadStatus(ctx, h.conn, admin.StatusParams{Schema: h.schema, Source: relay.SourceStagedJobs})
 		if err != nil {
 			return false, err.Error()
 		}
@@ -90,22 +150,22 @@ func TestAdminNotMigrated(t *testing.T) {
 		err   error
 		table string
 	}{
-		"ReadStatus":             {second(relay.ReadStatus(ctx, conn, relay.StatusParams{Schema: schema})), pgx.Identifier{schema, "staged_jobs"}.Sanitize()},
-		"ReadStatus staged push": {second(relay.ReadStatus(ctx, conn, relay.StatusParams{Schema: schema, Source: relay.SourceSidekiqStagedPush})), pgx.Identifier{schema, "sidekiq_staged_push_jobs"}.Sanitize()},
-		"ListDead":               {second(relay.ListDead(ctx, conn, relay.ListDeadParams{Schema: schema})), dead},
-		"RetryDead":              {second(relay.RetryDead(ctx, conn, relay.RetryDeadParams{Schema: schema, All: true})), dead},
-		"PurgeDead":              {second(relay.PurgeDead(ctx, conn, relay.PurgeDeadParams{Schema: schema, IDs: []int64{1}})), dead},
+		"ReadStatus":             {second(admin.ReadStatus(ctx, conn, admin.StatusParams{Schema: schema})), pgx.Identifier{schema, "staged_jobs"}.Sanitize()},
+		"ReadStatus staged push": {second(admin.ReadStatus(ctx, conn, admin.StatusParams{Schema: schema, Source: relay.SourceSidekiqStagedPush})), pgx.Identifier{schema, "sidekiq_staged_push_jobs"}.Sanitize()},
+		"ListDead":               {second(admin.ListDead(ctx, conn, admin.ListDeadParams{Schema: schema})), dead},
+		"RetryDead":              {second(admin.RetryDead(ctx, conn, admin.RetryDeadParams{Schema: schema, All: true})), dead},
+		"PurgeDead":              {second(admin.PurgeDead(ctx, conn, admin.PurgeDeadParams{Schema: schema, IDs: []int64{1}})), dead},
 	} {
-		var nm *relay.NotMigratedError
+		var nm *admin.NotMigratedError
 		if !errors.Is(tc.err, relay.ErrNotMigrated) || !errors.As(tc.err, &nm) || nm.Table != tc.table ||
 			!strings.Contains(tc.err.Error(), tc.table+" does not exist: ") || !strings.Contains(tc.err.Error(), "stagedrain migrate") {
 			t.Errorf("%s: %v, want a NotMigratedError for %s naming stagedrain migrate", name, tc.err, tc.table)
 		}
 	}
-	if _, err := relay.ReadStatus(ctx, conn, relay.StatusParams{Schema: strings.Repeat("s", 64)}); err == nil || errors.Is(err, relay.ErrNotMigrated) {
+	if _, err := admin.ReadStatus(ctx, conn, admin.StatusParams{Schema: strings.Repeat("s", 64)}); err == nil || errors.Is(err, relay.ErrNotMigrated) {
 		t.Errorf("ReadStatus of a 64-byte schema: %v, want CheckSchema's error", err)
 	}
-	if _, err := relay.ReadStatus(ctx, conn, relay.StatusParams{Schema: schema, Source: "outbox"}); err == nil || errors.Is(err, relay.ErrNotMigrated) {
+	if _, err := admin.ReadStatus(ctx, conn, admin.StatusParams{Schema: schema, Source: "outbox"}); err == nil || errors.Is(err, relay.ErrNotMigrated) {
 		t.Errorf("ReadStatus of source outbox: %v, want CheckSource's error", err)
 	}
 }
@@ -127,9 +187,9 @@ func insertDead(t *testing.T, conn *pgx.Conn, schema string) {
 }
 
 // deadIDs is the ids ListDead returns.
-func deadIDs(t *testing.T, db relay.DB, schema string) []int64 {
+func deadIDs(t *testing.T, db admin.DB, schema string) []int64 {
 	t.Helper()
-	res, err := relay.ListDead(context.Background(), db, relay.ListDeadParams{Schema: schema})
+	res, err := admin.ListDead(context.Background(), db, admin.ListDeadParams{Schema: schema})
 	if err != nil {
 		t.Fatalf("ListDead: %v", err)
 	}
@@ -146,12 +206,12 @@ func TestListDead(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	h := newHarness(t)
-	res, err := relay.ListDead(ctx, h.conn, relay.ListDeadParams{Schema: h.schema})
+	res, err := admin.ListDead(ctx, h.conn, admin.ListDeadParams{Schema: h.schema})
 	if err != nil || res.Jobs == nil || len(res.Jobs) != 0 {
 		t.Fatalf("ListDead of an empty table = %+v, %v; want an empty, non-nil list", res, err)
 	}
 	insertDead(t, h.conn, h.schema)
-	res, err = relay.ListDead(ctx, testPool(t), relay.ListDeadParams{Schema: h.schema})
+	res, err = admin.ListDead(ctx, testPool(t), admin.ListDeadParams{Schema: h.schema})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,15 +238,15 @@ func TestRetryDead(t *testing.T) {
 	ctx := context.Background()
 	h := newHarness(t)
 	insertDead(t, h.conn, h.schema)
-	p := relay.RetryDeadParams{Schema: h.schema}
+	p := admin.RetryDeadParams{Schema: h.schema}
 
-	for _, bad := range []relay.RetryDeadParams{p, {Schema: h.schema, All: true, IDs: []int64{1}}} {
-		if _, err := relay.RetryDead(ctx, h.conn, bad); !errors.Is(err, relay.ErrNoDeadChosen) {
+	for _, bad := range []admin.RetryDeadParams{p, {Schema: h.schema, All: true, IDs: []int64{1}}} {
+		if _, err := admin.RetryDead(ctx, h.conn, bad); !errors.Is(err, admin.ErrNoDeadChosen) {
 			t.Errorf("RetryDead(%+v) = %v, want ErrNoDeadChosen", bad, err)
 		}
 	}
-	_, err := relay.RetryDead(ctx, h.conn, relay.RetryDeadParams{Schema: h.schema, IDs: []int64{2, 77, 2, 78}})
-	var nf *relay.DeadNotFoundError
+	_, err := admin.RetryDead(ctx, h.conn, admin.RetryDeadParams{Schema: h.schema, IDs: []int64{2, 77, 2, 78}})
+	var nf *admin.DeadNotFoundError
 	if !errors.As(err, &nf) || !slices.Equal(nf.IDs, []int64{77, 78}) || err.Error() != "no dead row with id 77, 78: nothing changed" {
 		t.Fatalf("RetryDead of 2, 77, 78 = %v, want a DeadNotFoundError for 77, 78", err)
 	}
@@ -194,7 +254,7 @@ func TestRetryDead(t *testing.T) {
 		t.Fatalf("after a failed retry: dead %v, %d staged; want 1-4 dead, none staged", got, h.staged())
 	}
 
-	res, err := relay.RetryDead(ctx, testPool(t), relay.RetryDeadParams{Schema: h.schema, IDs: []int64{2, 2}})
+	res, err := admin.RetryDead(ctx, testPool(t), admin.RetryDeadParams{Schema: h.schema, IDs: []int64{2, 2}})
 	if err != nil || res.Moved != 1 {
 		t.Fatalf("RetryDead of 2 = %+v, %v; want 1 moved", res, err)
 	}
@@ -210,7 +270,7 @@ func TestRetryDead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res, err := relay.RetryDead(ctx, tx, relay.RetryDeadParams{Schema: h.schema, IDs: []int64{1}}); err != nil || res.Moved != 1 {
+	if res, err := admin.RetryDead(ctx, tx, admin.RetryDeadParams{Schema: h.schema, IDs: []int64{1}}); err != nil || res.Moved != 1 {
 		t.Fatalf("RetryDead in a transaction = %+v, %v; want 1 moved", res, err)
 	}
 	if err := tx.Rollback(ctx); err != nil {
@@ -220,16 +280,16 @@ func TestRetryDead(t *testing.T) {
 		t.Fatalf("dead after a rolled-back retry: %v, want 1, 3, 4", got)
 	}
 	// Row 4 has NULL columns staged_jobs refuses: the whole retry fails.
-	if _, err := relay.RetryDead(ctx, h.conn, relay.RetryDeadParams{Schema: h.schema, All: true}); err == nil {
+	if _, err := admin.RetryDead(ctx, h.conn, admin.RetryDeadParams{Schema: h.schema, All: true}); err == nil {
 		t.Fatal("RetryDead --all with a row staged_jobs refuses succeeded")
 	}
 	if got := deadIDs(t, h.conn, h.schema); !slices.Equal(got, []int64{1, 3, 4}) {
 		t.Fatalf("dead after a failed retry of all: %v, want 1, 3, 4", got)
 	}
-	if _, err := relay.PurgeDead(ctx, h.conn, relay.PurgeDeadParams{Schema: h.schema, IDs: []int64{4}}); err != nil {
+	if _, err := admin.PurgeDead(ctx, h.conn, admin.PurgeDeadParams{Schema: h.schema, IDs: []int64{4}}); err != nil {
 		t.Fatal(err)
 	}
-	if res, err := relay.RetryDead(ctx, h.conn, relay.RetryDeadParams{Schema: h.schema, All: true}); err != nil || res.Moved != 2 {
+	if res, err := admin.RetryDead(ctx, h.conn, admin.RetryDeadParams{Schema: h.schema, All: true}); err != nil || res.Moved != 2 {
 		t.Fatalf("RetryDead all = %+v, %v; want 2 moved", res, err)
 	}
 	if got := deadIDs(t, h.conn, h.schema); len(got) != 0 || h.staged() != 3 {
@@ -246,18 +306,18 @@ func TestPurgeDead(t *testing.T) {
 	h := newHarness(t)
 	insertDead(t, h.conn, h.schema)
 	s := h.schema
-	for _, bad := range []relay.PurgeDeadParams{{Schema: s}, {Schema: s, All: true, OlderThan: time.Hour}, {Schema: s, IDs: []int64{1}, All: true}} {
-		if _, err := relay.PurgeDead(ctx, h.conn, bad); !errors.Is(err, relay.ErrNoDeadChosen) {
+	for _, bad := range []admin.PurgeDeadParams{{Schema: s}, {Schema: s, All: true, OlderThan: time.Hour}, {Schema: s, IDs: []int64{1}, All: true}} {
+		if _, err := admin.PurgeDead(ctx, h.conn, bad); !errors.Is(err, admin.ErrNoDeadChosen) {
 			t.Errorf("PurgeDead(%+v) = %v, want ErrNoDeadChosen", bad, err)
 		}
 	}
-	if _, err := relay.PurgeDead(ctx, h.conn, relay.PurgeDeadParams{Schema: s, OlderThan: -time.Hour}); err == nil {
+	if _, err := admin.PurgeDead(ctx, h.conn, admin.PurgeDeadParams{Schema: s, OlderThan: -time.Hour}); err == nil {
 		t.Error("PurgeDead with a negative age succeeded")
 	}
-	purge := func(p relay.PurgeDeadParams, want int64, left ...int64) {
+	purge := func(p admin.PurgeDeadParams, want int64, left ...int64) {
 		t.Helper()
 		p.Schema = s
-		res, err := relay.PurgeDead(ctx, testPool(t), p)
+		res, err := admin.PurgeDead(ctx, testPool(t), p)
 		if err != nil || res.Purged != want {
 			t.Fatalf("PurgeDead(%+v) = %+v, %v; want %d purged", p, res, err, want)
 		}
@@ -265,16 +325,16 @@ func TestPurgeDead(t *testing.T) {
 			t.Fatalf("after PurgeDead(%+v): dead %v, want %v", p, got, left)
 		}
 	}
-	purge(relay.PurgeDeadParams{OlderThan: 7 * 24 * time.Hour}, 1, 2, 3, 4)
-	_, err := relay.PurgeDead(ctx, h.conn, relay.PurgeDeadParams{Schema: s, IDs: []int64{3, 1}})
-	var nf *relay.DeadNotFoundError
+	purge(admin.PurgeDeadParams{OlderThan: 7 * 24 * time.Hour}, 1, 2, 3, 4)
+	_, err := admin.PurgeDead(ctx, h.conn, admin.PurgeDeadParams{Schema: s, IDs: []int64{3, 1}})
+	var nf *admin.DeadNotFoundError
 	if !errors.As(err, &nf) || !slices.Equal(nf.IDs, []int64{1}) {
 		t.Fatalf("PurgeDead of 3, 1 = %v, want a DeadNotFoundError for 1", err)
 	}
-	purge(relay.PurgeDeadParams{OlderThan: 12 * time.Hour}, 1, 3, 4)
-	purge(relay.PurgeDeadParams{IDs: []int64{3}}, 1, 4)
-	purge(relay.PurgeDeadParams{All: true}, 1)
-	purge(relay.PurgeDeadParams{All: true}, 0)
+	purge(admin.PurgeDeadParams{OlderThan: 12 * time.Hour}, 1, 3, 4)
+	purge(admin.PurgeDeadParams{IDs: []int64{3}}, 1, 4)
+	purge(admin.PurgeDeadParams{All: true}, 1)
+	purge(admin.PurgeDeadParams{All: true}, 0)
 }
 
 // ReadStatus of the sidekiq-staged_push gem's table counts each row under
@@ -296,7 +356,7 @@ func TestReadStatusSidekiqStagedPush(t *testing.T) {
 			('{"class":"D","args":[],"jid":""}', now() AT TIME ZONE 'UTC' - interval '1 hour', now() AT TIME ZONE 'UTC')`); err != nil {
 		t.Fatal(err)
 	}
-	st, err := relay.ReadStatus(ctx, conn, relay.StatusParams{Schema: schema, Source: relay.SourceSidekiqStagedPush})
+	st, err := admin.ReadStatus(ctx, conn, admin.StatusParams{Schema: schema, Source: relay.SourceSidekiqStagedPush})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -304,7 +364,7 @@ func TestReadStatusSidekiqStagedPush(t *testing.T) {
 		st.OldestAge == nil || *st.OldestAge < 3590 || *st.OldestAge > 3700 {
 		t.Errorf("ReadStatus = %+v, want 4 staged (the oldest, poison, about an hour old), 1 poison, no dead count, no leader", st)
 	}
-	if len(st.Queues) != 2 || st.Queues[0] != (relay.QueueStatus{Queue: "critical", Staged: 2, OldestAge: st.Queues[0].OldestAge}) ||
+	if len(st.Queues) != 2 || st.Queues[0] != (admin.QueueStatus{Queue: "critical", Staged: 2, OldestAge: st.Queues[0].OldestAge}) ||
 		st.Queues[1].Queue != "default" || st.Queues[1].Staged != 1 || st.Queues[1].OldestAge < 55 || st.Queues[1].OldestAge > 120 {
 		t.Errorf("queues %+v, want critical 2, default 1 (about a minute old)", st.Queues)
 	}

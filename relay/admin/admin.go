@@ -1,9 +1,10 @@
-package relay
+package admin
 
 import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -13,12 +14,15 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/stagedrain/stagedrain/relay"
+	"github.com/stagedrain/stagedrain/relay/internal/pgschema"
 )
 
-// The admin operations (ReadStatus, ListDead, RetryDead, PurgeDead) read and
-// change a schema's tables as an operator does, from PostgreSQL alone: no
-// relay need run. The stagedrain command's status and dead are these
-// functions and a printer.
+// ErrNoDeadChosen is the error of RetryDead or PurgeDead given none, or
+// more than one, of IDs, All and OlderThan: an empty params never means
+// every row.
+var ErrNoDeadChosen = errors.New("give exactly one of IDs, All or OlderThan")
 
 // DB is what an admin operation runs on: a *pgx.Conn, a *pgxpool.Pool, or a
 // pgx.Tx (RetryDead and PurgeDead then run in a savepoint of it).
@@ -30,8 +34,8 @@ type DB interface {
 }
 
 // NotMigratedError is the error of an admin operation on a table that does
-// not exist: run Migrate (stagedrain migrate) first. It matches
-// ErrNotMigrated (errors.Is).
+// not exist: run relay.Migrate (stagedrain migrate) first. It matches
+// relay.ErrNotMigrated (errors.Is).
 type NotMigratedError struct {
 	Table string // quoted, with its schema
 	hint  string
@@ -39,12 +43,12 @@ type NotMigratedError struct {
 
 func (e *NotMigratedError) Error() string { return e.Table + " does not exist: " + e.hint }
 
-// Is makes a NotMigratedError match ErrNotMigrated.
-func (e *NotMigratedError) Is(target error) bool { return target == ErrNotMigrated }
+// Is makes a NotMigratedError match relay.ErrNotMigrated.
+func (e *NotMigratedError) Is(target error) bool { return target == relay.ErrNotMigrated }
 
 const migrateHint = "run 'stagedrain migrate' first"
 
-// tableExists reports whether table (quoted) exists, for NotMigratedError.
+// regclassExists reports whether table (quoted) exists, for NotMigratedError.
 func regclassExists(ctx context.Context, db DB, table string) (bool, error) {
 	var ok bool
 	if err := db.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, table).Scan(&ok); err != nil {
@@ -57,8 +61,8 @@ func regclassExists(ctx context.Context, db DB, table string) (bool, error) {
 type StatusParams struct {
 	// Schema holds the tables; "" means "public".
 	Schema string
-	// Source is the table drained; "" means SourceStagedJobs.
-	Source Source
+	// Source is the table drained; "" means relay.SourceStagedJobs.
+	Source relay.Source
 }
 
 // SchemaStatus is a schema's backlog, dead letters and leader; its JSON is
@@ -72,12 +76,12 @@ type SchemaStatus struct {
 	Queues    []QueueStatus `json:"queues"`
 	// Dead counts <schema>.staged_jobs_dead, nil when there is no such table.
 	Dead *int64 `json:"dead"`
-	// Poison counts, with SourceSidekiqStagedPush (nil otherwise), the
+	// Poison counts, with relay.SourceSidekiqStagedPush (nil otherwise), the
 	// staged rows whose payload no worker could run: the relay leaves them
 	// in the table and skips them. They count in Staged too.
 	Poison *int64 `json:"poison,omitempty"`
 	// Leader is the leader of the schema's one group of relays (the
-	// relays of every queue, or of one list of Config.Queues): nil when
+	// relays of every queue, or of one list of relay.Config.Queues): nil when
 	// none leads, and when several groups run (see Groups).
 	Leader *LeaderStatus `json:"leader"`
 	// Groups lists the groups of relays running on the schema, each with
@@ -88,7 +92,7 @@ type SchemaStatus struct {
 }
 
 // GroupStatus is one group of a schema's relays: those of every queue, or
-// those with one list of queues (Config.Queues), and its leader.
+// those with one list of queues (relay.Config.Queues), and its leader.
 type GroupStatus struct {
 	// Queues is the group's list, sorted; nil for the relays of every
 	// queue.
@@ -124,16 +128,16 @@ type LeaderStatus struct {
 // table the relay keeps drained, not for a probe every second. A table
 // that is not there is a NotMigratedError.
 func ReadStatus(ctx context.Context, db DB, p StatusParams) (*SchemaStatus, error) {
-	schema, src := cmp.Or(p.Schema, "public"), cmp.Or(p.Source, SourceStagedJobs)
-	if err := CheckSchema(schema); err != nil {
+	schema, src := cmp.Or(p.Schema, "public"), cmp.Or(p.Source, relay.SourceStagedJobs)
+	if err := relay.CheckSchema(schema); err != nil {
 		return nil, err
 	}
-	if err := CheckSource(src); err != nil {
+	if err := relay.CheckSource(src); err != nil {
 		return nil, err
 	}
 	st := &SchemaStatus{Schema: schema, Queues: []QueueStatus{}}
 	var err error
-	if src == SourceSidekiqStagedPush {
+	if src == relay.SourceSidekiqStagedPush {
 		err = readStagedPushBacklog(ctx, db, st)
 	} else {
 		err = readBacklog(ctx, db, st)
@@ -201,9 +205,9 @@ func (st *SchemaStatus) total() {
 
 // readStagedPushBacklog is readBacklog for the sidekiq-staged_push gem's
 // table: by the queue the relay would push to (a payload without one goes
-// to "default"), its poison rows (stagedPushPoison) apart.
+// to "default"), its poison rows (pgschema.StagedPushPoison) apart.
 func readStagedPushBacklog(ctx context.Context, db DB, st *SchemaStatus) error {
-	table := pgx.Identifier{st.Schema, sidekiqStagedPushTable}.Sanitize()
+	table := pgx.Identifier{st.Schema, pgschema.StagedPushTable}.Sanitize()
 	ok, err := regclassExists(ctx, db, table)
 	if err != nil {
 		return err
@@ -215,7 +219,7 @@ func readStagedPushBacklog(ctx context.Context, db DB, st *SchemaStatus) error {
 	// epoch is read as UTC, whatever the session's time zone. A row with
 	// an infinite created_at is poison (the relay sets it aside), and has
 	// no age: JSON has no Infinity.
-	rows, err := db.Query(ctx, `SELECT CASE WHEN `+stagedPushPoison+` OR NOT isfinite(created_at) THEN NULL
+	rows, err := db.Query(ctx, `SELECT CASE WHEN `+pgschema.StagedPushPoison+` OR NOT isfinite(created_at) THEN NULL
 			WHEN json_typeof(j -> 'queue') = 'string' THEN j ->> 'queue' ELSE 'default' END AS queue,
 		count(*), coalesce(extract(epoch FROM now()) - extract(epoch FROM min(created_at) FILTER (WHERE isfinite(created_at))), 0)::float8
 		FROM (SELECT payload::json AS j, created_at FROM `+table+`) t GROUP BY 1 ORDER BY 1`)
@@ -244,7 +248,7 @@ func readStagedPushBacklog(ctx context.Context, db DB, st *SchemaStatus) error {
 }
 
 // groupsSQL lists the groups whose group lock a session holds in schema
-// $1 (locks.go): each group's key (hashtext of its list, as pg_locks
+// $1 (relay/locks.go): each group's key (hashtext of its list, as pg_locks
 // shows it), whether it is the group of every queue, and the words of its
 // name locks in order (-1 for one not held; none for the group of every
 // queue, or a relay of a release that spelled no name).
@@ -263,7 +267,7 @@ const groupsSQL = `WITH held AS MATERIALIZED (
 
 // groupLeadersSQL checks the group names read ($1), each against the key
 // it was read under ($2; NULL for the group of every queue), and finds the
-// session holding each one's leader lock ($3, as leaderLockName names it)
+// session holding each one's leader lock ($3, as pgschema.LeaderLockName names it)
 // in this database, and when it connected.
 const groupLeadersSQL = `SELECT t.key IS NULL OR hashtext(t.name)::bigint & 4294967295 = t.key,
 		a.pid, coalesce(a.application_name, ''), coalesce(host(a.client_addr), ''), a.backend_start
@@ -278,10 +282,10 @@ const groupLeadersSQL = `SELECT t.key IS NULL OR hashtext(t.name)::bigint & 4294
 // and their leaders, as ReadStatus's Groups: the relays of every queue,
 // listed when one of them holds its group lock or the leader lock (a
 // relay of a release before groups takes no group lock), then each list
-// of Config.Queues that a running relay holds the locks of. It counts no
+// of relay.Config.Queues that a running relay holds the locks of. It counts no
 // table, so it is cheap enough for a probe.
 func ReadGroups(ctx context.Context, db DB, schema string) ([]GroupStatus, error) {
-	if err := CheckSchema(schema); err != nil {
+	if err := relay.CheckSchema(schema); err != nil {
 		return nil, err
 	}
 	rows, err := db.Query(ctx, groupsSQL, schema)
@@ -290,7 +294,7 @@ func ReadGroups(ctx context.Context, db DB, schema string) ([]GroupStatus, error
 	}
 	// The group of every queue is always asked for: its leader lock
 	// shows it even without a group lock.
-	names, keys, locks := []string{""}, []*int64{nil}, []string{leaderLockName(schema, "")}
+	names, keys, locks := []string{""}, []*int64{nil}, []string{pgschema.LeaderLockName(schema, "")}
 	everyLocked := false
 	var key int64
 	var every bool
@@ -300,12 +304,12 @@ func ReadGroups(ctx context.Context, db DB, schema string) ([]GroupStatus, error
 			everyLocked = true
 			return nil
 		}
-		group, ok := readGroupName(words)
+		group, ok := pgschema.ReadGroupName(words)
 		if !ok {
 			return nil // a relay of a release that spelled no name
 		}
 		k := key
-		names, keys, locks = append(names, group), append(keys, &k), append(locks, leaderLockName(schema, group))
+		names, keys, locks = append(names, group), append(keys, &k), append(locks, pgschema.LeaderLockName(schema, group))
 		return nil
 	})
 	if err != nil {
@@ -403,7 +407,7 @@ type ListDeadResult struct {
 // deadTables are the quoted names of a schema's staged_jobs and
 // staged_jobs_dead, once it is checked that the latter exists.
 func deadTables(ctx context.Context, db DB, schema string) (staged, dead string, err error) {
-	if err := CheckSchema(schema); err != nil {
+	if err := relay.CheckSchema(schema); err != nil {
 		return "", "", err
 	}
 	staged = pgx.Identifier{schema, "staged_jobs"}.Sanitize()
@@ -516,8 +520,8 @@ func RetryDead(ctx context.Context, db DB, p RetryDeadParams) (*RetryDeadResult,
 			return err
 		}
 		tag, err := tx.Exec(ctx, `WITH moved AS (DELETE FROM `+dead+` WHERE $1::bigint[] IS NULL OR id = ANY($1)
-			RETURNING `+claimColumns+`)
-			INSERT INTO `+staged+` (`+claimColumns+`) SELECT `+claimColumns+` FROM moved`, nilIfEmpty(ids))
+			RETURNING `+pgschema.ClaimColumns+`)
+			INSERT INTO `+staged+` (`+pgschema.ClaimColumns+`) SELECT `+pgschema.ClaimColumns+` FROM moved`, nilIfEmpty(ids))
 		if err != nil {
 			return fmt.Errorf("move dead rows back: %w", err)
 		}
