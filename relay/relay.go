@@ -17,6 +17,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/stagedrain/stagedrain/relay/internal/handoff"
 )
 
 // Relay drains one schema's staged_jobs into Redis. Create it with New and
@@ -32,7 +34,7 @@ type Relay struct {
 	// dueOnly: the target has no scheduler, so rows are claimed only once
 	// their run_at is due, and the drain loop wakes for the next one.
 	dueOnly bool
-	handoff *handoff
+	handoff *handoff.Handoff
 	bp      *backpressure // what backpressure pauses (backpressure.go)
 	// poisoned lists the poison rows a source that does not bury them
 	// left staged in this leadership: every claim skips them. Read and
@@ -156,8 +158,8 @@ func New(cfg Config) (*Relay, error) {
 		cfg:   cfg,
 		log:   cfg.Logger,
 		pgCfg: pgCfg,
-		handoff: newHandoff(cfg.Redis, newHandoffKeys(cfg.RedisNamespace, pgCfg.Database, cfg.Schema, group)).
-			waitFor(cfg.RedisWaitReplicas, cfg.RedisWaitTimeout),
+		handoff: handoff.New(cfg.Redis, newHandoffKeys(cfg.RedisNamespace, pgCfg.Database, cfg.Schema, group)).
+			WaitFor(cfg.RedisWaitReplicas, cfg.RedisWaitTimeout),
 		holder:  applicationName("leader"),
 		lockKey: leaderLockName(cfg.Schema, group),
 		group:   group,
@@ -443,7 +445,7 @@ func (r *Relay) lead(ctx context.Context, lockConn *pgx.Conn, lockMu *sync.Mutex
 // here or elsewhere, must find the gate as a relay that is not draining
 // leaves it.
 func (r *Relay) leadWith(ctx context.Context, lockConn *pgx.Conn, lockMu *sync.Mutex, pool *pgxpool.Pool, shared chan struct{}) (err error) {
-	r.handoff.reset() // a new leadership takes the fence at its first push
+	r.handoff.Reset() // a new leadership takes the fence at its first push
 	r.poisoned = nil  // and looks at every row again
 	r.syncKnown = false
 	r.summary.poisonKept(0, 0)
