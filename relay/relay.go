@@ -183,24 +183,9 @@ func New(cfg Config) (*Relay, error) {
 		r.cfg.Queues = queues
 	}
 	tenant := newTenantTag(cfg.TenantKey, cfg.Schema) // a fleet's tenant: its own schema
-	switch cfg.Target {
-	case TargetAsynq:
-		t := newAsynqTarget(cfg.MaxPayloadBytes)
-		t.tenant, r.target = tenant, t
-	case TargetBullMQ:
-		t := newBullmqTarget(cfg.RedisNamespace, cfg.MaxPayloadBytes, isCluster(cfg.Redis))
-		t.tenant, r.target = tenant, t
-	case TargetStreams:
-		t := newStreamTarget(cfg.RedisNamespace, cfg.StreamMaxLen, cfg.MaxPayloadBytes)
-		t.tenant, r.target = tenant, t
+	r.target = newTarget(cfg, tenant)
+	if cfg.Target.spec().DueOnly { // no scheduler the relay can write to (internal/target)
 		r.sql.claim, r.dueOnly = r.sql.claimDue, true
-	case TargetCelery:
-		t := newCeleryTarget(cfg.RedisNamespace, cfg.MaxPayloadBytes)
-		t.tenant, r.target = tenant, t
-		r.sql.claim, r.dueOnly = r.sql.claimDue, true // celery.go: Celery on Redis holds an eta in memory
-	default:
-		t := newSidekiqTarget(cfg.RedisNamespace, cfg.TimestampFormat, cfg.MaxPayloadBytes)
-		t.tenant, r.target = tenant, t
 	}
 	r.tracer = newBatchTracer(cfg.TracerProvider, cfg.Target)
 	r.backlog.sql, r.backlog.ttl = r.sql.backlog, backlogTTL
@@ -393,7 +378,7 @@ func (r *Relay) checkClusterNode(ctx context.Context) error {
 // never resume). A server that does not answer INFO server (renamed, a
 // proxy) is taken as it is; a cluster is checked through one of its nodes.
 func (r *Relay) checkStreamLag(ctx context.Context) error {
-	if r.cfg.Target != TargetStreams || r.cfg.MaxQueueLength <= 0 {
+	if !strings.Contains(r.cfg.Target.spec().Length, "XUNACKED") || r.cfg.MaxQueueLength <= 0 {
 		return nil
 	}
 	info, err := r.cfg.Redis.Info(ctx, "server").Result()

@@ -1,5 +1,7 @@
 package handoff
 
+import "flag"
+
 // newHandoffKeys names a handoff's keys for a test: the fence and record
 // of one schema (and group), under the namespace, as the relay names them.
 func newHandoffKeys(namespace, database, schema, group string) Keys {
@@ -18,3 +20,7 @@ type replyErr string
 
 func (e replyErr) Error() string { return string(e) }
 func (replyErr) RedisError()     {}
+
+// update is the golden tests' flag: go test ./... -update passes it to
+// every test package of the module, and this one has no golden files.
+var _ = flag.Bool("update", false, "rewrite the golden files (none here)")
