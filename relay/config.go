@@ -61,7 +61,7 @@ type Config struct {
 	// Redis is the client jobs are pushed through. Required. The relay does
 	// not close it. A *redis.Client (also from redis.NewFailoverClient, for
 	// Sentinel) is one server; a *redis.ClusterClient makes each batch's
-	// push one atomic step per hash slot (internal/handoff/cluster.go), and is refused with
+	// push one atomic step per hash slot (internal/handoff), and is refused with
 	// TargetSidekiq, whose keys have no hash tags. A *redis.Ring is refused. Run PINGs it before campaigning to lead: a refusal of
 	// its credentials or DB is returned then (mid-run it is retried), and an
 	// unreachable Redis is waited for. Logs and errors name it with
