@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/stagedrain/stagedrain/relay/internal/handoff"
 )
 
 // asynqTarget writes each job as a hibiken/asynq (v0.26.0) task, as asynq's
@@ -73,7 +75,7 @@ type asynqTask struct {
 	unique int64 // uniqueness lock TTL in seconds; 0 none
 }
 
-func (a *asynqTarget) add(u *pushUnit, batch []stagedJob, now time.Time, res *pushResult) {
+func (a *asynqTarget) add(u *handoff.Unit, batch []stagedJob, now time.Time, res *pushResult) {
 	a.buf, a.ids, a.names = a.buf[:0], a.ids[:0], a.names[:0]
 	clear(a.queues)
 	a.ids = slices.Grow(a.ids, len(batch)) // never moves: each op keeps a slice of it
@@ -112,19 +114,19 @@ func (a *asynqTarget) add(u *pushUnit, batch []stagedJob, now time.Time, res *pu
 		// Bookkeeping: asynq's servers take tasks from the queues they are
 		// configured with; asynq:queues feeds its Inspector and UI. (The
 		// script is atomic: that asynq's client adds it first is moot.)
-		u.begin(nil)
-		u.variadic("SADD", a.keys.queues(), 1, a.names)
+		u.Begin(nil)
+		u.Variadic("SADD", a.keys.queues(), 1, a.names)
 	}
 }
 
 // op adds the commands that enqueue one task, as asynq's enqueue, schedule
 // and their unique variants do.
-func (a *asynqTarget) op(u *pushUnit, ids []int64, t *asynqTask, msg []byte, j *stagedJob, scheduled bool, now time.Time) {
+func (a *asynqTarget) op(u *handoff.Unit, ids []int64, t *asynqTask, msg []byte, j *stagedJob, scheduled bool, now time.Time) {
 	m := &t.msg
 	task := a.keys.task(m.queue, m.id)
-	u.begin(ids, task, m.uniqueKey)
+	u.Begin(ids, task, m.uniqueKey)
 	if !scheduled {
-		u.limit(m.queue, "LLEN", a.keys.pending(m.queue))
+		u.Limit(m.queue, "LLEN", a.keys.pending(m.queue))
 	}
 	if m.uniqueKey != "" {
 		// The guard skipped the op if the lock is held: this SET is
@@ -134,23 +136,23 @@ func (a *asynqTarget) op(u *pushUnit, ids []int64, t *asynqTask, msg []byte, j *
 		if scheduled {
 			ttl = int64(j.runAt.Add(time.Duration(t.unique) * time.Second).Sub(now).Seconds())
 		}
-		u.command("SET", m.uniqueKey, m.id, "EX", ttl)
+		u.Command("SET", m.uniqueKey, m.id, "EX", ttl)
 	}
 	if scheduled {
 		if m.uniqueKey != "" {
-			u.command("HSET", task, "msg", msg, "state", "scheduled", "unique_key", m.uniqueKey)
+			u.Command("HSET", task, "msg", msg, "state", "scheduled", "unique_key", m.uniqueKey)
 		} else {
-			u.command("HSET", task, "msg", msg, "state", "scheduled")
+			u.Command("HSET", task, "msg", msg, "state", "scheduled")
 		}
-		u.command("ZADD", a.keys.scheduled(m.queue), j.runAt.Unix(), m.id)
+		u.Command("ZADD", a.keys.scheduled(m.queue), j.runAt.Unix(), m.id)
 		return
 	}
 	if m.uniqueKey != "" {
-		u.command("HSET", task, "msg", msg, "state", "pending", "pending_since", now.UnixNano(), "unique_key", m.uniqueKey)
+		u.Command("HSET", task, "msg", msg, "state", "pending", "pending_since", now.UnixNano(), "unique_key", m.uniqueKey)
 	} else {
-		u.command("HSET", task, "msg", msg, "state", "pending", "pending_since", now.UnixNano())
+		u.Command("HSET", task, "msg", msg, "state", "pending", "pending_since", now.UnixNano())
 	}
-	u.command("LPUSH", a.keys.pending(m.queue), m.id)
+	u.Command("LPUSH", a.keys.pending(m.queue), m.id)
 }
 
 // newAsynqTask maps a row onto an asynq task, with tenant's header when it

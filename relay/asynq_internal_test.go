@@ -12,6 +12,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/stagedrain/stagedrain/relay/internal/handoff"
 	"github.com/stagedrain/stagedrain/relay/internal/testenv"
 )
 
@@ -27,8 +28,8 @@ func TestAsynqLayoutMatchesClient(t *testing.T) {
 	ours := privateRedis(t)
 	client := asynq.NewClientFromRedisClient(theirs)
 	t.Cleanup(func() { _ = client.Close() })
-	h := newHandoff(ours, newHandoffKeys("", "test", "asynq", ""))
-	if err := h.acquire(ctx, "me"); err != nil {
+	h := handoff.New(ours, newHandoffKeys("", "test", "asynq", ""))
+	if err := h.Ready(ctx, "me"); err != nil {
 		t.Fatal(err)
 	}
 	target := newAsynqTarget(1 << 20)
@@ -65,19 +66,19 @@ func TestAsynqLayoutMatchesClient(t *testing.T) {
 		if _, err := client.Enqueue(asynq.NewTaskWithHeaders("Welcome", []byte(c.args), headers), opts...); err != nil {
 			t.Fatalf("%s: asynq enqueue: %v", c.name, err)
 		}
-		u := &h.unit
-		u.reset()
+		u := h.Unit()
+		u.Reset()
 		var res pushResult
 		target.add(u, []stagedJob{job}, time.Now(), &res)
 		if len(res.rejected) > 0 {
 			t.Fatalf("%s: rejected: %v", c.name, res.rejected)
 		}
-		if _, err := h.push(ctx, u); err != nil {
+		if _, err := h.Push(ctx, u); err != nil {
 			t.Fatalf("%s: push: %v", c.name, err)
 		}
-		for _, op := range u.ops {
-			if op.err != nil || op.skipped {
-				t.Fatalf("%s: op %v: err %v, skipped %v", c.name, op.ids, op.err, op.skipped)
+		for _, op := range u.Ops() {
+			if op.Err != nil || op.Skipped {
+				t.Fatalf("%s: op %v: err %v, skipped %v", c.name, op.IDs, op.Err, op.Skipped)
 			}
 		}
 	}

@@ -11,12 +11,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
+
+	"github.com/stagedrain/stagedrain/relay/internal/handoff"
 )
 
 // Backpressure: jobs wait in PostgreSQL, not in a Redis that is filling up.
 //
 // Config.MaxQueueLength gives each op that pushes to a queue a length guard
-// in the push script (handoff.go): an op whose queue holds the limit or
+// in the push script (internal/handoff): an op whose queue holds the limit or
 // more runs nothing, and its rows are deferred, as rows Redis refused with
 // an error waiting may fix are, and put back. A batch checks each queue
 // once, before it pushes to it, so a queue overshoots the limit by at most
@@ -329,19 +331,19 @@ func (b *backpressure) drainEnded() {
 
 // pushed notes the outcome of a batch's ops: those a length guard stopped
 // pause their queue, those that ran resume theirs.
-func (b *backpressure) pushed(ops []unitOp) {
+func (b *backpressure) pushed(ops []handoff.Op) {
 	if b.maxLen <= 0 {
 		return
 	}
 	for i := range ops {
 		op := &ops[i]
 		switch {
-		case op.limit <= 0 || op.ids == nil:
-		case op.over:
-			b.held[op.queue] = true
-			b.pause(op.queue, reasonQueueLength, op.err.Error())
-		case op.err == nil:
-			b.resume(op.queue, fmt.Sprintf("%s held fewer than --max-queue-length %d", op.lenKey, op.limit))
+		case op.Limit <= 0 || op.IDs == nil:
+		case op.Over:
+			b.held[op.Queue] = true
+			b.pause(op.Queue, reasonQueueLength, op.Err.Error())
+		case op.Err == nil:
+			b.resume(op.Queue, fmt.Sprintf("%s held fewer than --max-queue-length %d", op.LenKey, op.Limit))
 		}
 	}
 }

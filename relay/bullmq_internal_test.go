@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/stagedrain/stagedrain/relay/internal/handoff"
 )
 
 func TestGoldenBullMQ(t *testing.T) {
@@ -59,23 +61,23 @@ func TestBullMQRejects(t *testing.T) {
 		{"cluster without a hash tag", goldenJob(1, "a", `[]`, "q", &later, `{}`), true, "--redis-namespace '{bull}') or the queue name ('{q}')"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			var u pushUnit
+			var u handoff.Unit
 			var res pushResult
 			newBullmqTarget("", 1<<20, c.cluster).add(&u, []stagedJob{c.job}, goldenNow, &res)
-			if len(res.rejected) != 1 || !strings.Contains(res.rejected[0].reason, c.reason) || len(u.ops) != 0 {
-				t.Fatalf("rejected %+v with %d ops; want the row rejected, the reason containing %q", res.rejected, len(u.ops), c.reason)
+			if len(res.rejected) != 1 || !strings.Contains(res.rejected[0].reason, c.reason) || len(u.Ops()) != 0 {
+				t.Fatalf("rejected %+v with %d ops; want the row rejected, the reason containing %q", res.rejected, len(u.Ops()), c.reason)
 			}
 		})
 	}
 	// On a cluster, a hash tag in the prefix or in the queue's name keeps a
 	// job's keys in one slot.
 	for _, c := range []struct{ prefix, queue string }{{"{bull}", "q"}, {"bull", "{q}"}} {
-		var u pushUnit
+		var u handoff.Unit
 		var res pushResult
 		newBullmqTarget(c.prefix, 1<<20, true).add(&u, []stagedJob{goldenJob(1, "a", `[]`, c.queue, nil, `{}`)}, goldenNow, &res)
-		if len(res.rejected) != 0 || len(u.ops) != 1 {
+		if len(res.rejected) != 0 || len(u.Ops()) != 1 {
 			t.Errorf("prefix %s, queue %s on a cluster: rejected %+v; want the job pushed", c.prefix, c.queue, res.rejected)
-		} else if s, _, _ := u.opSlot(0); s < 0 {
+		} else if u.Slot(0) < 0 {
 			t.Errorf("prefix %s, queue %s: the op's keys are in several slots", c.prefix, c.queue)
 		}
 	}
@@ -88,7 +90,7 @@ func TestBullMQTenant(t *testing.T) {
 	t.Parallel()
 	tg := newBullmqTarget("", 1<<20, false)
 	tg.tenant = newTenantTag("apartment", "tenant_a")
-	var u pushUnit
+	var u handoff.Unit
 	var res pushResult
 	tg.add(&u, []stagedJob{goldenJob(1, "a", `[]`, "q", nil, `{}`), goldenJob(2, "a", `[]`, "q", nil, `{"apartment": "tenant_b"}`)}, goldenNow, &res)
 	ops := opsOf(t, &u)

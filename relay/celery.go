@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/stagedrain/stagedrain/relay/internal/handoff"
 )
 
 // celeryTarget writes each job as a Celery task message, as Celery's own
@@ -130,7 +132,7 @@ func (k celeryKeys) lists(queue string) []string {
 	return out
 }
 
-func (c *celeryTarget) add(u *pushUnit, batch []stagedJob, now time.Time, res *pushResult) {
+func (c *celeryTarget) add(u *handoff.Unit, batch []stagedJob, now time.Time, res *pushResult) {
 	c.buf, c.lists, c.queue = c.buf[:0], c.lists[:0], c.queue[:0]
 	clear(c.listAt)
 	tags := c.tags(len(batch))
@@ -158,11 +160,11 @@ func (c *celeryTarget) add(u *pushUnit, batch []stagedJob, now time.Time, res *p
 	}
 	for i := range c.lists {
 		g := &c.lists[i]
-		u.begin(g.ids)
+		u.Begin(g.ids)
 		// Backpressure counts the queue's jobs in all its lists, as
 		// Kombu's _size does.
-		u.limit(c.queue[i], "LLEN", c.keys.lists(c.queue[i])...)
-		u.variadic("LPUSH", g.name, 1, g.payloads)
+		u.Limit(c.queue[i], "LLEN", c.keys.lists(c.queue[i])...)
+		u.Variadic("LPUSH", g.name, 1, g.payloads)
 		if !slices.Contains(res.queues, c.queue[i]) {
 			res.queues = append(res.queues, c.queue[i])
 		}

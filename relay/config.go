@@ -61,7 +61,7 @@ type Config struct {
 	// Redis is the client jobs are pushed through. Required. The relay does
 	// not close it. A *redis.Client (also from redis.NewFailoverClient, for
 	// Sentinel) is one server; a *redis.ClusterClient makes each batch's
-	// push one atomic step per hash slot (cluster.go), and is refused with
+	// push one atomic step per hash slot (internal/handoff), and is refused with
 	// TargetSidekiq, whose keys have no hash tags. A *redis.Ring is refused. Run PINGs it before campaigning to lead: a refusal of
 	// its credentials or DB is returned then (mid-run it is retried), and an
 	// unreachable Redis is waited for. Logs and errors name it with
@@ -339,16 +339,14 @@ func (c Config) Validate() error {
 		return fieldErr("HorizonWarnAfter", "must be positive, or -1 to turn the check off, got %s", c.HorizonWarnAfter)
 	case c.ShutdownTimeout < 0:
 		return fieldErr("ShutdownTimeout", "must not be negative, got %s", c.ShutdownTimeout)
-	case c.Target != TargetSidekiq && c.Target != TargetAsynq && c.Target != TargetStreams && c.Target != TargetBullMQ && c.Target != TargetCelery:
-		return fieldErr("Target", "must be %q, %q, %q, %q or %q, got %q", TargetSidekiq, TargetAsynq, TargetStreams, TargetBullMQ, TargetCelery, c.Target)
-	case c.Target == TargetAsynq && c.RedisNamespace != "":
-		return fieldErr("RedisNamespace", "must be empty with the asynq target: asynq's key names are fixed, and its servers would never see namespaced tasks")
-	case c.Target != TargetSidekiq && c.TimestampFormat != TimestampSeconds:
+	case !c.Target.known():
+		return fieldErr("Target", "must be %s, got %q", targetNames(), c.Target)
+	case c.Target.spec().FixedKeys != "" && c.RedisNamespace != "":
+		return fieldErr("RedisNamespace", "%s", c.Target.spec().FixedKeys)
+	case !c.Target.spec().Timestamps && c.TimestampFormat != TimestampSeconds:
 		return fieldErr("TimestampFormat", "applies to the sidekiq target only, got %q with the %s target", c.TimestampFormat, c.Target)
-	case isCluster(c.Redis) && c.Target == TargetSidekiq:
-		return fieldErr("Redis", "is a Redis Cluster client, and the sidekiq target cannot run on Redis Cluster: Sidekiq's keys (queue:<name>, queues, schedule) have no hash tags, and Sidekiq does not support Redis Cluster (use a single Redis or Sentinel, or the asynq or streams target)")
-	case isCluster(c.Redis) && c.Target == TargetCelery:
-		return fieldErr("Redis", "is a Redis Cluster client, and the celery target cannot run on Redis Cluster: Kombu's Redis transport, which Celery's workers read with, does not support Redis Cluster (use a single Redis or Sentinel)")
+	case isCluster(c.Redis) && c.Target.spec().NoCluster != "":
+		return fieldErr("Redis", "is a Redis Cluster client, and the %s target cannot run on Redis Cluster: %s", c.Target, c.Target.spec().NoCluster)
 	case isRing(c.Redis):
 		return fieldErr("Redis", "is a *redis.Ring, which splits keys over shards: the relay's push would not be atomic (use a *redis.Client, a Sentinel FailoverClient or a *redis.ClusterClient)")
 	case c.RedisWaitReplicas < 0:
@@ -365,7 +363,7 @@ func (c Config) Validate() error {
 		return fieldErr("RedisMaxMemoryRatio", "needs a single Redis or Sentinel client: each Redis Cluster node has a maxmemory of its own")
 	case c.StreamMaxLen < 0:
 		return fieldErr("StreamMaxLen", "must not be negative, got %d", c.StreamMaxLen)
-	case c.StreamMaxLen > 0 && c.Target != TargetStreams:
+	case c.StreamMaxLen > 0 && !c.Target.spec().StreamMaxLen:
 		return fieldErr("StreamMaxLen", "applies to the streams target only, got %d with the %s target", c.StreamMaxLen, c.Target)
 	}
 	if len(c.Schemas) > 0 {

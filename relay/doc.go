@@ -180,7 +180,7 @@
 // The data flows through these files: listen.go (LISTEN, through
 // jackc/pgxlisten) -> wake.go (wake and poll) -> drain.go (one batch) ->
 // claim.go (the claim-and-delete SQL of the source, source.go) -> push.go
-// (the atomic push step, handoff.go, with a target's commands: sidekiq.go,
+// (the atomic push step, internal/handoff, with a target's commands: sidekiq.go,
 // asynq.go, streams.go; their keys in keys.go; celery.go, keys and all); leader.go chooses which
 // relay drains; summary.go and metrics.go count what it did. The wake-up
 // gate's mechanism and its proof are in the comments of

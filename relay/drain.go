@@ -113,7 +113,7 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 				return nil
 			}
 		}
-		if r.handoff.tidyDue(time.Now()) {
+		if r.handoff.TidyDue(time.Now()) {
 			r.tidy(ctx, pool, log)
 		} else if tidyC == nil {
 			tidy.Reset(tidyEvery)
@@ -138,7 +138,7 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 // tidy tidies the handoff record (handoff.tidy); a failure leaves the
 // fields for a later tidy.
 func (r *Relay) tidy(ctx context.Context, pool *pgxpool.Pool, log *zap.Logger) {
-	if err := r.handoff.tidy(ctx, func(ids []int64) ([]int64, error) {
+	if err := r.handoff.Tidy(ctx, func(ids []int64) ([]int64, error) {
 		return r.stillStaged(ctx, pool, ids)
 	}, func() (uint64, uint64, error) {
 		return r.walPositions(ctx, pool)
@@ -356,7 +356,7 @@ func (c claimed) rollback(ctx context.Context) {
 // finish pushes a claimed batch, moves its poison rows to staged_jobs_dead,
 // puts back the rows Redis deferred, and commits, which makes the claim's
 // delete of the pushed rows final. Any failure rolls the transaction back:
-// the rows stay staged, and the handoff record (handoff.go) says which of
+// the rows stay staged, and the handoff record (internal/handoff) says which of
 // them the push delivered, so that they are deleted, not pushed again, when
 // claimed next. left lists the rows it left staged (deferred by Redis, and
 // logged).
@@ -364,7 +364,7 @@ func (c claimed) rollback(ctx context.Context) {
 // A row is poison when it can never be pushed: the payload builder rejects
 // it (a NULL column, options that override a column), its payload is over
 // MaxPayloadBytes, or Redis refused it with an error that waiting cannot fix
-// (WRONGTYPE, see isPermanentReply). It moves, unchanged, to the dead-letter
+// (WRONGTYPE, see handoff.Permanent). It moves, unchanged, to the dead-letter
 // table in this batch's transaction, and is logged once, at error, after
 // the commit: the rows behind it flow on. A source with no dead-letter
 // table (the gem's, SourceSidekiqStagedPush) puts it back unchanged
@@ -412,7 +412,7 @@ func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (left []
 		if err != nil {
 			// The push delivered these rows; the delete may not have
 			// committed. Claimed again, they are deleted, not pushed.
-			r.handoff.uncommitted(res.field, res.pushed)
+			r.handoff.Uncommitted(res.field, res.pushed)
 		}
 	}()
 	var held []int64
@@ -465,7 +465,7 @@ func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (left []
 	// In the same round trip, after the COMMIT: how far the WAL is
 	// flushed, here and on the standbys, and a position past the commit's
 	// record. The handoff record keeps this batch until the flush passes
-	// it (handoff.go, standby.go).
+	// it (internal/handoff, standby.go).
 	var wal, flush uint64
 	batch.Queue(walPositionsSQL).QueryRow(func(row pgx.Row) (err error) {
 		wal, flush, err = r.readWAL(row)
@@ -476,7 +476,7 @@ func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (left []
 	}
 	b.conn.Release()
 	r.tracer.event(span, "committed")
-	r.handoff.committed(res.field, res.redelivered, wal, flush)
+	r.handoff.Committed(res.field, res.redelivered, wal, flush)
 	r.bp.hold(held) // once put back: a rolled-back batch's rows are not held
 	buried = len(dead)
 	if kept != nil {

@@ -1,6 +1,10 @@
 package relay
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/stagedrain/stagedrain/relay/internal/handoff"
+)
 
 // The exported errors of the package, for errors.Is: Run, CheckReady and
 // the admin operations (relay/admin) return them, or errors that wrap them.
@@ -35,7 +39,7 @@ var ErrQueueConflict = errors.New("queue conflict")
 // whose database and schema have the same names: reading that deployment's
 // record would delete rows unpushed. Give each its own RedisNamespace or
 // Redis DB.
-var ErrForeignFence = errors.New("the Redis fence belongs to another PostgreSQL cluster")
+var ErrForeignFence = handoff.ErrForeign
 
 // ErrNotReady is wrapped by every error of CheckReady.
 var ErrNotReady = errors.New("not ready")

@@ -33,7 +33,7 @@ func HandoffKeys(namespace, database, schema string, group ...string) (fence, re
 		g = group[0]
 	}
 	k := newHandoffKeys(namespace, database, schema, g)
-	return k.fence, k.record
+	return k.Fence, k.Record
 }
 
 // SetBacklogTTL sets how long a scrape of r's metrics reuses the leader's

@@ -352,7 +352,7 @@ func (s *fleetSession) discover(ctx context.Context) error {
 		c.gateTimeout, c.summaryEvery, c.drainIdleInTx = r.gateTimeout, r.summaryEvery, r.drainIdleInTx
 		// The horizon is the database's: the fleet's own registry serves it.
 		c.metrics.labelled.Unregister(c.metrics.horizonAge)
-		c.handoff.system = f.system
+		c.handoff.System = f.system
 		c.state.setRole(RoleStandby)
 		f.mu.Lock()
 		f.tenants[name] = &tenant{schema: name, r: c, wake: make(chan struct{}, 1)}
@@ -401,7 +401,7 @@ func (s *fleetSession) dropHandoff(t *tenant) {
 	var dropped bool
 	err := withTimeout(context.Background(), 2*time.Second, func(ctx context.Context) error {
 		var err error
-		dropped, err = t.r.handoff.drop(ctx)
+		dropped, err = t.r.handoff.Drop(ctx)
 		return err
 	})
 	switch {

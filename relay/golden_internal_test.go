@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"google.golang.org/protobuf/encoding/protowire"
 
+	"github.com/stagedrain/stagedrain/relay/internal/handoff"
 	"github.com/stagedrain/stagedrain/relay/internal/testenv"
 )
 
@@ -108,30 +109,24 @@ func rowsOf(jobs []stagedJob) []goldenRow {
 }
 
 // opsOf reads the commands a target built into u back out of the script's
-// KEYS and ARGV layout (pushUnit.begin and command).
-func opsOf(t *testing.T, u *pushUnit) []goldenOp {
+// KEYS and ARGV layout, as the handoff reads it (handoff.Unit.Commands).
+func opsOf(t *testing.T, u *handoff.Unit) []goldenOp {
 	t.Helper()
 	var out []goldenOp
-	for _, op := range u.ops {
-		k, a := op.k0, op.a0
-		guards, ncmds := u.args[a].(int), u.args[a+1].(int)
-		a += 3
-		g := goldenOp{Rows: append([]int64{}, op.ids...), SkipIfExists: u.keys[k : k+guards]}
-		k += guards
-		for range ncmds {
-			name, nkeys, nargs := u.args[a].(string), u.args[a+1].(int), u.args[a+2].(int)
-			c := goldenCommand{Command: name, Key: u.keys[k]}
-			if nkeys > 1 {
-				c.Keys = u.keys[k : k+nkeys]
+	for i, op := range u.Ops() {
+		guards, cmds := u.Commands(i)
+		g := goldenOp{Rows: append([]int64{}, op.IDs...), SkipIfExists: guards}
+		for _, cmd := range cmds {
+			c := goldenCommand{Command: cmd.Name, Key: cmd.Keys[0]}
+			if len(cmd.Keys) > 1 {
+				c.Keys = cmd.Keys
 			}
 			var wire []string
-			for _, arg := range u.args[a+3 : a+3+nargs] {
+			for _, arg := range cmd.Args {
 				wire = append(wire, wireArg(t, arg))
 			}
 			decode(t, &c, wire)
 			g.Commands = append(g.Commands, c)
-			k += nkeys
-			a += 3 + nargs
 		}
 		out = append(out, g)
 	}
@@ -315,7 +310,7 @@ func checkGolden(t *testing.T, name string, f goldenFile) {
 // the ops it built; no row may be rejected.
 func build(t *testing.T, tg target, jobs []stagedJob) []goldenOp {
 	t.Helper()
-	var u pushUnit
+	var u handoff.Unit
 	var res pushResult
 	tg.add(&u, jobs, goldenNow, &res)
 	if len(res.rejected) > 0 {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/stagedrain/stagedrain/relay/internal/handoff"
 	"github.com/stagedrain/stagedrain/relay/internal/testenv"
 )
 
@@ -27,14 +28,14 @@ func BenchmarkBatchBuild(b *testing.B) {
 		}
 	}
 	s := newSidekiqTarget("", TimestampSeconds, defaultMaxPayloadBytes)
-	var u pushUnit
+	var u handoff.Unit
 	var res pushResult
 	b.ReportAllocs()
 	n := 0
 	for b.Loop() {
 		if n%len(batch) == 0 {
 			res = pushResult{queues: res.queues[:0]}
-			u.reset()
+			u.Reset()
 			s.add(&u, batch, now, &res)
 		}
 		n++

@@ -61,9 +61,9 @@ func (r *Relay) campaign(ctx context.Context, pool *pgxpool.Pool) (connected tim
 	if err := r.joinGroup(ctx, conn); err != nil {
 		return connected, err
 	}
-	if r.handoff.system == "" {
+	if r.handoff.System == "" {
 		// The fence names the PostgreSQL cluster (ErrForeignFence).
-		if err := conn.QueryRow(ctx, `SELECT system_identifier::text FROM pg_control_system()`).Scan(&r.handoff.system); err != nil {
+		if err := conn.QueryRow(ctx, `SELECT system_identifier::text FROM pg_control_system()`).Scan(&r.handoff.System); err != nil {
 			return connected, fmt.Errorf("read system_identifier: %w", err)
 		}
 	}

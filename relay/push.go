@@ -10,17 +10,19 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/stagedrain/stagedrain/relay/internal/handoff"
 )
 
 // A target turns staged rows into the Redis commands of one job system's
-// format. It only adds commands to the batch's pushUnit: the relay runs
-// them in its atomic push step (handoff.go), with the fence check and the
+// format. It only adds commands to the batch's handoff.Unit: the relay runs
+// them in its atomic push step (internal/handoff), with the fence check and the
 // handoff record, so every target gets the same guarantees.
 type target interface {
 	// add builds batch into u, one op per group of rows that succeed or
 	// fail together, and adds rows no worker could run to res.rejected.
 	// now is the enqueue time.
-	add(u *pushUnit, batch []stagedJob, now time.Time, res *pushResult)
+	add(u *handoff.Unit, batch []stagedJob, now time.Time, res *pushResult)
 }
 
 // rejectedJob is a row that was not pushed, and why.
@@ -52,19 +54,19 @@ type pushResult struct {
 func (r *Relay) push(ctx context.Context, batch []stagedJob, now time.Time) (pushResult, error) {
 	h := r.handoff
 	var res pushResult
-	if err := h.ready(ctx, r.holder); err != nil {
+	if err := h.Ready(ctx, r.holder); err != nil {
 		return res, fmt.Errorf("push batch: %w", err)
 	}
 	if r.hooks.beforePush != nil {
 		r.hooks.beforePush(ctx)
 	}
-	u := &h.unit
+	u := h.Unit()
 	for all := batch; ; {
 		res, batch = pushResult{}, all
-		if len(h.delivered) > 0 {
+		if h.Delivering() {
 			fresh := make([]stagedJob, 0, len(batch))
 			for _, j := range batch {
-				if h.wasDelivered(j.id) {
+				if h.WasDelivered(j.id) {
 					res.redelivered = append(res.redelivered, j.id)
 				} else {
 					fresh = append(fresh, j)
@@ -72,8 +74,8 @@ func (r *Relay) push(ctx context.Context, batch []stagedJob, now time.Time) (pus
 			}
 			batch = fresh
 		}
-		u.reset()
-		u.maxLen = r.cfg.MaxQueueLength
+		u.Reset()
+		u.MaxLen = r.cfg.MaxQueueLength
 		if over, why := r.bp.memory(ctx, r); over {
 			// Backpressure: Redis is nearly full. Nothing is pushed; the
 			// batch's commit deletes only the rows delivered before. With
@@ -82,22 +84,22 @@ func (r *Relay) push(ctx context.Context, batch []stagedJob, now time.Time) (pus
 			for _, j := range batch {
 				res.deferred = append(res.deferred, rejectedJob{id: j.id, reason: why, held: true})
 			}
-			if !h.mustRun(len(res.redelivered)) {
+			if !h.MustRun(len(res.redelivered)) {
 				return res, nil
 			}
 			break // WAIT needs a single Redis: no cluster, whose loop this is
 		}
 		r.target.add(u, batch, now, &res)
-		if len(u.ops) == 0 && !h.mustRun(len(res.redelivered)) {
+		if len(u.Ops()) == 0 && !h.MustRun(len(res.redelivered)) {
 			return res, nil
 		}
-		if !h.cluster {
+		if !h.Cluster() {
 			break
 		}
 		// On a cluster, the slots' records are read as they are first
-		// pushed to (cluster.go): build again if they hold rows of the
+		// pushed to (internal/handoff/cluster.go): build again if they hold rows of the
 		// batch.
-		again, err := h.claim(ctx, u, r.holder)
+		again, err := h.Claim(ctx, u, r.holder)
 		if err != nil {
 			return pushResult{}, fmt.Errorf("push batch: %w", err)
 		}
@@ -105,34 +107,34 @@ func (r *Relay) push(ctx context.Context, batch []stagedJob, now time.Time) (pus
 			break
 		}
 	}
-	field, err := h.push(ctx, u)
+	field, err := h.Push(ctx, u)
 	if err != nil {
 		return pushResult{}, fmt.Errorf("push batch: %w", err)
 	}
-	for _, op := range u.ops {
+	for _, op := range u.Ops() {
 		switch {
-		case op.ids == nil: // bookkeeping
-		case op.err == nil:
-			res.pushed = append(res.pushed, op.ids...)
-			if op.skipped {
-				res.skipped += len(op.ids)
+		case op.IDs == nil: // bookkeeping
+		case op.Err == nil:
+			res.pushed = append(res.pushed, op.IDs...)
+			if op.Skipped {
+				res.skipped += len(op.IDs)
 			}
 		default:
 			to := &res.refused
-			if op.over || !isPermanentReply(op.err) {
+			if op.Over || !handoff.Permanent(op.Err) {
 				to = &res.deferred
 			}
-			for _, id := range op.ids {
-				*to = append(*to, rejectedJob{id: id, reason: op.err.Error(), held: op.over})
+			for _, id := range op.IDs {
+				*to = append(*to, rejectedJob{id: id, reason: op.Err.Error(), held: op.Over})
 			}
 		}
 	}
-	r.bp.pushed(u.ops)
+	r.bp.pushed(u.Ops())
 	res.field = field
 	held := !slices.ContainsFunc(res.deferred, func(rj rejectedJob) bool { return !rj.held })
 	if len(res.pushed)+len(res.rejected)+len(res.refused)+len(res.redelivered) == 0 && !held {
 		// Nothing went anywhere: wait, with backoff, rather than spin.
-		h.abandon(field)
+		h.Abandon(field)
 		return pushResult{}, fmt.Errorf("push batch: Redis refused all %d jobs: %s", len(res.deferred), res.deferred[0].reason)
 	}
 	return res, nil
@@ -171,3 +173,11 @@ func checkJob(j *stagedJob) ([]byte, error) {
 	}
 	return args, nil
 }
+
+// errFenced is the handoff's refusal of a deposed leader's push: the relay
+// steps down.
+var errFenced = handoff.ErrFenced
+
+// tidyEvery is how often the drain loop tidies the handoff record after a
+// drain that did not (handoff.TidyEvery).
+const tidyEvery = handoff.TidyEvery

@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/stagedrain/stagedrain/relay/internal/handoff"
 	"github.com/stagedrain/stagedrain/relay/internal/testenv"
 )
 
@@ -52,7 +53,7 @@ func TestPushToRefusingRedis(t *testing.T) {
 			}
 			ns := testenv.Name("sdtest_")
 			r := &Relay{target: newSidekiqTarget(ns, TimestampSeconds, defaultMaxPayloadBytes),
-				handoff: newHandoff(rdb, newHandoffKeys(ns, "test", "public", "")), holder: "test"}
+				handoff: handoff.New(rdb, newHandoffKeys(ns, "test", "public", "")), holder: "test"}
 			res, err := r.push(context.Background(), batch, now)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("push = %+v, %v; want an error containing %q", res, err, tc.want)

@@ -17,6 +17,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/stagedrain/stagedrain/relay/internal/handoff"
 )
 
 // Relay drains one schema's staged_jobs into Redis. Create it with New and
@@ -32,7 +34,7 @@ type Relay struct {
 	// dueOnly: the target has no scheduler, so rows are claimed only once
 	// their run_at is due, and the drain loop wakes for the next one.
 	dueOnly bool
-	handoff *handoff
+	handoff *handoff.Handoff
 	bp      *backpressure // what backpressure pauses (backpressure.go)
 	// poisoned lists the poison rows a source that does not bury them
 	// left staged in this leadership: every claim skips them. Read and
@@ -156,8 +158,8 @@ func New(cfg Config) (*Relay, error) {
 		cfg:   cfg,
 		log:   cfg.Logger,
 		pgCfg: pgCfg,
-		handoff: newHandoff(cfg.Redis, newHandoffKeys(cfg.RedisNamespace, pgCfg.Database, cfg.Schema, group)).
-			waitFor(cfg.RedisWaitReplicas, cfg.RedisWaitTimeout),
+		handoff: handoff.New(cfg.Redis, newHandoffKeys(cfg.RedisNamespace, pgCfg.Database, cfg.Schema, group)).
+			WaitFor(cfg.RedisWaitReplicas, cfg.RedisWaitTimeout),
 		holder:  applicationName("leader"),
 		lockKey: leaderLockName(cfg.Schema, group),
 		group:   group,
@@ -181,24 +183,9 @@ func New(cfg Config) (*Relay, error) {
 		r.cfg.Queues = queues
 	}
 	tenant := newTenantTag(cfg.TenantKey, cfg.Schema) // a fleet's tenant: its own schema
-	switch cfg.Target {
-	case TargetAsynq:
-		t := newAsynqTarget(cfg.MaxPayloadBytes)
-		t.tenant, r.target = tenant, t
-	case TargetBullMQ:
-		t := newBullmqTarget(cfg.RedisNamespace, cfg.MaxPayloadBytes, isCluster(cfg.Redis))
-		t.tenant, r.target = tenant, t
-	case TargetStreams:
-		t := newStreamTarget(cfg.RedisNamespace, cfg.StreamMaxLen, cfg.MaxPayloadBytes)
-		t.tenant, r.target = tenant, t
+	r.target = newTarget(cfg, tenant)
+	if cfg.Target.spec().DueOnly { // no scheduler the relay can write to (internal/target)
 		r.sql.claim, r.dueOnly = r.sql.claimDue, true
-	case TargetCelery:
-		t := newCeleryTarget(cfg.RedisNamespace, cfg.MaxPayloadBytes)
-		t.tenant, r.target = tenant, t
-		r.sql.claim, r.dueOnly = r.sql.claimDue, true // celery.go: Celery on Redis holds an eta in memory
-	default:
-		t := newSidekiqTarget(cfg.RedisNamespace, cfg.TimestampFormat, cfg.MaxPayloadBytes)
-		t.tenant, r.target = tenant, t
 	}
 	r.tracer = newBatchTracer(cfg.TracerProvider, cfg.Target)
 	r.backlog.sql, r.backlog.ttl = r.sql.backlog, backlogTTL
@@ -391,7 +378,7 @@ func (r *Relay) checkClusterNode(ctx context.Context) error {
 // never resume). A server that does not answer INFO server (renamed, a
 // proxy) is taken as it is; a cluster is checked through one of its nodes.
 func (r *Relay) checkStreamLag(ctx context.Context) error {
-	if r.cfg.Target != TargetStreams || r.cfg.MaxQueueLength <= 0 {
+	if !strings.Contains(r.cfg.Target.spec().Length, "XUNACKED") || r.cfg.MaxQueueLength <= 0 {
 		return nil
 	}
 	info, err := r.cfg.Redis.Info(ctx, "server").Result()
@@ -443,7 +430,7 @@ func (r *Relay) lead(ctx context.Context, lockConn *pgx.Conn, lockMu *sync.Mutex
 // here or elsewhere, must find the gate as a relay that is not draining
 // leaves it.
 func (r *Relay) leadWith(ctx context.Context, lockConn *pgx.Conn, lockMu *sync.Mutex, pool *pgxpool.Pool, shared chan struct{}) (err error) {
-	r.handoff.reset() // a new leadership takes the fence at its first push
+	r.handoff.Reset() // a new leadership takes the fence at its first push
 	r.poisoned = nil  // and looks at every row again
 	r.syncKnown = false
 	r.summary.poisonKept(0, 0)

@@ -7,16 +7,17 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/stagedrain/stagedrain/relay/internal/handoff"
 )
 
 // sidekiqTarget writes batches in Sidekiq's layout (see keys.go): an
 // immediate job is SADD queues <q> + LPUSH queue:<q> <json>; a job whose
 // run_at is in the future is ZADD schedule <epoch seconds> <json>. It only
 // builds the commands: the relay runs them, with its fence and record, in
-// one atomic step (handoff.go), one op per queue and one for the schedule,
+// one atomic step (internal/handoff), one op per queue and one for the schedule,
 // so a WRONGTYPE on one queue's key refuses only that queue's jobs.
 //
 // A sidekiqTarget is used by one goroutine at a time: it reuses its buffers.
@@ -52,7 +53,7 @@ func newSidekiqTarget(namespace string, ts TimestampFormat, maxPayload int) *sid
 // that push them. now is the enqueue time: a job whose run_at is after now
 // is scheduled, any other runs at once. Rows no worker could run are added
 // to res.rejected.
-func (s *sidekiqTarget) add(u *pushUnit, batch []stagedJob, now time.Time, res *pushResult) {
+func (s *sidekiqTarget) add(u *handoff.Unit, batch []stagedJob, now time.Time, res *pushResult) {
 	s.build(batch, now, res)
 	if len(s.queues) > 0 {
 		// SADD queues only feeds Sidekiq's UI: a job is pushed when its
@@ -61,73 +62,21 @@ func (s *sidekiqTarget) add(u *pushUnit, batch []stagedJob, now time.Time, res *
 		for _, g := range s.queues {
 			s.names = append(s.names, g.name)
 		}
-		u.begin(nil, "")
-		u.variadic("SADD", s.keys.queues(), 1, s.names)
+		u.Begin(nil, "")
+		u.Variadic("SADD", s.keys.queues(), 1, s.names)
 	}
 	for i := range s.queues {
 		g := &s.queues[i]
-		u.begin(g.ids, "")
-		u.limit(g.name, "LLEN", s.keys.queue(g.name))
-		u.variadic("LPUSH", s.keys.queue(g.name), 1, g.payloads)
+		u.Begin(g.ids, "")
+		u.Limit(g.name, "LLEN", s.keys.queue(g.name))
+		u.Variadic("LPUSH", s.keys.queue(g.name), 1, g.payloads)
 		res.queues = append(res.queues, g.name)
 	}
 	if len(s.sched.ids) > 0 {
-		u.begin(s.sched.ids, "")
-		u.variadic("ZADD", s.keys.schedule(), 2, s.sched.pairs)
+		u.Begin(s.sched.ids, "")
+		u.Variadic("ZADD", s.keys.schedule(), 2, s.sched.pairs)
 		res.scheduled = len(s.sched.ids)
 	}
-}
-
-// isPermanentReply reports whether err, Redis's error reply to one command
-// of the push script, is one the same job would get again, however long it
-// waited: the job is poison, and is buried. Only replies known to be so
-// are: WRONGTYPE (the queue's key holds another type), a value over
-// proto-max-bulk-len, and CROSSSLOT (the job's keys are in several cluster
-// slots, errCrossSlot). Any other reply, OOM, READONLY during a failover,
-// LOADING, BUSY, TRYAGAIN, CLUSTERDOWN, MASTERDOWN, NOREPLICAS, MISCONF, an
-// ACL's denial, and every code this relay does not know, may pass or be
-// fixed by an operator for every job alike: the job waits, staged.
-func isPermanentReply(err error) bool {
-	code, msg := replyCode(err.Error())
-	switch code {
-	case "WRONGTYPE", "CROSSSLOT":
-		return true
-	case "ERR":
-		// src/t_string.c checkStringLength; src/networking.c
-		// processMultibulkBuffer (a bulk over proto-max-bulk-len; Redis
-		// closes the connection after it).
-		return strings.HasPrefix(msg, "string exceeds maximum allowed size") ||
-			strings.HasPrefix(msg, "Protocol error: invalid bulk length")
-	}
-	return false
-}
-
-// replyCode splits an error reply that redis.pcall returned into its code
-// (OOM, WRONGTYPE, ERR, ...; "" if it has none) and message. A command's
-// own error reply reads "CODE message", in every version. An error Redis
-// raises before running the command (OOM, READONLY, MISCONF, NOREPLICAS, an
-// ACL's denial) reads the same from Redis 7.0 (luaPushErrorBuff, in
-// src/script_lua.c, parses "-CODE message" and prefixes a codeless message
-// with ERR), but in 6.2 and older luaPushError (src/scripting.c) prepends
-// the script's position to the reply as Redis would send it, "-" and
-// "\r\n" included ("@user_script: 10: -OOM command not allowed ...\r\n"),
-// or to a message with no code at all ("@user_script: 10: The user
-// executing the script can't run this command or subcommand").
-func replyCode(reply string) (code, msg string) {
-	s := strings.TrimRight(reply, "\r\n")
-	if rest, ok := strings.CutPrefix(s, "@"); ok {
-		if _, rest, ok = strings.Cut(rest, ": "); ok {
-			if line, after, ok := strings.Cut(rest, ": "); ok && line != "" && strings.Trim(line, "0123456789") == "" {
-				after, ok = strings.CutPrefix(after, "-")
-				if !ok {
-					return "", after
-				}
-				s = after
-			}
-		}
-	}
-	code, msg, _ = strings.Cut(s, " ")
-	return code, msg
 }
 
 // build resets the target and builds batch's payloads into it, grouped by

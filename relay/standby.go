@@ -16,7 +16,7 @@ import (
 // handoff, and this file handles both.
 //
 // Never twice. The drain commits its delete with synchronous_commit = off,
-// and a standby receives it later still. A record field (handoff.go)
+// and a standby receives it later still. A record field (internal/handoff)
 // recognises the rows its push delivered, so it must outlive its delete on
 // every node that could become the primary: it is deleted only once the
 // WAL position past the delete is flushed locally AND on every standby
@@ -74,9 +74,9 @@ func (r *Relay) readWAL(row pgx.Row) (insert, flush uint64, err error) {
 	if err := row.Scan(&insert, &flush, &unknown, &sync); err != nil {
 		return 0, 0, err
 	}
-	r.handoff.hold = 0
+	r.handoff.Hold = 0
 	if unknown {
-		r.handoff.hold = r.cfg.StandbyRetention
+		r.handoff.Hold = r.cfg.StandbyRetention
 	}
 	r.syncStandby, r.syncKnown = sync, true
 	return insert, flush, nil

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strconv"
 	"time"
+
+	"github.com/stagedrain/stagedrain/relay/internal/handoff"
 )
 
 // streamTarget appends each job to the Redis stream of its queue:
@@ -38,7 +40,7 @@ func newStreamTarget(namespace string, maxLen int64, maxPayload int) *streamTarg
 	return &streamTarget{keys: newStreamKeys(namespace), maxLen: maxLen, maxPayload: maxPayload}
 }
 
-func (s *streamTarget) add(u *pushUnit, batch []stagedJob, now time.Time, res *pushResult) {
+func (s *streamTarget) add(u *handoff.Unit, batch []stagedJob, now time.Time, res *pushResult) {
 	s.ids, s.nums = s.ids[:0], s.nums[:0]
 	s.ids = slices.Grow(s.ids, len(batch)) // never moves: each op keeps a slice of it
 	for i := range batch {
@@ -70,8 +72,8 @@ func (s *streamTarget) add(u *pushUnit, batch []stagedJob, now time.Time, res *p
 			continue
 		}
 		s.ids = append(s.ids, j.id)
-		u.begin(s.ids[len(s.ids)-1 : len(s.ids) : len(s.ids)])
-		u.limit(j.queue, "XUNACKED", s.keys.stream(j.queue)) // what consumer groups have not acknowledged
+		u.Begin(s.ids[len(s.ids)-1 : len(s.ids) : len(s.ids)])
+		u.Limit(j.queue, "XUNACKED", s.keys.stream(j.queue)) // what consumer groups have not acknowledged
 		cmd := make([]any, 0, 16)
 		if s.maxLen > 0 {
 			cmd = append(cmd, "MAXLEN", "~", s.maxLen)
@@ -89,7 +91,7 @@ func (s *streamTarget) add(u *pushUnit, batch []stagedJob, now time.Time, res *p
 				cmd = append(cmd, tracestateKey, ts)
 			}
 		}
-		u.command("XADD", s.keys.stream(j.queue), cmd...)
+		u.Command("XADD", s.keys.stream(j.queue), cmd...)
 		if !slices.Contains(res.queues, j.queue) {
 			res.queues = append(res.queues, j.queue)
 		}

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/stagedrain/stagedrain/relay/internal/handoff"
 )
 
 // The golden files of Config.TenantKey: where each target writes the
@@ -102,7 +104,7 @@ func TestTenantRule(t *testing.T) {
 			if c.only != "" && c.only != name {
 				continue
 			}
-			var u pushUnit
+			var u handoff.Unit
 			var res pushResult
 			newTarget(tag).add(&u, []stagedJob{goldenJob(1, "J", `[1]`, "default", nil, c.options)}, now, &res)
 			var got string
@@ -116,7 +118,7 @@ func TestTenantRule(t *testing.T) {
 	}
 	// Off, the key is nobody's: Sidekiq and streams carry it as an option.
 	for _, name := range []string{"sidekiq", "streams"} {
-		var u pushUnit
+		var u handoff.Unit
 		var res pushResult
 		targets[name](tenantTag{}).add(&u, []stagedJob{goldenJob(1, "J", `[1]`, "default", nil, `{"apartment": "tenant_2"}`)}, now, &res)
 		if len(res.rejected) > 0 {

@@ -199,10 +199,7 @@ func newBatchTracer(tp trace.TracerProvider, target Target) *batchTracer {
 	if tp == nil {
 		return nil
 	}
-	system := string(target)
-	if target == TargetStreams {
-		system = "redis"
-	}
+	system := target.spec().TraceSystem
 	return &batchTracer{tracer: tp.Tracer("github.com/stagedrain/stagedrain/relay"), system: system}
 }
 

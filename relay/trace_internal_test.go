@@ -8,6 +8,8 @@ import (
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/stagedrain/stagedrain/relay/internal/handoff"
 )
 
 func TestValidTraceparent(t *testing.T) {
@@ -113,14 +115,14 @@ func BenchmarkBatchBuildOptions(b *testing.B) {
 					queue: fmt.Sprintf("q%d", i%4), jid: "0123456789abcdef01234567", createdAt: now, options: []byte(opts)}
 			}
 			s := newSidekiqTarget("", TimestampSeconds, defaultMaxPayloadBytes)
-			var u pushUnit
+			var u handoff.Unit
 			var res pushResult
 			b.ReportAllocs()
 			n := 0
 			for b.Loop() {
 				if n%len(batch) == 0 {
 					res = pushResult{queues: res.queues[:0]}
-					u.reset()
+					u.Reset()
 					s.add(&u, batch, now, &res)
 				}
 				n++

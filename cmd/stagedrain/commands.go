@@ -522,7 +522,7 @@ func runRedisOptions(url string) (*redis.Options, error) {
 // its name, no CLIENT SETINFO (unknown to Redis < 7.2), one dial and no
 // retries (MaxRetries -1, whatever the URL says). The relay retries failed
 // batches with its own logged backoff, after settling an unanswered push
-// from its record under a new fence token (relay/handoff.go). go-redis
+// from its record under a new fence token (relay/internal/handoff). go-redis
 // would resend a push whose reply timed out, on a new connection, while the
 // first copy may still run: the script is safe to run twice, and is not
 // resent at all.

@@ -1,8 +1,8 @@
-package relay
+package handoff
 
 import "testing"
 
-// TestKeySlot checks keySlot against slots Redis computes (CLUSTER KEYSLOT),
+// TestKeySlot checks KeySlot against slots Redis computes (CLUSTER KEYSLOT),
 // and that slotTag covers every slot.
 func TestKeySlot(t *testing.T) {
 	for key, want := range map[string]int{
@@ -13,12 +13,12 @@ func TestKeySlot(t *testing.T) {
 		"foo{{bar}}zap":        4015,
 		"foo{bar}{zap}":        5061,
 	} {
-		if got := keySlot(key); got != want {
-			t.Errorf("keySlot(%q) = %d, want %d", key, got, want)
+		if got := KeySlot(key); got != want {
+			t.Errorf("KeySlot(%q) = %d, want %d", key, got, want)
 		}
 	}
 	for s := range clusterSlots {
-		if got := keySlot("{" + slotTag(s) + "}x"); got != s {
+		if got := KeySlot("{" + slotTag(s) + "}x"); got != s {
 			t.Fatalf("slotTag(%d) = %q, in slot %d", s, slotTag(s), got)
 		}
 	}

@@ -1,4 +1,4 @@
-package relay
+package handoff
 
 import (
 	"context"
@@ -32,10 +32,10 @@ import (
 // pushes to a slot, it claims the slot: one script, atomic on the slot,
 // refuses (FENCED) if the slot's fence holds a newer epoch, else sets the
 // slot's epoch and token to its own and returns the slot's record. Every
-// push then checks the slot's token, as on a single Redis. A deposed leader
+// Push then checks the slot's token, as on a single Redis. A deposed leader
 // pushing to a slot that the new leader has claimed is refused; one pushing
 // to a slot that the new leader has not claimed yet still succeeds, but its
-// push is in that slot's record when the new leader claims the slot, before
+// Push is in that slot's record when the new leader claims the slot, before
 // its first push there: the rows it delivered are deleted, not pushed
 // again. There is no window in which a deposed leader's push goes unseen,
 // as long as Redis keeps what it acknowledged (as on a single Redis); the
@@ -76,13 +76,13 @@ return redis.call('HGETALL', KEYS[2])
 
 // acquireCluster takes a new epoch and token; the slots are claimed as
 // pushes reach them.
-func (h *handoff) acquireCluster(ctx context.Context, holder string) error {
+func (h *Handoff) acquireCluster(ctx context.Context, holder string) error {
 	var raw [16]byte
 	_, _ = rand.Read(raw[:])
 	token := hex.EncodeToString(raw[:])
 	now := time.Now().UTC()
-	epoch, err := acquireClusterScript.Run(ctx, h.rdb, []string{h.keys.fence},
-		token, holder, now.Format(time.RFC3339), h.system, now.UnixMilli()).Int64()
+	epoch, err := acquireClusterScript.Run(ctx, h.rdb, []string{h.keys.Fence},
+		token, holder, now.Format(time.RFC3339), h.System, now.UnixMilli()).Int64()
 	if err != nil {
 		return fenceError(err)
 	}
@@ -96,26 +96,26 @@ func (h *handoff) acquireCluster(ctx context.Context, holder string) error {
 }
 
 // opSlot returns the slot of op i of u, or -1 when its keys are in several.
-func (u *pushUnit) opSlot(i int) (slot int, keys []string, args []any) {
+func (u *Unit) opSlot(i int) (slot int, keys []string, args []any) {
 	op := &u.ops[i]
 	kend, aend := len(u.keys), len(u.args)
 	if i+1 < len(u.ops) {
 		kend, aend = u.ops[i+1].k0, u.ops[i+1].a0
 	}
 	keys, args = u.keys[op.k0:kend], u.args[op.a0:aend]
-	slot = keySlot(keys[0])
+	slot = KeySlot(keys[0])
 	for _, k := range keys[1:] {
-		if keySlot(k) != slot {
+		if KeySlot(k) != slot {
 			return -1, keys, args
 		}
 	}
 	return slot, keys, args
 }
 
-// claim claims the slots of u's ops that this leadership has not claimed
+// Claim claims the slots of u's ops that this leadership has not claimed
 // yet, reading their records. It reports whether those records show that
 // an earlier push delivered some of u's rows: then u must be built again.
-func (h *handoff) claim(ctx context.Context, u *pushUnit, holder string) (again bool, err error) {
+func (h *Handoff) Claim(ctx context.Context, u *Unit, holder string) (again bool, err error) {
 	read := false
 	for i := range u.ops {
 		s, _, _ := u.opSlot(i)
@@ -131,8 +131,8 @@ func (h *handoff) claim(ctx context.Context, u *pushUnit, holder string) (again 
 		return false, nil
 	}
 	for _, op := range u.ops {
-		for _, id := range op.ids {
-			if h.wasDelivered(id) {
+		for _, id := range op.IDs {
+			if h.WasDelivered(id) {
 				return true, nil
 			}
 		}
@@ -142,15 +142,15 @@ func (h *handoff) claim(ctx context.Context, u *pushUnit, holder string) (again 
 
 // claimSlot claims one slot and replaces what delivered holds of its
 // record with the record read.
-func (h *handoff) claimSlot(ctx context.Context, s int, holder string) error {
+func (h *Handoff) claimSlot(ctx context.Context, s int, holder string) error {
 	k := h.keys.slot(s)
-	rec, err := claimScript.Run(ctx, h.rdb, []string{k.fence, k.record},
+	rec, err := claimScript.Run(ctx, h.rdb, []string{k.Fence, k.Record},
 		h.epoch, h.token, holder, time.Now().UTC().Format(time.RFC3339)).StringSlice()
 	if err != nil {
 		if strings.HasPrefix(err.Error(), "FENCED") {
 			h.token = ""
 			h.reload = true
-			return fmt.Errorf("%w: %w", errFenced, err)
+			return fmt.Errorf("%w: %w", ErrFenced, err)
 		}
 		return fmt.Errorf("claim the fence of cluster slot %d: %w", s, err)
 	}
@@ -189,13 +189,13 @@ const errCrossSlot = replyError("CROSSSLOT the job's keys are in different Redis
 
 // pushCluster runs u's ops as one script call per slot, each with the fence
 // check and the record of its part under field.
-func (h *handoff) pushCluster(ctx context.Context, u *pushUnit, field string) error {
+func (h *Handoff) pushCluster(ctx context.Context, u *Unit, field string) error {
 	var order []int
 	groups := make(map[int][]int)
 	for i := range u.ops {
 		s, _, _ := u.opSlot(i)
 		if s < 0 {
-			u.ops[i].err = errCrossSlot
+			u.ops[i].Err = errCrossSlot
 			continue
 		}
 		if _, ok := groups[s]; !ok {
@@ -211,7 +211,7 @@ func (h *handoff) pushCluster(ctx context.Context, u *pushUnit, field string) er
 			h.token, h.reload = "", true
 			delete(h.parts, field)
 			if strings.HasPrefix(err.Error(), "FENCED") {
-				return fmt.Errorf("%w: %w", errFenced, err)
+				return fmt.Errorf("%w: %w", ErrFenced, err)
 			}
 			return err
 		}
@@ -220,9 +220,9 @@ func (h *handoff) pushCluster(ctx context.Context, u *pushUnit, field string) er
 }
 
 // pushPart runs the ops of u in slot s in one script call.
-func (h *handoff) pushPart(ctx context.Context, u *pushUnit, field string, s int, ops []int) error {
+func (h *Handoff) pushPart(ctx context.Context, u *Unit, field string, s int, ops []int) error {
 	k := h.keys.slot(s)
-	keys := []string{k.fence, k.record}
+	keys := []string{k.Fence, k.Record}
 	args := []any{h.token, field, 0}
 	var rest []string
 	for _, ref := range h.clear {
@@ -250,8 +250,8 @@ func (h *handoff) pushPart(ctx context.Context, u *pushUnit, field string, s int
 		return err
 	}
 	for _, i := range ops {
-		if op := &u.ops[i]; op.err == nil {
-			for _, id := range op.ids {
+		if op := &u.ops[i]; op.Err == nil {
+			for _, id := range op.IDs {
 				h.idSlot[id] = s
 			}
 		}
@@ -260,14 +260,14 @@ func (h *handoff) pushPart(ctx context.Context, u *pushUnit, field string, s int
 }
 
 // tidyCluster deletes the record fields in h.clear, slot by slot.
-func (h *handoff) tidyCluster(ctx context.Context) error {
+func (h *Handoff) tidyCluster(ctx context.Context) error {
 	bySlot := make(map[int][]string)
 	for _, ref := range h.clear {
 		s, f := parseSlotRef(ref)
 		bySlot[s] = append(bySlot[s], f)
 	}
 	for s, fields := range bySlot {
-		if err := h.rdb.HDel(ctx, h.keys.slot(s).record, fields...).Err(); err != nil {
+		if err := h.rdb.HDel(ctx, h.keys.slot(s).Record, fields...).Err(); err != nil {
 			h.clear = h.clear[:0]
 			for s, fields := range bySlot {
 				for _, f := range fields {
@@ -280,4 +280,11 @@ func (h *handoff) tidyCluster(ctx context.Context) error {
 	}
 	h.clear = h.clear[:0]
 	return nil
+}
+
+// Slot returns the cluster slot of op i of u, or -1 when its keys are in
+// several: such an op is refused (CROSSSLOT) on a cluster.
+func (u *Unit) Slot(i int) int {
+	s, _, _ := u.opSlot(i)
+	return s
 }

@@ -1,4 +1,4 @@
-package relay
+package handoff
 
 import (
 	"strconv"
@@ -13,10 +13,10 @@ import (
 
 const clusterSlots = 16384
 
-// keySlot returns the cluster slot of key: CRC16 (XMODEM) of its hash tag,
+// KeySlot returns the cluster slot of key: CRC16 (XMODEM) of its hash tag,
 // the part between the first { and the next }, when that part is not empty;
 // otherwise of the whole key.
-func keySlot(key string) int {
+func KeySlot(key string) int {
 	if s := strings.IndexByte(key, '{'); s >= 0 {
 		if e := strings.IndexByte(key[s+1:], '}'); e > 0 {
 			key = key[s+1 : s+1+e]
@@ -61,7 +61,7 @@ func slotTag(slot int) string {
 				return
 			}
 			if n == 0 {
-				s := keySlot(string(prefix))
+				s := KeySlot(string(prefix))
 				if slotTags[s] == "" {
 					slotTags[s] = string(prefix)
 					left--

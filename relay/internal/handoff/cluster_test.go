@@ -1,4 +1,4 @@
-package relay
+package handoff
 
 import (
 	"context"
@@ -19,11 +19,11 @@ func TestClusterFenceRefusesTheDeposedLeader(t *testing.T) {
 	rdb := testenv.StartRedisCluster(t).Client(t)
 	keys := newHandoffKeys("", "test", "fenced", "")
 	listA, listB := "{qa}:list", "{qb}:list"
-	if keySlot(listA) == keySlot(listB) {
+	if KeySlot(listA) == KeySlot(listB) {
 		t.Fatal("the two lists share a slot")
 	}
-	old1, old2, cur := newHandoff(rdb, keys), newHandoff(rdb, keys), newHandoff(rdb, keys)
-	for _, h := range []*handoff{old1, old2, cur} {
+	old1, old2, cur := New(rdb, keys), New(rdb, keys), New(rdb, keys)
+	for _, h := range []*Handoff{old1, old2, cur} {
 		if !h.cluster {
 			t.Fatal("a handoff on a ClusterClient is not in cluster mode")
 		}
@@ -36,20 +36,20 @@ func TestClusterFenceRefusesTheDeposedLeader(t *testing.T) {
 	}
 	// build makes h's unit one op that delivers ids to list, and claims
 	// its slot: again says the slot's record holds some of ids.
-	build := func(h *handoff, list string, ids ...int64) (again bool, err error) {
+	build := func(h *Handoff, list string, ids ...int64) (again bool, err error) {
 		u := &h.unit
-		u.reset()
-		u.begin(ids)
+		u.Reset()
+		u.Begin(ids)
 		for range ids {
-			u.command("RPUSH", list, "job")
+			u.Command("RPUSH", list, "job")
 		}
-		return h.claim(ctx, u, "h")
+		return h.Claim(ctx, u, "h")
 	}
-	push := func(h *handoff, list string, ids ...int64) error {
+	push := func(h *Handoff, list string, ids ...int64) error {
 		if again, err := build(h, list, ids...); err != nil || again {
 			return errors.Join(err, errors.New("the record holds some ids"))
 		}
-		_, err := h.push(ctx, &h.unit)
+		_, err := h.Push(ctx, &h.unit)
 		return err
 	}
 	llen := func(list string) int64 { return rdb.LLen(ctx, list).Val() }
@@ -58,8 +58,8 @@ func TestClusterFenceRefusesTheDeposedLeader(t *testing.T) {
 		t.Fatalf("the leader's push: %v", err)
 	}
 	// Slot A is the leader's: the deposed one is refused, whole.
-	if err := push(old1, listA, 2); !errors.Is(err, errFenced) {
-		t.Fatalf("a deposed leader's push to a claimed slot: %v, want errFenced", err)
+	if err := push(old1, listA, 2); !errors.Is(err, ErrFenced) {
+		t.Fatalf("a deposed leader's push to a claimed slot: %v, want ErrFenced", err)
 	}
 	if n := llen(listA); n != 1 {
 		t.Fatalf("list A holds %d jobs, want the leader's 1", n)
@@ -73,19 +73,19 @@ func TestClusterFenceRefusesTheDeposedLeader(t *testing.T) {
 	if err != nil || !again {
 		t.Fatalf("the leader's claim of slot B: again %v, %v; want the record's rows 7 and 8", again, err)
 	}
-	if !cur.wasDelivered(7) || !cur.wasDelivered(8) || cur.wasDelivered(9) {
+	if !cur.WasDelivered(7) || !cur.WasDelivered(8) || cur.WasDelivered(9) {
 		t.Fatalf("delivered %v, want 7 and 8", cur.delivered)
 	}
 	if err := push(cur, listB, 9); err != nil {
 		t.Fatalf("the leader's push to slot B: %v", err)
 	}
-	if err := push(old2, listB, 10); !errors.Is(err, errFenced) {
-		t.Fatalf("the deposed leader's push once slot B is claimed: %v, want errFenced", err)
+	if err := push(old2, listB, 10); !errors.Is(err, ErrFenced) {
+		t.Fatalf("the deposed leader's push once slot B is claimed: %v, want ErrFenced", err)
 	}
 	if n := llen(listB); n != 3 {
 		t.Fatalf("list B holds %d jobs, want 7, 8 and 9 once each", n)
 	}
-	rec, err := rdb.HGetAll(ctx, keys.slot(keySlot(listB)).record).Result()
+	rec, err := rdb.HGetAll(ctx, keys.slot(KeySlot(listB)).Record).Result()
 	if err != nil || len(rec) != 2 {
 		t.Fatalf("slot B's record %v, %v; want the two pushes' fields", rec, err)
 	}
@@ -97,24 +97,24 @@ func TestClusterRefusesACrossSlotOp(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	rdb := testenv.StartRedisCluster(t).Client(t)
-	h := newHandoff(rdb, newHandoffKeys("", "test", "cross", ""))
+	h := New(rdb, newHandoffKeys("", "test", "cross", ""))
 	if err := h.acquire(ctx, "h"); err != nil {
 		t.Fatal(err)
 	}
 	u := &h.unit
-	u.begin([]int64{1})
-	u.command("RPUSH", "{qa}:list", "job")
-	u.command("RPUSH", "{qb}:list", "job")
-	u.begin([]int64{2})
-	u.command("RPUSH", "{qa}:list", "job")
-	if _, err := h.claim(ctx, u, "h"); err != nil {
+	u.Begin([]int64{1})
+	u.Command("RPUSH", "{qa}:list", "job")
+	u.Command("RPUSH", "{qb}:list", "job")
+	u.Begin([]int64{2})
+	u.Command("RPUSH", "{qa}:list", "job")
+	if _, err := h.Claim(ctx, u, "h"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := h.push(ctx, u); err != nil {
+	if _, err := h.Push(ctx, u); err != nil {
 		t.Fatal(err)
 	}
-	if u.ops[0].err != errCrossSlot || u.ops[1].err != nil {
-		t.Fatalf("op errors %v, %v; want CROSSSLOT, nil", u.ops[0].err, u.ops[1].err)
+	if u.ops[0].Err != errCrossSlot || u.ops[1].Err != nil {
+		t.Fatalf("op errors %v, %v; want CROSSSLOT, nil", u.ops[0].Err, u.ops[1].Err)
 	}
 	if n := rdb.LLen(ctx, "{qa}:list").Val() + rdb.LLen(ctx, "{qb}:list").Val(); n != 1 {
 		t.Fatalf("%d jobs pushed, want the second op's 1", n)
@@ -128,26 +128,26 @@ func TestClusterDropDeletesSettledRecords(t *testing.T) {
 	ctx := context.Background()
 	rdb := testenv.StartRedisCluster(t).Client(t)
 	keys := newHandoffKeys("", "test", "dropped", "")
-	h := newHandoff(rdb, keys)
+	h := New(rdb, keys)
 	if err := h.acquire(ctx, "h"); err != nil {
 		t.Fatal(err)
 	}
-	all := []string{keys.fence}
+	all := []string{keys.Fence}
 	for i, list := range []string{"{qa}:list", "{qb}:list"} {
 		u := &h.unit
-		u.reset()
-		u.begin([]int64{int64(i + 1)})
-		u.command("RPUSH", list, "job")
-		if again, err := h.claim(ctx, u, "h"); err != nil || again {
+		u.Reset()
+		u.Begin([]int64{int64(i + 1)})
+		u.Command("RPUSH", list, "job")
+		if again, err := h.Claim(ctx, u, "h"); err != nil || again {
 			t.Fatalf("claim: %v, %v", again, err)
 		}
-		field, err := h.push(ctx, u)
+		field, err := h.Push(ctx, u)
 		if err != nil {
 			t.Fatal(err)
 		}
-		h.committed(field, nil, 500, 400)
-		k := keys.slot(keySlot(list))
-		all = append(all, k.fence, k.record)
+		h.Committed(field, nil, 500, 400)
+		k := keys.slot(KeySlot(list))
+		all = append(all, k.Fence, k.Record)
 	}
 	exists := func() int {
 		n := 0
@@ -159,7 +159,7 @@ func TestClusterDropDeletesSettledRecords(t *testing.T) {
 	if n := exists(); n != len(all) {
 		t.Fatalf("%d of the fences and records %v exist after the pushes, want all", n, all)
 	}
-	if dropped, err := h.drop(ctx); err != nil || !dropped {
+	if dropped, err := h.Drop(ctx); err != nil || !dropped {
 		t.Fatalf("drop: %v, %v; want true", dropped, err)
 	}
 	if n := exists(); n != 0 {

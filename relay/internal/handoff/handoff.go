@@ -1,4 +1,4 @@
-package relay
+package handoff
 
 import (
 	"context"
@@ -49,7 +49,7 @@ import (
 //
 // The fence names PostgreSQL's system_identifier: a relay of another
 // PostgreSQL cluster whose database and schema names match refuses to take
-// it (ErrForeignFence) rather than read the other's record.
+// it (ErrForeign) rather than read the other's record.
 //
 // A relay that pushed a batch and died, or lost PostgreSQL, before the
 // batch's delete committed leaves those rows staged, and their ids recorded.
@@ -104,7 +104,7 @@ import (
 // op ran, 2 and the guard key that existed when a guard skipped it, 3 and
 // the length when a length guard stopped it (for XUNACKED, a pair: the
 // count and the slowest group, "" for none), 0 and the error reply of the
-// command that failed (the op's later commands are not run). When the
+// Command that failed (the op's later commands are not run). When the
 // record holds this batch's field already, it runs no op and answers two
 // elements: -1 and the field's value (the ids the first run delivered).
 var handoffScript = redis.NewScript(`
@@ -285,18 +285,24 @@ redis.call('DEL', unpack(KEYS))
 return 1
 `)
 
-// errFenced is returned by a push that the fence refused: another relay
+// ErrFenced is returned by a push that the fence refused: another relay
 // leads now. The relay steps down.
-var errFenced = errors.New("fenced off")
+var ErrFenced = errors.New("fenced off")
 
-// handoff runs the atomic push step and keeps what the relay knows of the
+// ErrForeign is returned by a push whose fence belongs to another
+// PostgreSQL cluster (relay.ErrForeignFence).
+var ErrForeign = errors.New("the Redis fence belongs to another PostgreSQL cluster")
+
+// Handoff runs the atomic push step and keeps what the relay knows of the
 // record. It is used by the drain goroutine only.
-type handoff struct {
+type Handoff struct {
 	rdb  redis.UniversalClient
-	keys handoffKeys
+	keys Keys
 
-	token  string // this leadership's fence token; "" until acquired
-	system string // PostgreSQL's system_identifier, written into the fence
+	token string // this leadership's fence token; "" until acquired
+	// System is PostgreSQL's system_identifier, written into the fence
+	// (ErrForeign). Set it before the first push.
+	System string
 	epoch  int64
 	seq    int64 // batches pushed in this leadership, for record fields
 
@@ -313,16 +319,16 @@ type handoff struct {
 	// clear will get once the WAL is flushed past lsn: the deletes they
 	// cover committed, perhaps asynchronously.
 	unflushed []walWait
-	// hold, when positive, keeps a field in unflushed at least this long
+	// Hold, when positive, keeps a field in unflushed at least this long
 	// after its delete committed: the standbys' positions could not be
 	// read (Config.StandbyRetention; standby.go).
-	hold time.Duration
+	Hold time.Duration
 	// reload says that the record in Redis may hold batches this relay
 	// does not know of (a new leadership, a push whose reply was lost): it
 	// is read before the next push.
 	reload bool
 
-	unit   pushUnit
+	unit   Unit
 	header []any
 
 	// waitReplicas > 0: each push is followed, on its connection, by WAIT
@@ -341,8 +347,10 @@ type handoff struct {
 	tidiedAt time.Time // when tidy last ran (tidyDue)
 }
 
-func newHandoff(rdb redis.UniversalClient, keys handoffKeys) *handoff {
-	h := &handoff{rdb: rdb, keys: keys, delivered: make(map[int64]string), fields: make(map[string]int)}
+// New returns a handoff through rdb (a *redis.ClusterClient: one fence and
+// record per slot, cluster.go) under keys.
+func New(rdb redis.UniversalClient, keys Keys) *Handoff {
+	h := &Handoff{rdb: rdb, keys: keys, delivered: make(map[int64]string), fields: make(map[string]int)}
 	if _, ok := rdb.(*redis.ClusterClient); ok {
 		h.cluster = true
 		h.claimed, h.parts, h.idSlot = make(map[int]bool), make(map[string][]int), make(map[int64]int)
@@ -350,24 +358,36 @@ func newHandoff(rdb redis.UniversalClient, keys handoffKeys) *handoff {
 	return h
 }
 
-// waitFor makes each push wait for n replicas (none when n is 0).
-func (h *handoff) waitFor(n int, timeout time.Duration) *handoff {
+// Unit is the unit that targets build each batch into: the handoff reuses
+// its buffers from batch to batch.
+func (h *Handoff) Unit() *Unit { return &h.unit }
+
+// Cluster reports whether the handoff runs on a Redis Cluster: a push then
+// claims its slots (Claim) before it runs.
+func (h *Handoff) Cluster() bool { return h.cluster }
+
+// Delivering reports whether some rows were delivered by a push whose
+// delete is not known to have committed (WasDelivered).
+func (h *Handoff) Delivering() bool { return len(h.delivered) > 0 }
+
+// WaitFor makes each push wait for n replicas (none when n is 0).
+func (h *Handoff) WaitFor(n int, timeout time.Duration) *Handoff {
 	h.waitReplicas, h.waitTimeout = n, timeout
 	return h
 }
 
-// mustRun reports whether a push that runs no op must still run the
+// MustRun reports whether a push that runs no op must still run the
 // script: with WAIT, a batch of rows an earlier push delivered deletes
 // them only once the replicas have that push. The script's write of its
 // record field comes after the earlier push's writes in the replication
 // stream, so WAIT covers them too.
-func (h *handoff) mustRun(redelivered int) bool {
+func (h *Handoff) MustRun(redelivered int) bool {
 	return h.waitReplicas > 0 && redelivered > 0
 }
 
-// reset forgets the leadership: the next push acquires a new one, after
+// Reset forgets the leadership: the next push acquires a new one, after
 // reading the record.
-func (h *handoff) reset() {
+func (h *Handoff) Reset() {
 	h.token, h.epoch, h.seq = "", 0, 0
 	h.reload = true
 	clear(h.claimed)
@@ -376,15 +396,15 @@ func (h *handoff) reset() {
 // acquire takes the fence for a new leadership, then reads the record (the
 // order matters: a push of the last leader is either in the record read
 // after, or refused). holder names this relay in the fence hash.
-func (h *handoff) acquire(ctx context.Context, holder string) error {
+func (h *Handoff) acquire(ctx context.Context, holder string) error {
 	if h.cluster {
 		return h.acquireCluster(ctx, holder)
 	}
 	var raw [16]byte
 	_, _ = rand.Read(raw[:])
 	token := hex.EncodeToString(raw[:])
-	epoch, err := acquireScript.Run(ctx, h.rdb, []string{h.keys.fence},
-		token, holder, time.Now().UTC().Format(time.RFC3339), h.system).Int64()
+	epoch, err := acquireScript.Run(ctx, h.rdb, []string{h.keys.Fence},
+		token, holder, time.Now().UTC().Format(time.RFC3339), h.System).Int64()
 	if err != nil {
 		return fenceError(err)
 	}
@@ -394,7 +414,7 @@ func (h *handoff) acquire(ctx context.Context, holder string) error {
 }
 
 // load reads the record hash into delivered, when reload says so.
-func (h *handoff) load(ctx context.Context) error {
+func (h *Handoff) load(ctx context.Context) error {
 	if !h.reload {
 		return nil
 	}
@@ -404,7 +424,7 @@ func (h *handoff) load(ctx context.Context) error {
 		h.reload = false
 		return nil
 	}
-	rec, err := h.rdb.HGetAll(ctx, h.keys.record).Result()
+	rec, err := h.rdb.HGetAll(ctx, h.keys.Record).Result()
 	if err != nil {
 		return fmt.Errorf("read the handoff record: %w", err)
 	}
@@ -427,16 +447,16 @@ func (h *handoff) load(ctx context.Context) error {
 	return nil
 }
 
-// ready prepares a push: it takes the fence when this leadership has not
+// Ready prepares a push: it takes the fence when this leadership has not
 // yet, and reads the record when it may have changed.
-func (h *handoff) ready(ctx context.Context, holder string) error {
+func (h *Handoff) Ready(ctx context.Context, holder string) error {
 	if h.token == "" {
 		return h.acquire(ctx, holder)
 	}
 	return h.load(ctx)
 }
 
-// drop deletes the fence and the record of a schema whose table is gone,
+// Drop deletes the fence and the record of a schema whose table is gone,
 // after its last lead: it reports whether it did. It does so only while
 // this leadership holds the fence and knows every batch in the record as
 // settled (delivered and deleted, or delivering nothing): no row is left
@@ -444,21 +464,21 @@ func (h *handoff) ready(ctx context.Context, holder string) error {
 // under the schema's name must not meet the old rows' ids in a record (it
 // would delete its own rows of those ids unpushed). Otherwise, or on a
 // cluster for the slots this leadership never claimed, the keys stay.
-func (h *handoff) drop(ctx context.Context) (bool, error) {
+func (h *Handoff) Drop(ctx context.Context) (bool, error) {
 	if h.token == "" || h.reload || len(h.delivered) > 0 {
 		return false, nil
 	}
-	defer h.reset()
+	defer h.Reset()
 	// On a cluster, the global fence first (its record is never written):
 	// a leadership that took it since has claimed, or will claim, the
 	// slots, and each slot's pair is deleted only while it is this one's.
-	pairs := [][]string{{h.keys.fence, h.keys.record}}
+	pairs := [][]string{{h.keys.Fence, h.keys.Record}}
 	if h.cluster {
 		pairs[0] = pairs[0][:1] // the global record is another slot's
 	}
 	for s := range h.claimed {
 		k := h.keys.slot(s)
-		pairs = append(pairs, []string{k.fence, k.record})
+		pairs = append(pairs, []string{k.Fence, k.Record})
 	}
 	for i, keys := range pairs {
 		n, err := dropScript.Run(ctx, h.rdb, keys, h.token).Int()
@@ -472,24 +492,24 @@ func (h *handoff) drop(ctx context.Context) (bool, error) {
 	return true, nil
 }
 
-// wasDelivered reports whether a push delivered the row with this id
+// WasDelivered reports whether a push delivered the row with this id
 // already (its delete did not commit).
-func (h *handoff) wasDelivered(id int64) bool {
+func (h *Handoff) WasDelivered(id int64) bool {
 	_, ok := h.delivered[id]
 	return ok
 }
 
-// push runs u's ops in one atomic step and reports, for each op, whether it
+// Push runs u's ops in one atomic step and reports, for each op, whether it
 // delivered its rows. On an error nothing is known of what Redis did: the
 // batch stays staged, and the record is read again before the next push.
-// errFenced means another relay leads.
-func (h *handoff) push(ctx context.Context, u *pushUnit) (field string, err error) {
+// ErrFenced means another relay leads.
+func (h *Handoff) Push(ctx context.Context, u *Unit) (field string, err error) {
 	h.seq++
 	field = strconv.FormatInt(h.epoch, 10) + ":" + strconv.FormatInt(h.seq, 10)
 	if h.cluster {
 		return field, h.pushCluster(ctx, u, field)
 	}
-	keys := append([]string{h.keys.fence, h.keys.record}, u.keys...)
+	keys := append([]string{h.keys.Fence, h.keys.Record}, u.keys...)
 	h.header = append(h.header[:0], h.token, field, len(h.clear))
 	for _, f := range h.clear {
 		h.header = append(h.header, f)
@@ -501,7 +521,7 @@ func (h *handoff) push(ctx context.Context, u *pushUnit) (field string, err erro
 		// under a new token (see the top of this file).
 		h.token, h.reload = "", true
 		if strings.HasPrefix(err.Error(), "FENCED") {
-			return "", fmt.Errorf("%w: %w", errFenced, err)
+			return "", fmt.Errorf("%w: %w", ErrFenced, err)
 		}
 		return "", err
 	}
@@ -515,7 +535,7 @@ func (h *handoff) push(ctx context.Context, u *pushUnit) (field string, err erro
 
 // run runs the push script, then, with waitReplicas, WAIT on the same
 // connection: the push counts only once enough replicas have it.
-func (h *handoff) run(ctx context.Context, keys []string, args []any) ([]any, error) {
+func (h *Handoff) run(ctx context.Context, keys []string, args []any) ([]any, error) {
 	if h.waitReplicas == 0 {
 		return handoffScript.Run(ctx, h.rdb, keys, args...).Slice()
 	}
@@ -547,7 +567,7 @@ var errTooFewReplicas = errors.New("redis WAIT: too few replicas")
 // fenceError is the error of a script that takes the fence.
 func fenceError(err error) error {
 	if strings.HasPrefix(err.Error(), "FOREIGN") {
-		return fmt.Errorf("%w: %s", ErrForeignFence, strings.TrimPrefix(err.Error(), "FOREIGN "))
+		return fmt.Errorf("%w: %s", ErrForeign, strings.TrimPrefix(err.Error(), "FOREIGN "))
 	}
 	return fmt.Errorf("take the fence: %w", err)
 }
@@ -560,9 +580,9 @@ type walWait struct {
 	at  time.Time
 }
 
-// abandon deletes, with the next push, the record field of a push whose
+// Abandon deletes, with the next push, the record field of a push whose
 // rows stay staged whatever it delivered (none of them were delivered).
-func (h *handoff) abandon(field string) {
+func (h *Handoff) Abandon(field string) {
 	if !h.cluster {
 		h.clear = append(h.clear, field)
 		return
@@ -576,10 +596,10 @@ func (h *handoff) abandon(field string) {
 // flushed moves the fields whose deletes are on disk here and on the
 // standbys (the WAL is flushed up to flush), and held for hold, from
 // unflushed to clear.
-func (h *handoff) flushed(flush uint64) {
+func (h *Handoff) flushed(flush uint64) {
 	kept := h.unflushed[:0]
 	for _, w := range h.unflushed {
-		if w.lsn <= flush && (h.hold <= 0 || time.Since(w.at) >= h.hold) {
+		if w.lsn <= flush && (h.Hold <= 0 || time.Since(w.at) >= h.Hold) {
 			h.clear = append(h.clear, w.ref)
 		} else {
 			kept = append(kept, w)
@@ -588,12 +608,12 @@ func (h *handoff) flushed(flush uint64) {
 	h.unflushed = kept
 }
 
-// committed records that the delete of a batch committed: the batch's own
+// Committed records that the delete of a batch committed: the batch's own
 // record field (if it pushed anything), and the rows it deleted that an
 // earlier push had delivered, are done with once the commit is durable:
 // wal is the WAL position read after the commit, flush how far the WAL was
 // flushed then (see the top of this file).
-func (h *handoff) committed(field string, redelivered []int64, wal, flush uint64) {
+func (h *Handoff) Committed(field string, redelivered []int64, wal, flush uint64) {
 	if h.cluster && field != "" {
 		for _, s := range h.parts[field] {
 			h.unflushed = append(h.unflushed, walWait{slotRef(s, field), wal, time.Now()})
@@ -616,15 +636,15 @@ func (h *handoff) committed(field string, redelivered []int64, wal, flush uint64
 	h.flushed(flush)
 }
 
-// uncommitted records that a batch whose push delivered ids did not commit
+// Uncommitted records that a batch whose push delivered ids did not commit
 // its delete (or may not have): those rows, claimed again, are deleted
 // without a push.
-func (h *handoff) uncommitted(field string, ids []int64) {
+func (h *Handoff) Uncommitted(field string, ids []int64) {
 	if field == "" {
 		return
 	}
 	if len(ids) == 0 {
-		h.abandon(field)
+		h.Abandon(field)
 		return
 	}
 	if h.cluster {
@@ -651,26 +671,26 @@ func (h *handoff) uncommitted(field string, ids []int64) {
 	}
 }
 
-// tidyEvery is how often a drain's end tidies the record when no delivered
+// TidyEvery is how often a drain's end tidies the record when no delivered
 // row waits to be recognised (tidyDue): a tidy costs a WAL-position read
 // and an HDEL, and after every drain it made a one-job drain 7 round trips
 // instead of 5. Fields waiting for the WAL flush only stay in Redis longer
-// (a few bytes each); the drain loop tidies tidyEvery after a drain that
+// (a few bytes each); the drain loop tidies TidyEvery after a drain that
 // did not, also when idle.
-const tidyEvery = time.Second
+const TidyEvery = time.Second
 
-// tidyDue reports whether a drain that ends at now tidies the record:
+// TidyDue reports whether a drain that ends at now tidies the record:
 // always while delivered rows wait (their ids are looked up and forgotten),
-// otherwise at most every tidyEvery.
-func (h *handoff) tidyDue(now time.Time) bool {
-	return len(h.delivered) > 0 || now.Sub(h.tidiedAt) >= tidyEvery
+// otherwise at most every TidyEvery.
+func (h *Handoff) TidyDue(now time.Time) bool {
+	return len(h.delivered) > 0 || now.Sub(h.tidiedAt) >= TidyEvery
 }
 
-// tidy deletes the record fields that are done with, outside a push (when a
+// Tidy deletes the record fields that are done with, outside a push (when a
 // drain ends), and forgets delivered rows that are no longer staged:
 // staged is called with the delivered ids and returns those still staged;
 // wal returns the WAL's insert and flush positions.
-func (h *handoff) tidy(ctx context.Context, staged func([]int64) ([]int64, error), wal func() (insert, flush uint64, err error)) error {
+func (h *Handoff) Tidy(ctx context.Context, staged func([]int64) ([]int64, error), wal func() (insert, flush uint64, err error)) error {
 	h.tidiedAt = time.Now()
 	if len(h.delivered) == 0 && len(h.unflushed) > 0 {
 		_, flush, err := wal()
@@ -704,7 +724,7 @@ func (h *handoff) tidy(ctx context.Context, staged func([]int64) ([]int64, error
 		if err != nil {
 			return err
 		}
-		h.committed("", gone, insert, flush)
+		h.Committed("", gone, insert, flush)
 	}
 	if len(h.clear) == 0 {
 		return nil
@@ -712,43 +732,43 @@ func (h *handoff) tidy(ctx context.Context, staged func([]int64) ([]int64, error
 	if h.cluster {
 		return h.tidyCluster(ctx)
 	}
-	if err := h.rdb.HDel(ctx, h.keys.record, h.clear...).Err(); err != nil {
+	if err := h.rdb.HDel(ctx, h.keys.Record, h.clear...).Err(); err != nil {
 		return fmt.Errorf("delete handoff records: %w", err)
 	}
 	h.clear = h.clear[:0]
 	return nil
 }
 
-// pushUnit is a batch's part of the atomic push step, built by a target: a
+// Unit is a batch's part of the atomic push step, built by a target: a
 // list of ops, each delivering some rows, each made of Redis commands.
-// Build one with begin, then command or variadic, for each op.
-type pushUnit struct {
+// Build one with Begin, then Limit, Command, Variadic or Call, for each op.
+type Unit struct {
 	keys []string // the commands' keys, in order
 	args []any    // the ops' part of ARGV
-	ops  []unitOp
+	ops  []Op
 
 	ncmds int // index in args of the current op's command count
 	ids   []byte
 
-	// maxLen is Config.MaxQueueLength: when positive, limit adds a length
+	// MaxLen is Config.MaxQueueLength: when positive, Limit adds a length
 	// guard to an op.
-	maxLen int64
+	MaxLen int64
 }
 
-// limit makes the current op, before any of its commands, run only while
+// Limit makes the current op, before any of its commands, run only while
 // the keys (queue's) hold fewer than maxLen entries together: cmd
 // measures them, LLEN, ZCARD, XLEN, or XUNACKED for a stream whose op adds
 // one entry (one key); with several keys, cmd is either one command that
 // measures each of them or a sum with one term per key, "LLEN+LLEN+ZCARD"
 // (see handoffScript). Without maxLen it does nothing.
-func (u *pushUnit) limit(queue, cmd string, keys ...string) {
-	if u.maxLen <= 0 {
+func (u *Unit) Limit(queue, cmd string, keys ...string) {
+	if u.MaxLen <= 0 {
 		return
 	}
 	op := &u.ops[len(u.ops)-1]
-	op.queue, op.lenKey, op.limit = queue, keys[0], u.maxLen
+	op.Queue, op.LenKey, op.Limit = queue, keys[0], u.MaxLen
 	if len(keys) > 1 {
-		op.lenKey += fmt.Sprintf(" (with %d more keys)", len(keys)-1) // their lengths are added up
+		op.LenKey += fmt.Sprintf(" (with %d more keys)", len(keys)-1) // their lengths are added up
 		if !strings.Contains(cmd, "+") {
 			cmd = strings.TrimSuffix(strings.Repeat(cmd+"+", len(keys)), "+")
 		}
@@ -758,33 +778,38 @@ func (u *pushUnit) limit(queue, cmd string, keys ...string) {
 	}
 	u.keys = append(u.keys, keys...)
 	g := u.ncmds - 1
-	u.args[g] = strconv.Itoa(u.args[g].(int)) + " " + cmd + " " + strconv.FormatInt(u.maxLen, 10)
+	u.args[g] = strconv.Itoa(u.args[g].(int)) + " " + cmd + " " + strconv.FormatInt(u.MaxLen, 10)
 }
 
-// unitOp is one op of a pushUnit and, after settle, its outcome.
-type unitOp struct {
-	ids     []int64 // the rows it delivers; nil for bookkeeping
-	err     error   // the error reply that refused it, after settle
-	reply   any     // its last command's reply (or the guard key that skipped it), after settle
-	skipped bool    // a guard key existed: the op did not run, and counts as done
-	over    bool    // its length guard stopped it: the queue is full (backpressure)
+// Op is one op of a Unit and, after settle, its outcome.
+type Op struct {
+	IDs     []int64 // the rows it delivers; nil for bookkeeping
+	Err     error   // the error reply that refused it, after the push
+	Reply   any     // its last command's reply (or the guard key that skipped it), after the push
+	Skipped bool    // a guard key existed: the op did not run, and counts as done
+	Over    bool    // its length guard stopped it: the queue is full (backpressure)
 
-	// The op's length guard, if limit > 0: the queue it pushes to and its key.
-	queue, lenKey string
-	limit         int64
+	// The op's length guard, if Limit > 0: the queue it pushes to and its key.
+	Queue, LenKey string
+	Limit         int64
 
 	k0, a0 int // where its keys and its args start in the unit's
 }
 
-func (u *pushUnit) reset() {
+// Ops are the unit's ops, in the order they were begun; after a push,
+// each says what became of it.
+func (u *Unit) Ops() []Op { return u.ops }
+
+// Reset empties the unit for the next batch.
+func (u *Unit) Reset() {
 	u.keys, u.args, u.ops, u.ids = u.keys[:0], u.args[:0], u.ops[:0], u.ids[:0]
 }
 
-// begin starts an op that delivers the rows ids (nil: bookkeeping, whose
+// Begin starts an op that delivers the rows ids (nil: bookkeeping, whose
 // failure matters to no row). The op is skipped, and counts as done, if any
 // of the guard keys exists ("" guards nothing).
-func (u *pushUnit) begin(ids []int64, guards ...string) {
-	u.ops = append(u.ops, unitOp{ids: ids, k0: len(u.keys), a0: len(u.args)})
+func (u *Unit) Begin(ids []int64, guards ...string) {
+	u.ops = append(u.ops, Op{IDs: ids, k0: len(u.keys), a0: len(u.args)})
 	g := 0
 	for _, key := range guards {
 		if key != "" {
@@ -803,38 +828,38 @@ func (u *pushUnit) begin(ids []int64, guards ...string) {
 	u.args = append(u.args, g, 0, u.ids[start:len(u.ids):len(u.ids)])
 }
 
-// command adds a command on key to the current op.
-func (u *pushUnit) command(name, key string, args ...any) {
+// Command adds a command on key to the current op.
+func (u *Unit) Command(name, key string, args ...any) {
 	u.keys = append(u.keys, key)
 	u.args = append(u.args, name, 1, len(args))
 	u.args = append(u.args, args...)
 	u.args[u.ncmds] = u.args[u.ncmds].(int) + 1
 }
 
-// call adds a command on several keys to the current op: a Redis command,
+// Call adds a command on several keys to the current op: a Redis command,
 // or a Lua op of the script (luaOps, see handoffScript).
-func (u *pushUnit) call(name string, keys []string, args ...any) {
+func (u *Unit) Call(name string, keys []string, args ...any) {
 	u.keys = append(u.keys, keys...)
 	u.args = append(u.args, name, len(keys), len(args))
 	u.args = append(u.args, args...)
 	u.args[u.ncmds] = u.args[u.ncmds].(int) + 1
 }
 
-// variadic adds a command on key whose arguments repeat in groups of step
+// Variadic adds a command on key whose arguments repeat in groups of step
 // (LPUSH's values, ZADD's score and member pairs) to the current op, as
 // several commands when there are more than maxCommandArgs.
-func (u *pushUnit) variadic(name, key string, step int, args []any) {
+func (u *Unit) Variadic(name, key string, step int, args []any) {
 	chunk := maxCommandArgs / step * step
 	for len(args) > chunk {
-		u.command(name, key, args[:chunk]...)
+		u.Command(name, key, args[:chunk]...)
 		args = args[chunk:]
 	}
-	u.command(name, key, args...)
+	u.Command(name, key, args...)
 }
 
 // settle reads the script's reply into the outcomes of the ops it ran: the
 // ops of u at the indexes ops, or all of them when ops is nil.
-func (u *pushUnit) settle(ops []int, reply []any) error {
+func (u *Unit) settle(ops []int, reply []any) error {
 	n := len(ops)
 	if ops == nil {
 		n = len(u.ops)
@@ -872,7 +897,7 @@ const replayed = -1
 // first run recorded (prior, comma-separated ids): an op whose rows are all
 // there was delivered; any other was refused by the first run, for a reason
 // now unknown, and its rows stay staged to be pushed again.
-func (u *pushUnit) settleReplay(n int, at func(int) int, prior string) {
+func (u *Unit) settleReplay(n int, at func(int) int, prior string) {
 	got := make(map[int64]bool)
 	for s := range strings.SplitSeq(prior, ",") {
 		if id, err := strconv.ParseInt(s, 10, 64); err == nil {
@@ -881,10 +906,10 @@ func (u *pushUnit) settleReplay(n int, at func(int) int, prior string) {
 	}
 	for j := range n {
 		op := &u.ops[at(j)]
-		op.reply, op.err, op.skipped, op.over = "", nil, false, false
-		for _, id := range op.ids {
+		op.Reply, op.Err, op.Skipped, op.Over = "", nil, false, false
+		for _, id := range op.IDs {
 			if !got[id] {
-				op.err = errReplayRefused
+				op.Err = errReplayRefused
 				break
 			}
 		}
@@ -897,17 +922,17 @@ func (u *pushUnit) settleReplay(n int, at func(int) int, prior string) {
 const errReplayRefused = replyError("TRYAGAIN the first run of this push did not deliver these jobs; they stay staged")
 
 // settle reads the script's two reply elements for op i.
-func (op *unitOp) settle(i int, status, reply any) error {
+func (op *Op) settle(i int, status, reply any) error {
 	st, _ := status.(int64)
 	switch st {
 	case 1, 2:
-		op.reply, op.err, op.skipped, op.over = reply, nil, st == 2, false
+		op.Reply, op.Err, op.Skipped, op.Over = reply, nil, st == 2, false
 	case 3:
-		op.reply, op.skipped, op.over = reply, false, true
-		op.err = replyError(op.overWhy(reply))
+		op.Reply, op.Skipped, op.Over = reply, false, true
+		op.Err = replyError(op.overWhy(reply))
 	case 0:
 		msg, _ := reply.(string)
-		op.err = replyError(msg)
+		op.Err = replyError(msg)
 	default:
 		return fmt.Errorf("push: op %d answered %v: %w", i, status, errNoReply)
 	}
@@ -917,17 +942,17 @@ func (op *unitOp) settle(i int, status, reply any) error {
 // overWhy is the reason of an op its length guard stopped, from the
 // guard's reply: the length, or for XUNACKED the count and the slowest
 // consumer group.
-func (op *unitOp) overWhy(reply any) string {
+func (op *Op) overWhy(reply any) string {
 	if r, ok := reply.([]any); ok && len(r) == 2 {
 		n, _ := r[0].(int64)
 		if group, _ := r[1].(string); group != "" {
 			return fmt.Sprintf("BACKPRESSURE %s: consumer group %q has %d entries not acknowledged (lag + pending) >= --max-queue-length %d",
-				op.lenKey, group, n, op.limit)
+				op.LenKey, group, n, op.Limit)
 		}
-		return fmt.Sprintf("BACKPRESSURE %s holds %d and has no consumer group >= --max-queue-length %d", op.lenKey, n, op.limit)
+		return fmt.Sprintf("BACKPRESSURE %s holds %d and has no consumer group >= --max-queue-length %d", op.LenKey, n, op.Limit)
 	}
 	n, _ := reply.(int64)
-	return fmt.Sprintf("BACKPRESSURE %s holds %d >= --max-queue-length %d", op.lenKey, n, op.limit)
+	return fmt.Sprintf("BACKPRESSURE %s holds %d >= --max-queue-length %d", op.LenKey, n, op.Limit)
 }
 
 // replyError is Redis's error reply to one command of an op.

@@ -1,4 +1,4 @@
-package relay
+package handoff
 
 import (
 	"slices"
@@ -10,9 +10,9 @@ import (
 // delete is flushed locally is still kept for the hold
 // (Config.StandbyRetention), and only then cleared.
 func TestRecordFieldHeldWhileStandbyPositionsUnknown(t *testing.T) {
-	h := newHandoff(nil, handoffKeys{})
-	h.hold = time.Minute
-	h.committed("1:1", nil, 500, 600) // flushed past the delete
+	h := New(nil, Keys{})
+	h.Hold = time.Minute
+	h.Committed("1:1", nil, 500, 600) // flushed past the delete
 	if len(h.clear) != 0 {
 		t.Fatalf("clear = %v within the hold, want nothing", h.clear)
 	}
@@ -22,8 +22,8 @@ func TestRecordFieldHeldWhileStandbyPositionsUnknown(t *testing.T) {
 		t.Fatalf("clear = %v past the hold, want [1:1]", h.clear)
 	}
 
-	h = newHandoff(nil, handoffKeys{})
-	h.committed("1:2", nil, 500, 600) // no hold: the flush is enough
+	h = New(nil, Keys{})
+	h.Committed("1:2", nil, 500, 600) // no hold: the flush is enough
 	if !slices.Equal(h.clear, []string{"1:2"}) {
 		t.Fatalf("clear = %v without a hold, want [1:2]", h.clear)
 	}

@@ -1,4 +1,4 @@
-package relay
+package handoff
 
 import "testing"
 
@@ -61,8 +61,8 @@ func TestIsPermanentReply(t *testing.T) {
 		{"", false},
 	}
 	for _, tc := range tests {
-		if got := isPermanentReply(replyErr(tc.reply)); got != tc.permanent {
-			t.Errorf("isPermanentReply(%q) = %v, want %v", tc.reply, got, tc.permanent)
+		if got := Permanent(replyErr(tc.reply)); got != tc.permanent {
+			t.Errorf("Permanent(%q) = %v, want %v", tc.reply, got, tc.permanent)
 		}
 	}
 	for reply, want := range map[string][2]string{

@@ -1,4 +1,4 @@
-package relay
+package handoff
 
 import (
 	"context"
@@ -22,7 +22,7 @@ func TestFenceRefusesTheDeposedLeader(t *testing.T) {
 	ctx := context.Background()
 	rdb, ns := testenv.Redis(t)
 	keys := newHandoffKeys(ns, "test", "fenced", "")
-	old, cur := newHandoff(rdb, keys), newHandoff(rdb, keys)
+	old, cur := New(rdb, keys), New(rdb, keys)
 	if err := old.acquire(ctx, "old"); err != nil {
 		t.Fatal(err)
 	}
@@ -30,29 +30,29 @@ func TestFenceRefusesTheDeposedLeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	list := ns + ":list"
-	build := func(u *pushUnit, ids []int64) {
-		u.reset()
-		u.begin(nil, "")
-		u.command("SADD", ns+":set", "x")
-		u.begin(ids, "")
-		u.variadic("LPUSH", list, 1, []any{"a", "b"})
+	build := func(u *Unit, ids []int64) {
+		u.Reset()
+		u.Begin(nil, "")
+		u.Command("SADD", ns+":set", "x")
+		u.Begin(ids, "")
+		u.Variadic("LPUSH", list, 1, []any{"a", "b"})
 	}
 	build(&old.unit, []int64{1, 2})
-	if _, err := old.push(ctx, &old.unit); !errors.Is(err, errFenced) {
-		t.Fatalf("the deposed leader's push: %v, want errFenced", err)
+	if _, err := old.Push(ctx, &old.unit); !errors.Is(err, ErrFenced) {
+		t.Fatalf("the deposed leader's push: %v, want ErrFenced", err)
 	}
-	if n, _ := rdb.Exists(ctx, list, ns+":set", keys.record).Result(); n != 0 {
+	if n, _ := rdb.Exists(ctx, list, ns+":set", keys.Record).Result(); n != 0 {
 		t.Fatalf("%d keys written by a refused push, want none", n)
 	}
 	build(&cur.unit, []int64{3, 4})
-	field, err := cur.push(ctx, &cur.unit)
+	field, err := cur.Push(ctx, &cur.unit)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got, _ := rdb.LRange(ctx, list, 0, -1).Result(); len(got) != 2 {
 		t.Fatalf("list %v after the leader's push, want its 2 values", got)
 	}
-	if rec, _ := rdb.HGetAll(ctx, keys.record).Result(); rec[field] != "3,4" || len(rec) != 1 {
+	if rec, _ := rdb.HGetAll(ctx, keys.Record).Result(); rec[field] != "3,4" || len(rec) != 1 {
 		t.Fatalf("record %v, want {%s: 3,4}", rec, field)
 	}
 }
@@ -66,7 +66,7 @@ func TestPushUnitOps(t *testing.T) {
 	ctx := context.Background()
 	rdb, ns := testenv.Redis(t)
 	keys := newHandoffKeys(ns, "test", "ops", "")
-	h := newHandoff(rdb, keys)
+	h := New(rdb, keys)
 	if err := h.acquire(ctx, "me"); err != nil {
 		t.Fatal(err)
 	}
@@ -79,26 +79,26 @@ func TestPushUnitOps(t *testing.T) {
 		many[i], manyIDs[i] = i, int64(100+i)
 	}
 	u := &h.unit
-	u.reset()
-	u.begin([]int64{1}, "")
-	u.variadic("LPUSH", ns+":string", 1, []any{"refused"})
-	u.begin(manyIDs, "")
-	u.variadic("LPUSH", ns+":many", 1, many)
-	u.begin([]int64{2}, ns+":string") // exists: skipped
-	u.command("LPUSH", ns+":skipped", "never")
-	u.begin([]int64{3}, ns+":absent", ns+":string") // the second exists: skipped
-	u.command("LPUSH", ns+":skipped", "never")
-	u.begin([]int64{4}, ns+":absent", "") // none exists: runs
-	u.command("LPUSH", ns+":guarded", "ran")
-	field, err := h.push(ctx, u)
+	u.Reset()
+	u.Begin([]int64{1}, "")
+	u.Variadic("LPUSH", ns+":string", 1, []any{"refused"})
+	u.Begin(manyIDs, "")
+	u.Variadic("LPUSH", ns+":many", 1, many)
+	u.Begin([]int64{2}, ns+":string") // exists: skipped
+	u.Command("LPUSH", ns+":skipped", "never")
+	u.Begin([]int64{3}, ns+":absent", ns+":string") // the second exists: skipped
+	u.Command("LPUSH", ns+":skipped", "never")
+	u.Begin([]int64{4}, ns+":absent", "") // none exists: runs
+	u.Command("LPUSH", ns+":guarded", "ran")
+	field, err := h.Push(ctx, u)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if u.ops[0].err == nil || u.ops[1].err != nil || u.ops[2].err != nil {
-		t.Fatalf("outcomes %v %v %v, want WRONGTYPE, nil, nil", u.ops[0].err, u.ops[1].err, u.ops[2].err)
+	if u.ops[0].Err == nil || u.ops[1].Err != nil || u.ops[2].Err != nil {
+		t.Fatalf("outcomes %v %v %v, want WRONGTYPE, nil, nil", u.ops[0].Err, u.ops[1].Err, u.ops[2].Err)
 	}
-	if !isPermanentReply(u.ops[0].err) {
-		t.Fatalf("%v counted transient", u.ops[0].err)
+	if !Permanent(u.ops[0].Err) {
+		t.Fatalf("%v counted transient", u.ops[0].Err)
 	}
 	if n, _ := rdb.LLen(ctx, ns+":many").Result(); n != 2500 {
 		t.Fatalf("%d values pushed in split commands, want 2500", n)
@@ -106,23 +106,23 @@ func TestPushUnitOps(t *testing.T) {
 	if n, _ := rdb.Exists(ctx, ns+":skipped").Result(); n != 0 {
 		t.Fatal("a guarded op ran although its key exists")
 	}
-	if !u.ops[3].skipped || u.ops[3].reply != ns+":string" || u.ops[4].skipped {
+	if !u.ops[3].Skipped || u.ops[3].Reply != ns+":string" || u.ops[4].Skipped {
 		t.Fatalf("op with guards absent, string: skipped %v by %v; op with guard absent: skipped %v; want skipped by %s, then run",
-			u.ops[3].skipped, u.ops[3].reply, u.ops[4].skipped, ns+":string")
+			u.ops[3].Skipped, u.ops[3].Reply, u.ops[4].Skipped, ns+":string")
 	}
 	if got, _ := rdb.LRange(ctx, ns+":guarded", 0, -1).Result(); len(got) != 1 {
 		t.Fatalf("list %v, want the value of the op whose guard key does not exist", got)
 	}
-	rec, _ := rdb.HGet(ctx, keys.record, field).Result()
+	rec, _ := rdb.HGet(ctx, keys.Record, field).Result()
 	if len(rec) == 0 || rec[:4] != "100," || rec[len(rec)-6:] != ",2,3,4" {
 		t.Fatalf("record %q, want the ids of the two ops that delivered", rec)
 	}
 	// The next push deletes the records of committed batches.
-	h.committed(field, nil, 100, 100)
-	if err := h.tidy(ctx, func([]int64) ([]int64, error) { return nil, nil }, func() (uint64, uint64, error) { return 100, 100, nil }); err != nil {
+	h.Committed(field, nil, 100, 100)
+	if err := h.Tidy(ctx, func([]int64) ([]int64, error) { return nil, nil }, func() (uint64, uint64, error) { return 100, 100, nil }); err != nil {
 		t.Fatal(err)
 	}
-	if n, _ := rdb.Exists(ctx, keys.record).Result(); n != 0 {
+	if n, _ := rdb.Exists(ctx, keys.Record).Result(); n != 0 {
 		t.Fatal("record left after its batch committed and tidy ran")
 	}
 }
@@ -135,7 +135,7 @@ func TestPushScriptRunsOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	rdb, ns := testenv.Redis(t)
-	h := newHandoff(rdb, newHandoffKeys(ns, "test", "twice", ""))
+	h := New(rdb, newHandoffKeys(ns, "test", "twice", ""))
 	if err := h.acquire(ctx, "relay"); err != nil {
 		t.Fatal(err)
 	}
@@ -143,31 +143,31 @@ func TestPushScriptRunsOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	build := func() {
-		h.unit.reset()
-		h.unit.begin([]int64{1, 2}, "")
-		h.unit.variadic("LPUSH", ns+":list", 1, []any{"a", "b"})
-		h.unit.begin([]int64{3}, "")
-		h.unit.command("LPUSH", ns+":string", "c")
+		h.unit.Reset()
+		h.unit.Begin([]int64{1, 2}, "")
+		h.unit.Variadic("LPUSH", ns+":list", 1, []any{"a", "b"})
+		h.unit.Begin([]int64{3}, "")
+		h.unit.Command("LPUSH", ns+":string", "c")
 	}
 	build()
-	first, err := h.push(ctx, &h.unit)
+	first, err := h.Push(ctx, &h.unit)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h.unit.ops[0].err != nil || h.unit.ops[1].err == nil {
-		t.Fatalf("first run: ops %v, %v; want delivered, then WRONGTYPE", h.unit.ops[0].err, h.unit.ops[1].err)
+	if h.unit.ops[0].Err != nil || h.unit.ops[1].Err == nil {
+		t.Fatalf("first run: ops %v, %v; want delivered, then WRONGTYPE", h.unit.ops[0].Err, h.unit.ops[1].Err)
 	}
 	h.seq-- // the same batch again, as a resent command would be
 	build()
-	again, err := h.push(ctx, &h.unit)
+	again, err := h.Push(ctx, &h.unit)
 	if err != nil || again != first {
 		t.Fatalf("second run: field %q, %v; want %q", again, err, first)
 	}
 	if n, _ := rdb.LLen(ctx, ns+":list").Result(); n != 2 {
 		t.Fatalf("list holds %d values after two runs of one push, want 2", n)
 	}
-	if h.unit.ops[0].err != nil || h.unit.ops[1].err != errReplayRefused {
-		t.Fatalf("second run: ops %v, %v; want delivered, then %v", h.unit.ops[0].err, h.unit.ops[1].err, errReplayRefused)
+	if h.unit.ops[0].Err != nil || h.unit.ops[1].Err != errReplayRefused {
+		t.Fatalf("second run: ops %v, %v; want delivered, then %v", h.unit.ops[0].Err, h.unit.ops[1].Err, errReplayRefused)
 	}
 }
 
@@ -185,24 +185,24 @@ func TestResentPushRunsOnce(t *testing.T) {
 		ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond})
 	defer rdb.Close()
 	keys := newHandoffKeys("", "test", "resent", "")
-	h := newHandoff(rdb, keys)
+	h := New(rdb, keys)
 	if err := h.acquire(ctx, "relay"); err != nil {
 		t.Fatal(err)
 	}
 	// A first push loads the script: a resent EVALSHA of a script the
 	// server does not know would only be refused (NOSCRIPT).
-	h.unit.reset()
-	h.unit.begin([]int64{9}, "")
-	h.unit.command("LPUSH", "warm", "w")
-	if _, err := h.push(ctx, &h.unit); err != nil {
+	h.unit.Reset()
+	h.unit.Begin([]int64{9}, "")
+	h.unit.Command("LPUSH", "warm", "w")
+	if _, err := h.Push(ctx, &h.unit); err != nil {
 		t.Fatal(err)
 	}
 	testenv.WarmPool(t, rdb, 4)
-	h.unit.reset()
-	h.unit.begin([]int64{1, 2}, "")
-	h.unit.variadic("LPUSH", "list", 1, []any{"a", "b"})
+	h.unit.Reset()
+	h.unit.Begin([]int64{1, 2}, "")
+	h.unit.Variadic("LPUSH", "list", 1, []any{"a", "b"})
 	srv.Signal(syscall.SIGSTOP)
-	_, err := h.push(ctx, &h.unit)
+	_, err := h.Push(ctx, &h.unit)
 	srv.Signal(syscall.SIGCONT)
 	if err == nil {
 		t.Fatal("a push to a frozen Redis succeeded")
@@ -221,10 +221,10 @@ func TestResentPushRunsOnce(t *testing.T) {
 		t.Fatalf("list holds %d values, want the batch's 2 once", n)
 	}
 	h.rdb = check
-	if err := h.ready(ctx, "relay"); err != nil {
+	if err := h.Ready(ctx, "relay"); err != nil {
 		t.Fatal(err)
 	}
-	if h.epoch != 2 || !h.wasDelivered(1) || !h.wasDelivered(2) {
+	if h.epoch != 2 || !h.WasDelivered(1) || !h.WasDelivered(2) {
 		t.Fatalf("after the failed push: epoch %d, delivered %v; want a new token (epoch 2) and rows 1, 2 delivered", h.epoch, h.delivered)
 	}
 }
@@ -237,12 +237,12 @@ func TestRecordFieldWaitsForTheWALFlush(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	rdb, ns := testenv.Redis(t)
-	h := newHandoff(rdb, newHandoffKeys(ns, "test", "flush", ""))
-	h.committed("1:1", nil, 500, 400) // committed at 500, flushed to 400
+	h := New(rdb, newHandoffKeys(ns, "test", "flush", ""))
+	h.Committed("1:1", nil, 500, 400) // committed at 500, flushed to 400
 	if len(h.clear) != 0 {
 		t.Fatalf("clear %v right after an unflushed commit, want nothing", h.clear)
 	}
-	h.committed("1:2", nil, 600, 500) // the flush reached the first
+	h.Committed("1:2", nil, 600, 500) // the flush reached the first
 	if len(h.clear) != 1 || h.clear[0] != "1:1" {
 		t.Fatalf("clear %v, want only the first batch's field", h.clear)
 	}
@@ -252,15 +252,15 @@ func TestRecordFieldWaitsForTheWALFlush(t *testing.T) {
 		t.Fatalf("clear %v with the WAL flushed short of the second commit", h.clear)
 	}
 	// An idle drain's tidy reads the flush position itself.
-	if err := rdb.HSet(ctx, h.keys.record, "1:2", "7").Err(); err != nil {
+	if err := rdb.HSet(ctx, h.keys.Record, "1:2", "7").Err(); err != nil {
 		t.Fatal(err)
 	}
-	err := h.tidy(ctx, func([]int64) ([]int64, error) { return nil, nil },
+	err := h.Tidy(ctx, func([]int64) ([]int64, error) { return nil, nil },
 		func() (uint64, uint64, error) { return 700, 600, nil })
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n, _ := rdb.Exists(ctx, h.keys.record).Result(); n != 0 || len(h.unflushed) != 0 {
+	if n, _ := rdb.Exists(ctx, h.keys.Record).Result(); n != 0 || len(h.unflushed) != 0 {
 		t.Fatalf("record left (%d) or fields still waiting (%v) after the flush passed them", n, h.unflushed)
 	}
 }
@@ -275,39 +275,39 @@ func TestDropDeletesASettledRecord(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	rdb, ns := testenv.Redis(t)
-	push := func(h *handoff, ids ...int64) string {
+	push := func(h *Handoff, ids ...int64) string {
 		t.Helper()
-		h.unit.reset()
-		h.unit.begin(ids, "")
-		h.unit.command("LPUSH", ns+":list", "job")
-		field, err := h.push(ctx, &h.unit)
+		h.unit.Reset()
+		h.unit.Begin(ids, "")
+		h.unit.Command("LPUSH", ns+":list", "job")
+		field, err := h.Push(ctx, &h.unit)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return field
 	}
-	exists := func(h *handoff) int64 {
+	exists := func(h *Handoff) int64 {
 		t.Helper()
-		n, err := rdb.Exists(ctx, h.keys.fence, h.keys.record).Result()
+		n, err := rdb.Exists(ctx, h.keys.Fence, h.keys.Record).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
 		return n
 	}
-	drop := func(h *handoff, want bool) {
+	drop := func(h *Handoff, want bool) {
 		t.Helper()
-		got, err := h.drop(ctx)
+		got, err := h.Drop(ctx)
 		if err != nil || got != want {
 			t.Fatalf("drop: %v, %v; want %v", got, err, want)
 		}
 	}
 
-	settled := newHandoff(rdb, newHandoffKeys(ns, "test", "settled", ""))
+	settled := New(rdb, newHandoffKeys(ns, "test", "settled", ""))
 	drop(settled, false) // never took the fence: knows nothing of the record
 	if err := settled.acquire(ctx, "relay"); err != nil {
 		t.Fatal(err)
 	}
-	settled.committed(push(settled, 1, 2), nil, 500, 400)
+	settled.Committed(push(settled, 1, 2), nil, 500, 400)
 	if n := exists(settled); n != 2 {
 		t.Fatalf("%d of the fence and record exist after a push, want both", n)
 	}
@@ -316,22 +316,22 @@ func TestDropDeletesASettledRecord(t *testing.T) {
 		t.Errorf("%d of the fence and record left after a settled drop, want none", n)
 	}
 
-	unsettled := newHandoff(rdb, newHandoffKeys(ns, "test", "unsettled", ""))
+	unsettled := New(rdb, newHandoffKeys(ns, "test", "unsettled", ""))
 	if err := unsettled.acquire(ctx, "relay"); err != nil {
 		t.Fatal(err)
 	}
-	unsettled.uncommitted(push(unsettled, 3), []int64{3})
+	unsettled.Uncommitted(push(unsettled, 3), []int64{3})
 	drop(unsettled, false)
 	if n := exists(unsettled); n != 2 {
 		t.Errorf("%d of the fence and record left with row 3 delivered and its delete not committed, want both", n)
 	}
 
 	keys := newHandoffKeys(ns, "test", "deposed", "")
-	old, cur := newHandoff(rdb, keys), newHandoff(rdb, keys)
+	old, cur := New(rdb, keys), New(rdb, keys)
 	if err := old.acquire(ctx, "old"); err != nil {
 		t.Fatal(err)
 	}
-	old.committed(push(old, 4), nil, 500, 400)
+	old.Committed(push(old, 4), nil, 500, 400)
 	if err := cur.acquire(ctx, "current"); err != nil {
 		t.Fatal(err)
 	}
@@ -342,23 +342,23 @@ func TestDropDeletesASettledRecord(t *testing.T) {
 }
 
 // A drain's end tidies the record while delivered rows wait, and otherwise
-// at most every tidyEvery (the drain loop's timer tidies after one that
+// at most every TidyEvery (the drain loop's timer tidies after one that
 // did not).
 func TestTidyDue(t *testing.T) {
-	h := newHandoff(nil, newHandoffKeys("ns", "test", "tidy", ""))
+	h := New(nil, newHandoffKeys("ns", "test", "tidy", ""))
 	now := time.Now()
-	if !h.tidyDue(now) {
+	if !h.TidyDue(now) {
 		t.Fatal("a first drain does not tidy")
 	}
 	h.tidiedAt = now
-	if h.tidyDue(now.Add(tidyEvery / 2)) {
-		t.Fatal("a drain half a tidyEvery after a tidy tidies again")
+	if h.TidyDue(now.Add(TidyEvery / 2)) {
+		t.Fatal("a drain half a TidyEvery after a tidy tidies again")
 	}
-	if !h.tidyDue(now.Add(tidyEvery)) {
-		t.Fatal("a drain a tidyEvery after a tidy does not tidy")
+	if !h.TidyDue(now.Add(TidyEvery)) {
+		t.Fatal("a drain a TidyEvery after a tidy does not tidy")
 	}
 	h.delivered[7] = "1:1"
-	if !h.tidyDue(now.Add(time.Millisecond)) {
+	if !h.TidyDue(now.Add(time.Millisecond)) {
 		t.Fatal("a drain with delivered rows waiting does not tidy")
 	}
 }

@@ -1,0 +1,84 @@
+package relay
+
+import (
+	"time"
+
+	"github.com/stagedrain/stagedrain/relay/internal/handoff"
+	targets "github.com/stagedrain/stagedrain/relay/internal/target"
+)
+
+// spec is what target t declares of itself (relay/internal/target): the
+// zero Spec for a name no target has (Validate refuses it).
+func (t Target) spec() targets.Spec {
+	s, _ := targets.Lookup(string(t))
+	return s
+}
+
+// known reports whether t names a target.
+func (t Target) known() bool {
+	_, ok := targets.Lookup(string(t))
+	return ok
+}
+
+// targetNames lists the targets' names quoted, for an error.
+func targetNames() string { return targets.OneOf() }
+
+// newTarget makes cfg.Target's builder, writing tenant into every job. A
+// target whose Spec has New is built by it (specTarget); the built-in ones
+// are built here, until their builders move to internal/target.
+func newTarget(cfg Config, tenant tenantTag) target {
+	if newB := cfg.Target.spec().New; newB != nil {
+		return &specTarget{b: newB(targets.Options{Namespace: cfg.RedisNamespace, MaxPayload: cfg.MaxPayloadBytes, Cluster: isCluster(cfg.Redis)})}
+	}
+	switch cfg.Target {
+	case TargetAsynq:
+		t := newAsynqTarget(cfg.MaxPayloadBytes)
+		t.tenant = tenant
+		return t
+	case TargetBullMQ:
+		t := newBullmqTarget(cfg.RedisNamespace, cfg.MaxPayloadBytes, isCluster(cfg.Redis))
+		t.tenant = tenant
+		return t
+	case TargetStreams:
+		t := newStreamTarget(cfg.RedisNamespace, cfg.StreamMaxLen, cfg.MaxPayloadBytes)
+		t.tenant = tenant
+		return t
+	case TargetCelery:
+		t := newCeleryTarget(cfg.RedisNamespace, cfg.MaxPayloadBytes)
+		t.tenant = tenant
+		return t
+	default:
+		t := newSidekiqTarget(cfg.RedisNamespace, cfg.TimestampFormat, cfg.MaxPayloadBytes)
+		t.tenant = tenant
+		return t
+	}
+}
+
+// specTarget runs a Builder of internal/target. Rows no worker of any
+// target could run (checkJob) never reach it.
+type specTarget struct {
+	b    targets.Builder
+	jobs []targets.Job
+	res  targets.Result
+}
+
+func (s *specTarget) add(u *handoff.Unit, batch []stagedJob, now time.Time, res *pushResult) {
+	s.jobs = s.jobs[:0]
+	for i := range batch {
+		j := &batch[i]
+		args, err := checkJob(j)
+		if err != nil {
+			res.rejected = append(res.rejected, rejectedJob{id: j.id, reason: err.Error()})
+			continue
+		}
+		s.jobs = append(s.jobs, targets.Job{ID: j.id, Name: j.name, Args: args, Queue: j.queue, RunAt: j.runAt,
+			JID: j.jid, CreatedAt: j.createdAt, Options: j.options})
+	}
+	s.res = targets.Result{Rejected: s.res.Rejected[:0], Queues: s.res.Queues[:0]}
+	s.b.Add(u, s.jobs, now, &s.res)
+	for _, rj := range s.res.Rejected {
+		res.rejected = append(res.rejected, rejectedJob{id: rj.ID, reason: rj.Reason})
+	}
+	res.queues = append(res.queues, s.res.Queues...)
+	res.scheduled += s.res.Scheduled
+}
