@@ -120,7 +120,11 @@ const (
 
 // newFleet returns the Relay of a fleet for cfg (defaults filled in,
 // valid).
-func newFleet(cfg Config, pgCfg *pgx.ConnConfig, version int) (*Relay, error) {
+func newFleet(cfg Config) (*Relay, error) {
+	cfg, pgCfg, version, err := parseConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
 	queues := slices.Sorted(slices.Values(cfg.Queues))
 	group := strings.Join(queues, ",")
 	r := &Relay{
@@ -131,10 +135,7 @@ func newFleet(cfg Config, pgCfg *pgx.ConnConfig, version int) (*Relay, error) {
 		group:   group,
 		holder:  applicationName("leader"),
 
-		gateTimeout:       defaultGateTimeout,
-		summaryEvery:      summaryEvery,
-		drainIdleInTx:     drainIdleInTx,
-		listenerHeartbeat: listenerHeartbeat,
+		settings: defaultSettings(),
 	}
 	// The process's own counters: the Redis PING at start, the lock
 	// session and the listener. Served without a schema label.
@@ -158,6 +159,14 @@ func (f *fleet) tenantConfig(schema string) Config {
 	c.Schemas, c.Schema = nil, schema
 	c.Logger = f.r.log.With(zap.String("schema", schema))
 	return c
+}
+
+// tenantSettings are the settings of a fleet's Relays: the fleet's own
+// (which tests may have changed before Run), and its heat.
+func (f *fleet) tenantSettings() settings {
+	s := f.r.settings
+	s.hot = &f.hot
+	return s
 }
 
 // run is Run for a fleet.
@@ -343,17 +352,10 @@ func (s *fleetSession) discover(ctx context.Context) error {
 		if f.tenants[name] != nil {
 			continue
 		}
-		c, err := New(f.tenantConfig(name))
+		c, err := newRelay(f.tenantConfig(name), f.tenantSettings(), &tenancy{system: f.system})
 		if err != nil {
 			return fmt.Errorf("schema %q: %w", name, err)
 		}
-		c.hooks = r.hooks
-		c.hot = &f.hot
-		c.gateTimeout, c.summaryEvery, c.drainIdleInTx = r.gateTimeout, r.summaryEvery, r.drainIdleInTx
-		// The horizon is the database's: the fleet's own registry serves it.
-		c.metrics.labelled.Unregister(c.metrics.horizonAge)
-		c.handoff.system = f.system
-		c.state.setRole(RoleStandby)
 		f.mu.Lock()
 		f.tenants[name] = &tenant{schema: name, r: c, wake: make(chan struct{}, 1)}
 		f.mu.Unlock()

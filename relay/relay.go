@@ -54,9 +54,6 @@ type Relay struct {
 	// fleet, for a relay with Config.Schemas, runs a Relay per schema
 	// (fleet.go); nil for a relay of one schema.
 	fleet *fleet
-	// hot, for a fleet's schema, is the fleet's fleetHot: true while it
-	// polls its schemas and holds them awake. nil otherwise.
-	hot *atomic.Bool
 	// heldBack is true while backpressure holds a queue back (gate.paused),
 	// for a hot fleet's poll, which leaves such a schema to its own
 	// retries and notifications.
@@ -67,8 +64,9 @@ type Relay struct {
 	// notification would reach nobody (gate.heldAwake).
 	deaf atomic.Bool
 
-	// Test hooks (export_test.go); nil outside tests.
-	hooks testHooks
+	// settings are what the relay was built with beside its Config: a
+	// relay of one schema's defaults, or its fleet's (newRelay).
+	settings
 	// syncStandby says that synchronous_standby_names was set at the last
 	// look (after each batch's commit): the drain then waits for the
 	// synchronous standbys before it pushes (standby.go). syncWarned says
@@ -78,31 +76,59 @@ type Relay struct {
 	// listens counts the listener's completed LISTENs, for hooks.idle.
 	listens atomic.Int64
 	// summary counts what the drain did for the info line logged every
-	// summaryEvery (a field so that tests can shorten it), and feeds
-	// metrics (metrics.go), the Prometheus metrics of MetricsHandler.
-	summary      summary
-	summaryEvery time.Duration
-	metrics      *metrics
+	// summaryEvery, and feeds metrics (metrics.go), the Prometheus metrics
+	// of MetricsHandler.
+	summary summary
+	metrics *metrics
 	// backlog is the leader's sample of the backlog, for the summary line
 	// and the backlog gauges.
 	backlog backlog
 
 	// state is what Status and CheckReady report (health.go).
 	state state
+}
 
+// settings are what a Relay takes beside its Config, the same for every
+// schema of a fleet: its tenants are built with the fleet's (newRelay),
+// which tests may have changed (export_test.go) before Run.
+type settings struct {
+	// Test hooks (export_test.go); nil outside tests.
+	hooks testHooks
 	// gateTimeout is the lock_timeout of the leader's lock connection: the
 	// longest the gate waits, going idle, for commits looking at it.
 	gateTimeout time.Duration
-
+	// summaryEvery is how often the summary line is logged (a field so
+	// that tests can shorten it).
+	summaryEvery time.Duration
 	// drainIdleInTx is the drain sessions'
 	// idle_in_transaction_session_timeout (a field so that tests can
 	// shorten it; see conn.go).
 	drainIdleInTx time.Duration
-
 	// listenerHeartbeat is how long the listener may hear nothing before
 	// the relay sends it a heartbeat (a field so that tests can shorten
 	// it; see listen.go).
 	listenerHeartbeat time.Duration
+	// hot, for a fleet's schema, is the fleet's fleetHot: true while it
+	// polls its schemas and holds them awake. nil otherwise.
+	hot *atomic.Bool
+}
+
+// defaultSettings are the settings of a relay New returns.
+func defaultSettings() settings {
+	return settings{
+		gateTimeout:       defaultGateTimeout,
+		summaryEvery:      summaryEvery,
+		drainIdleInTx:     drainIdleInTx,
+		listenerHeartbeat: listenerHeartbeat,
+	}
+}
+
+// tenancy is what a fleet gives each schema's Relay beside its settings;
+// nil for a relay of one schema.
+type tenancy struct {
+	// system is PostgreSQL's system_identifier, which names the cluster
+	// in every fence (the fleet reads it once).
+	system string
 }
 
 // testHooks are called at points tests synchronize on, in the manner of
@@ -130,13 +156,23 @@ type testHooks struct {
 // New checks cfg and returns a Relay. It starts nothing and connects to
 // nothing.
 func New(cfg Config) (*Relay, error) {
+	if len(cfg.Schemas) > 0 {
+		return newFleet(cfg)
+	}
+	return newRelay(cfg, defaultSettings(), nil)
+}
+
+// parseConfig fills in cfg's defaults, checks it, and returns it with its
+// DatabaseURL's connection config and the schema version this binary
+// needs.
+func parseConfig(cfg Config) (Config, *pgx.ConnConfig, int, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("relay config: %w", err)
+		return cfg, nil, 0, fmt.Errorf("relay config: %w", err)
 	}
 	pgCfg, err := pgx.ParseConfig(cfg.DatabaseURL)
 	if err != nil { // Validate parsed it already
-		return nil, fmt.Errorf("relay config: DatabaseURL: %w", redactErr(err))
+		return cfg, nil, 0, fmt.Errorf("relay config: DatabaseURL: %w", redactErr(err))
 	}
 	if len(pgCfg.Fallbacks) > 0 && pgCfg.ValidateConnect == nil && !strings.Contains(cfg.DatabaseURL, "target_session_attrs") {
 		// Several hosts and no target_session_attrs: connect to the one
@@ -145,10 +181,18 @@ func New(cfg Config) (*Relay, error) {
 	}
 	version, err := latestVersion()
 	if err != nil {
-		return nil, fmt.Errorf("read migrations: %w", err)
+		return cfg, nil, 0, fmt.Errorf("read migrations: %w", err)
 	}
-	if len(cfg.Schemas) > 0 {
-		return newFleet(cfg, pgCfg, version)
+	return cfg, pgCfg, version, nil
+}
+
+// newRelay returns the Relay of the one schema cfg.Schema: a relay of
+// that schema's own (New), or a fleet's tenant (ten, from the fleet, with
+// the fleet's settings s). Nothing is set on it after.
+func newRelay(cfg Config, s settings, ten *tenancy) (*Relay, error) {
+	cfg, pgCfg, version, err := parseConfig(cfg)
+	if err != nil {
+		return nil, err
 	}
 	queues := slices.Sorted(slices.Values(cfg.Queues))
 	group := strings.Join(queues, ",")
@@ -158,16 +202,11 @@ func New(cfg Config) (*Relay, error) {
 		pgCfg: pgCfg,
 		handoff: newHandoff(cfg.Redis, newHandoffKeys(cfg.RedisNamespace, pgCfg.Database, cfg.Schema, group)).
 			waitFor(cfg.RedisWaitReplicas, cfg.RedisWaitTimeout),
-		holder:  applicationName("leader"),
-		lockKey: leaderLockName(cfg.Schema, group),
-		group:   group,
-		version: version,
-
-		gateTimeout:   defaultGateTimeout,
-		summaryEvery:  summaryEvery,
-		drainIdleInTx: drainIdleInTx,
-
-		listenerHeartbeat: listenerHeartbeat,
+		holder:   applicationName("leader"),
+		lockKey:  leaderLockName(cfg.Schema, group),
+		group:    group,
+		version:  version,
+		settings: s,
 	}
 	r.deaf.Store(true)
 	if r.src, err = newSource(cfg, version); err != nil {
@@ -210,6 +249,12 @@ func New(cfg Config) (*Relay, error) {
 	r.bp = newBackpressure(cfg, r.metrics.backpressure, r.log.Named("drain"))
 	r.bp.state = &r.state
 	r.state.init(r.metrics.leader)
+	if ten != nil {
+		r.handoff.system = ten.system
+		// The horizon is the database's: the fleet's own registry serves it.
+		r.metrics.labelled.Unregister(r.metrics.horizonAge)
+		r.state.setRole(RoleStandby)
+	}
 	return r, nil
 }
 
