@@ -471,55 +471,43 @@ func (s *fleetSession) balance(ctx context.Context) error {
 		return fmt.Errorf("%w: count the fleet's members: %w", errLostLock, err)
 	}
 	r.state.pgAnswered()
-	members = max(members, 1)
-	var leading, idle []*tenant
+	var leading, idle []string
+	live := 0
 	for _, name := range slices.Sorted(maps.Keys(f.tenants)) {
 		t := f.tenants[name]
 		switch {
 		case t.gone:
+			continue
 		case t.leading:
 			if !t.released {
-				leading = append(leading, t)
+				leading = append(leading, name)
 			}
 		case time.Now().After(t.retryAt):
-			idle = append(idle, t)
+			idle = append(idle, name)
 		}
+		live++
 	}
-	live := 0
-	for _, t := range f.tenants {
-		if !t.gone {
-			live++
-		}
+	plan := planBalance(members, live, leading, idle, r.holder)
+	for _, name := range plan.release {
+		t := f.tenants[name]
+		t.released = true
+		t.cancel()
+		r.log.Info("letting a schema go to another member of the fleet", zap.String("schema", t.schema),
+			zap.Int("members", members), zap.Int("share", plan.share))
 	}
-	share := (live + members - 1) / members
-	if len(leading) > share {
-		// Let go of the last ones by name: the members agree on nothing
-		// else, and need not.
-		for _, t := range leading[share:] {
-			t.released = true
-			t.cancel()
-			r.log.Info("letting a schema go to another member of the fleet", zap.String("schema", t.schema),
-				zap.Int("members", members), zap.Int("share", share))
-		}
+	if len(plan.try) == 0 {
 		return nil
 	}
-	want := share - len(leading)
-	if want == 0 || len(idle) == 0 {
-		return nil
-	}
-	// Start the tries at a place of this process's own, so that members
-	// starting together do not all try the same schemas first.
-	off := int(hash(r.holder) % uint32(len(idle)))
-	idle = append(idle[off:], idle[:off]...)
-	keys := make([]string, len(idle))
-	byKey := make(map[string]*tenant, len(idle))
-	for i, t := range idle {
+	keys := make([]string, len(plan.try))
+	byKey := make(map[string]*tenant, len(plan.try))
+	for i, name := range plan.try {
+		t := f.tenants[name]
 		keys[i] = t.r.lockKey
 		byKey[t.r.lockKey] = t
 	}
 	var got []string
 	err = s.exec(ctx, func(ctx context.Context, conn *pgx.Conn) error {
-		rows, err := conn.Query(ctx, tryLocksSQL, keys, want)
+		rows, err := conn.Query(ctx, tryLocksSQL, keys, plan.want)
 		if err != nil {
 			return err
 		}
@@ -545,15 +533,6 @@ func (s *fleetSession) balance(ctx context.Context) error {
 		s.launch(ctx, t)
 	}
 	return nil
-}
-
-// hash is FNV-1a of s.
-func hash(s string) uint32 {
-	h := uint32(2166136261)
-	for i := 0; i < len(s); i++ {
-		h = (h ^ uint32(s[i])) * 16777619
-	}
-	return h
 }
 
 // check makes the checks a relay makes before it leads, for t, whose
