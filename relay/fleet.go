@@ -2,7 +2,6 @@ package relay
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -12,7 +11,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -121,22 +119,11 @@ const (
 // newFleet returns the Relay of a fleet for cfg (defaults filled in,
 // valid).
 func newFleet(cfg Config) (*Relay, error) {
-	cfg, pgCfg, version, err := parseConfig(cfg)
+	r, _, err := newBase(cfg, defaultSettings())
 	if err != nil {
 		return nil, err
 	}
-	queues := slices.Sorted(slices.Values(cfg.Queues))
-	group := strings.Join(queues, ",")
-	r := &Relay{
-		cfg:     cfg,
-		log:     cfg.Logger,
-		pgCfg:   pgCfg,
-		version: version,
-		group:   group,
-		holder:  applicationName("leader"),
-
-		settings: defaultSettings(),
-	}
+	cfg = r.cfg
 	// The process's own counters: the Redis PING at start, the lock
 	// session and the listener. Served without a schema label.
 	r.metrics = newMetrics(string(cfg.Target), "", "", &r.backlog, &r.summary.mu)
@@ -144,7 +131,7 @@ func newFleet(cfg Config) (*Relay, error) {
 	r.metrics.reg.MustRegister(r.metrics.errs, r.metrics.horizonAge)
 	r.state.init(prometheus.NewGauge(prometheus.GaugeOpts{Name: "unused"}))
 	f := &fleet{r: r, tenants: map[string]*tenant{}, missing: map[string]bool{},
-		memberKey: fleetLockName(cfg.Schemas, group), table: "staged_jobs",
+		memberKey: fleetLockName(cfg.Schemas, r.group), table: "staged_jobs",
 		hotEnter: hotEnter, hotLeave: hotLeave}
 	if cfg.Source == SourceSidekiqStagedPush {
 		f.table = "sidekiq_staged_push_jobs"
@@ -169,62 +156,21 @@ func (f *fleet) tenantSettings() settings {
 	return s
 }
 
-// run is Run for a fleet.
-func (f *fleet) run(ctx context.Context) error {
-	r := f.r
-	r.state.setRole(RoleStarting)
-	defer r.state.setRole(RoleStopped)
-	r.log.Info("starting",
-		zap.Strings("schemas", r.cfg.Schemas),
-		zap.String("database", DescribeDatabase(r.cfg.DatabaseURL)),
-		zap.String("redis", DescribeRedis(r.cfg.Redis)),
-		zap.String("source", string(r.cfg.Source)),
-		zap.String("target", string(r.cfg.Target)),
-		zap.Int("batch_size", r.cfg.BatchSize),
-		zap.Duration("poll_interval", r.cfg.PollInterval),
-		zap.Bool("poll_only", r.cfg.PollOnly),
-		zap.String("tracing", describeTracing(r.cfg.TracerProvider)),
-		zap.Int("drain_conns", fleetDrainConns),
-	)
-	defer f.forgetAll()
-	if err := r.checkRedis(ctx); err != nil {
-		return err
-	}
-	if ctx.Err() != nil {
-		r.log.Info("stopped")
-		return nil
-	}
-	return r.runSessions(ctx, fleetDrainConns, f.session)
-}
-
 // session connects the lock connection and runs the fleet on it until ctx
 // ends or it fails: it finds the schemas, leads its share of them, and
 // lets them all go before it returns.
 func (f *fleet) session(ctx context.Context, pool *pgxpool.Pool) (connected time.Time, err error) {
 	r := f.r
-	var ended atomic.Pointer[pgconn.PgError]
-	conn, err := pgx.ConnectConfig(ctx, r.lockConnConfig(&ended))
+	conn, ended, connected, err := r.openLockConn(ctx)
 	if err != nil {
-		return time.Time{}, fmt.Errorf("connect: %w", err)
-	}
-	connected = time.Now()
-	r.state.pgAnswered()
-	defer func() { _ = withTimeout(ctx, time.Second, conn.Close) }()
-	if err := checkWritable(ctx, conn); err != nil {
 		return connected, err
 	}
-	defer func() {
-		var pgErr *pgconn.PgError
-		if why := ended.Load(); why != nil && err != nil && !errors.As(err, &pgErr) {
-			err = fmt.Errorf("%w (%w)", err, why)
-		}
-	}()
+	defer func() { _ = withTimeout(ctx, time.Second, conn.Close) }()
+	defer func() { err = explainEnded(err, ended) }()
 
 	var mu sync.Mutex // guards conn
-	if f.system == "" {
-		if err := conn.QueryRow(ctx, `SELECT system_identifier::text FROM pg_control_system()`).Scan(&f.system); err != nil {
-			return connected, fmt.Errorf("read system_identifier: %w", err)
-		}
+	if err := readSystem(ctx, conn, &f.system); err != nil {
+		return connected, err
 	}
 	if _, err := conn.Exec(ctx, memberLockSQL, f.memberKey); err != nil {
 		return connected, fmt.Errorf("join the fleet: %w", err)
@@ -540,22 +486,12 @@ func (s *fleetSession) balance(ctx context.Context) error {
 // fails unlocks t and sets it aside for a backoff. An error is the lock
 // connection's.
 func (s *fleetSession) check(ctx context.Context, t *tenant) (ok bool, err error) {
-	c := t.r
 	err = s.exec(ctx, func(ctx context.Context, conn *pgx.Conn) error {
-		if err := c.checkPrivileges(ctx, conn); err != nil {
+		if err := t.r.checkToLead(ctx, conn, t.joined); err != nil {
 			return err
 		}
-		if err := c.src.check(ctx, conn); err != nil {
-			return err
-		}
-		if !t.joined {
-			if err := c.joinGroup(ctx, conn); err != nil {
-				return err
-			}
-			t.joined = true
-			return nil
-		}
-		return c.checkGroup(ctx, conn)
+		t.joined = true
+		return nil
 	})
 	if err != nil {
 		if uerr := s.unlock(ctx, t); uerr != nil {
@@ -570,13 +506,8 @@ func (s *fleetSession) check(ctx context.Context, t *tenant) (ok bool, err error
 // launch leads t, which check passed, on a goroutine of its own.
 func (s *fleetSession) launch(ctx context.Context, t *tenant) {
 	c := t.r
-	c.backlog.attach(s.conn, s.mu)
-	c.state.setRole(RoleLeader)
+	c.becomeLeader(s.conn, s.mu)
 	s.f.r.state.setRole(RoleLeader)
-	// c.log names the schema already (tenantConfig): a second "schema"
-	// would be a JSON line with a key twice, which some log pipelines
-	// refuse.
-	c.log.Info("became leader", zap.Strings("queues", c.cfg.Queues))
 	tctx, cancel := context.WithCancel(ctx)
 	t.leading, t.released, t.cancel, t.done = true, false, cancel, make(chan struct{})
 	go func() {
@@ -618,7 +549,7 @@ func (s *fleetSession) after(ctx context.Context, t *tenant) error {
 		// Ended without an error while the session goes on: only the
 		// session's own context ends a lead that way.
 	default:
-		c.log.Warn("stepped down", zap.String("reason", stepDownReason(t.err)), zap.Error(t.err))
+		c.steppedDown(t.err)
 		s.failed(t, t.err)
 	}
 	return nil
@@ -651,8 +582,7 @@ func (s *fleetSession) closed() bool {
 // unlock releases t's leader lock on the lock connection.
 func (s *fleetSession) unlock(ctx context.Context, t *tenant) error {
 	err := s.exec(context.WithoutCancel(ctx), func(ctx context.Context, conn *pgx.Conn) error {
-		_, err := conn.Exec(ctx, unlockSQL, t.r.lockKey)
-		return err
+		return t.r.unlockLeader(ctx, conn)
 	})
 	if err != nil {
 		return fmt.Errorf("%w: unlock schema %q: %w", errLostLock, t.schema, err)
@@ -691,8 +621,7 @@ func (s *fleetSession) letAllGo() {
 			_ = withTimeout(context.Background(), time.Second, func(ctx context.Context) error {
 				s.mu.Lock()
 				defer s.mu.Unlock()
-				_, err := s.conn.Exec(ctx, unlockSQL, t.r.lockKey)
-				return err
+				return t.r.unlockLeader(ctx, s.conn)
 			})
 		}
 		released++

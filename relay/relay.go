@@ -50,6 +50,9 @@ type Relay struct {
 	// queues, for a relay with Config.Queues.
 	claimArgs []any
 	version   int // the schema version this binary needs: its latest migration
+	// tenancy is what the fleet gave a fleet's schema; nil for a relay
+	// of one schema.
+	tenancy *tenancy
 
 	// fleet, for a relay with Config.Schemas, runs a Relay per schema
 	// (fleet.go); nil for a relay of one schema.
@@ -186,30 +189,40 @@ func parseConfig(cfg Config) (Config, *pgx.ConnConfig, int, error) {
 	return cfg, pgCfg, version, nil
 }
 
+// newBase returns what every Relay has, a relay of one schema's or a
+// fleet's: its config, checked (parseConfig), and settings s. queues are
+// Config.Queues, sorted.
+func newBase(cfg Config, s settings) (r *Relay, queues []string, err error) {
+	cfg, pgCfg, version, err := parseConfig(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	queues = slices.Sorted(slices.Values(cfg.Queues))
+	return &Relay{
+		cfg:      cfg,
+		log:      cfg.Logger,
+		pgCfg:    pgCfg,
+		version:  version,
+		group:    strings.Join(queues, ","),
+		holder:   applicationName("leader"),
+		settings: s,
+	}, queues, nil
+}
+
 // newRelay returns the Relay of the one schema cfg.Schema: a relay of
 // that schema's own (New), or a fleet's tenant (ten, from the fleet, with
 // the fleet's settings s). Nothing is set on it after.
 func newRelay(cfg Config, s settings, ten *tenancy) (*Relay, error) {
-	cfg, pgCfg, version, err := parseConfig(cfg)
+	r, queues, err := newBase(cfg, s)
 	if err != nil {
 		return nil, err
 	}
-	queues := slices.Sorted(slices.Values(cfg.Queues))
-	group := strings.Join(queues, ",")
-	r := &Relay{
-		cfg:   cfg,
-		log:   cfg.Logger,
-		pgCfg: pgCfg,
-		handoff: newHandoff(cfg.Redis, newHandoffKeys(cfg.RedisNamespace, pgCfg.Database, cfg.Schema, group)).
-			waitFor(cfg.RedisWaitReplicas, cfg.RedisWaitTimeout),
-		holder:   applicationName("leader"),
-		lockKey:  leaderLockName(cfg.Schema, group),
-		group:    group,
-		version:  version,
-		settings: s,
-	}
+	cfg, group := r.cfg, r.group
+	r.handoff = newHandoff(cfg.Redis, newHandoffKeys(cfg.RedisNamespace, r.pgCfg.Database, cfg.Schema, group)).
+		waitFor(cfg.RedisWaitReplicas, cfg.RedisWaitTimeout)
+	r.lockKey = leaderLockName(cfg.Schema, group)
 	r.deaf.Store(true)
-	if r.src, err = newSource(cfg, version); err != nil {
+	if r.src, err = newSource(cfg, r.version); err != nil {
 		return nil, fmt.Errorf("read migrations: %w", err)
 	}
 	r.sql = r.src.statements()
@@ -250,6 +263,7 @@ func newRelay(cfg Config, s settings, ten *tenancy) (*Relay, error) {
 	r.bp.state = &r.state
 	r.state.init(r.metrics.leader)
 	if ten != nil {
+		r.tenancy = ten
 		r.handoff.system = ten.system
 		// The horizon is the database's: the fleet's own registry serves it.
 		r.metrics.labelled.Unregister(r.metrics.horizonAge)
@@ -272,24 +286,27 @@ func newRelay(cfg Config, s settings, ten *tenancy) (*Relay, error) {
 // A Relay runs one Run at a time; to run standbys, create more Relays (in
 // other processes, normally).
 func (r *Relay) Run(ctx context.Context) error {
-	if r.fleet != nil {
-		return r.fleet.run(ctx)
-	}
 	r.state.setRole(RoleStarting)
 	defer r.state.setRole(RoleStopped)
-	r.log.Info("starting",
-		zap.String("schema", r.cfg.Schema),
+	// A relay of one schema: one batch pushed while the next is claimed.
+	conns, session := int32(2), r.campaign
+	about := []zap.Field{zap.String("schema", r.cfg.Schema), zap.String("channel", ChannelName(r.cfg.Schema)),
+		zap.String("timestamp_format", string(r.cfg.TimestampFormat))}
+	if f := r.fleet; f != nil {
+		defer f.forgetAll()
+		conns, session = fleetDrainConns, f.session
+		about = []zap.Field{zap.Strings("schemas", r.cfg.Schemas), zap.Int("drain_conns", fleetDrainConns)}
+	}
+	r.log.Info("starting", append(about,
 		zap.String("database", DescribeDatabase(r.cfg.DatabaseURL)),
 		zap.String("redis", DescribeRedis(r.cfg.Redis)),
-		zap.String("channel", ChannelName(r.cfg.Schema)),
 		zap.String("source", string(r.cfg.Source)),
 		zap.String("target", string(r.cfg.Target)),
 		zap.Int("batch_size", r.cfg.BatchSize),
 		zap.Duration("poll_interval", r.cfg.PollInterval),
 		zap.Bool("poll_only", r.cfg.PollOnly),
 		zap.String("tracing", describeTracing(r.cfg.TracerProvider)),
-		zap.String("timestamp_format", string(r.cfg.TimestampFormat)),
-	)
+	)...)
 	if err := r.checkRedis(ctx); err != nil {
 		return err
 	}
@@ -297,7 +314,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		r.log.Info("stopped")
 		return nil
 	}
-	return r.runSessions(ctx, 2, r.campaign) // one batch pushed while the next is claimed
+	return r.runSessions(ctx, conns, session)
 }
 
 // runSessions runs session (a relay's campaign, or a fleet's session) on
