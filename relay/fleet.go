@@ -116,8 +116,9 @@ const (
 		WHERE pg_try_advisory_lock(hashtextextended(k, 0)) LIMIT $2`
 )
 
-// newFleet returns the Relay of a fleet for cfg (defaults filled in,
-// valid).
+// newFleet returns the Relay of a fleet for cfg (New, for a cfg with
+// Schemas). Each schema it finds gets a Relay from newRelay, with the
+// fleet's settings (tenantSettings).
 func newFleet(cfg Config) (*Relay, error) {
 	r, _, err := newBase(cfg, defaultSettings())
 	if err != nil {
