@@ -2,7 +2,6 @@ package relay
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -12,7 +11,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -118,24 +116,15 @@ const (
 		WHERE pg_try_advisory_lock(hashtextextended(k, 0)) LIMIT $2`
 )
 
-// newFleet returns the Relay of a fleet for cfg (defaults filled in,
-// valid).
-func newFleet(cfg Config, pgCfg *pgx.ConnConfig, version int) (*Relay, error) {
-	queues := slices.Sorted(slices.Values(cfg.Queues))
-	group := strings.Join(queues, ",")
-	r := &Relay{
-		cfg:     cfg,
-		log:     cfg.Logger,
-		pgCfg:   pgCfg,
-		version: version,
-		group:   group,
-		holder:  applicationName("leader"),
-
-		gateTimeout:       defaultGateTimeout,
-		summaryEvery:      summaryEvery,
-		drainIdleInTx:     drainIdleInTx,
-		listenerHeartbeat: listenerHeartbeat,
+// newFleet returns the Relay of a fleet for cfg (New, for a cfg with
+// Schemas). Each schema it finds gets a Relay from newRelay, with the
+// fleet's settings (tenantSettings).
+func newFleet(cfg Config) (*Relay, error) {
+	r, _, err := newBase(cfg, defaultSettings())
+	if err != nil {
+		return nil, err
 	}
+	cfg = r.cfg
 	// The process's own counters: the Redis PING at start, the lock
 	// session and the listener. Served without a schema label.
 	r.metrics = newMetrics(string(cfg.Target), "", "", &r.backlog, &r.summary.mu)
@@ -143,7 +132,7 @@ func newFleet(cfg Config, pgCfg *pgx.ConnConfig, version int) (*Relay, error) {
 	r.metrics.reg.MustRegister(r.metrics.errs, r.metrics.horizonAge)
 	r.state.init(prometheus.NewGauge(prometheus.GaugeOpts{Name: "unused"}))
 	f := &fleet{r: r, tenants: map[string]*tenant{}, missing: map[string]bool{},
-		memberKey: fleetLockName(cfg.Schemas, group), table: "staged_jobs",
+		memberKey: fleetLockName(cfg.Schemas, r.group), table: "staged_jobs",
 		hotEnter: hotEnter, hotLeave: hotLeave}
 	if cfg.Source == SourceSidekiqStagedPush {
 		f.table = "sidekiq_staged_push_jobs"
@@ -160,32 +149,12 @@ func (f *fleet) tenantConfig(schema string) Config {
 	return c
 }
 
-// run is Run for a fleet.
-func (f *fleet) run(ctx context.Context) error {
-	r := f.r
-	r.state.setRole(RoleStarting)
-	defer r.state.setRole(RoleStopped)
-	r.log.Info("starting",
-		zap.Strings("schemas", r.cfg.Schemas),
-		zap.String("database", DescribeDatabase(r.cfg.DatabaseURL)),
-		zap.String("redis", DescribeRedis(r.cfg.Redis)),
-		zap.String("source", string(r.cfg.Source)),
-		zap.String("target", string(r.cfg.Target)),
-		zap.Int("batch_size", r.cfg.BatchSize),
-		zap.Duration("poll_interval", r.cfg.PollInterval),
-		zap.Bool("poll_only", r.cfg.PollOnly),
-		zap.String("tracing", describeTracing(r.cfg.TracerProvider)),
-		zap.Int("drain_conns", fleetDrainConns),
-	)
-	defer f.forgetAll()
-	if err := r.checkRedis(ctx); err != nil {
-		return err
-	}
-	if ctx.Err() != nil {
-		r.log.Info("stopped")
-		return nil
-	}
-	return r.runSessions(ctx, fleetDrainConns, f.session)
+// tenantSettings are the settings of a fleet's Relays: the fleet's own
+// (which tests may have changed before Run), and its heat.
+func (f *fleet) tenantSettings() settings {
+	s := f.r.settings
+	s.hot = &f.hot
+	return s
 }
 
 // session connects the lock connection and runs the fleet on it until ctx
@@ -193,29 +162,16 @@ func (f *fleet) run(ctx context.Context) error {
 // lets them all go before it returns.
 func (f *fleet) session(ctx context.Context, pool *pgxpool.Pool) (connected time.Time, err error) {
 	r := f.r
-	var ended atomic.Pointer[pgconn.PgError]
-	conn, err := pgx.ConnectConfig(ctx, r.lockConnConfig(&ended))
+	conn, ended, connected, err := r.openLockConn(ctx)
 	if err != nil {
-		return time.Time{}, fmt.Errorf("connect: %w", err)
-	}
-	connected = time.Now()
-	r.state.pgAnswered()
-	defer func() { _ = withTimeout(ctx, time.Second, conn.Close) }()
-	if err := checkWritable(ctx, conn); err != nil {
 		return connected, err
 	}
-	defer func() {
-		var pgErr *pgconn.PgError
-		if why := ended.Load(); why != nil && err != nil && !errors.As(err, &pgErr) {
-			err = fmt.Errorf("%w (%w)", err, why)
-		}
-	}()
+	defer func() { _ = withTimeout(ctx, time.Second, conn.Close) }()
+	defer func() { err = explainEnded(err, ended) }()
 
 	var mu sync.Mutex // guards conn
-	if f.system == "" {
-		if err := conn.QueryRow(ctx, `SELECT system_identifier::text FROM pg_control_system()`).Scan(&f.system); err != nil {
-			return connected, fmt.Errorf("read system_identifier: %w", err)
-		}
+	if err := readSystem(ctx, conn, &f.system); err != nil {
+		return connected, err
 	}
 	if _, err := conn.Exec(ctx, memberLockSQL, f.memberKey); err != nil {
 		return connected, fmt.Errorf("join the fleet: %w", err)
@@ -343,17 +299,10 @@ func (s *fleetSession) discover(ctx context.Context) error {
 		if f.tenants[name] != nil {
 			continue
 		}
-		c, err := New(f.tenantConfig(name))
+		c, err := newRelay(f.tenantConfig(name), f.tenantSettings(), &tenancy{system: f.system})
 		if err != nil {
 			return fmt.Errorf("schema %q: %w", name, err)
 		}
-		c.hooks = r.hooks
-		c.hot = &f.hot
-		c.gateTimeout, c.summaryEvery, c.drainIdleInTx = r.gateTimeout, r.summaryEvery, r.drainIdleInTx
-		// The horizon is the database's: the fleet's own registry serves it.
-		c.metrics.labelled.Unregister(c.metrics.horizonAge)
-		c.handoff.System = f.system
-		c.state.setRole(RoleStandby)
 		f.mu.Lock()
 		f.tenants[name] = &tenant{schema: name, r: c, wake: make(chan struct{}, 1)}
 		f.mu.Unlock()
@@ -469,55 +418,43 @@ func (s *fleetSession) balance(ctx context.Context) error {
 		return fmt.Errorf("%w: count the fleet's members: %w", errLostLock, err)
 	}
 	r.state.pgAnswered()
-	members = max(members, 1)
-	var leading, idle []*tenant
+	var leading, idle []string
+	live := 0
 	for _, name := range slices.Sorted(maps.Keys(f.tenants)) {
 		t := f.tenants[name]
 		switch {
 		case t.gone:
+			continue
 		case t.leading:
 			if !t.released {
-				leading = append(leading, t)
+				leading = append(leading, name)
 			}
 		case time.Now().After(t.retryAt):
-			idle = append(idle, t)
+			idle = append(idle, name)
 		}
+		live++
 	}
-	live := 0
-	for _, t := range f.tenants {
-		if !t.gone {
-			live++
-		}
+	plan := planBalance(members, live, leading, idle, r.holder)
+	for _, name := range plan.release {
+		t := f.tenants[name]
+		t.released = true
+		t.cancel()
+		r.log.Info("letting a schema go to another member of the fleet", zap.String("schema", t.schema),
+			zap.Int("members", members), zap.Int("share", plan.share))
 	}
-	share := (live + members - 1) / members
-	if len(leading) > share {
-		// Let go of the last ones by name: the members agree on nothing
-		// else, and need not.
-		for _, t := range leading[share:] {
-			t.released = true
-			t.cancel()
-			r.log.Info("letting a schema go to another member of the fleet", zap.String("schema", t.schema),
-				zap.Int("members", members), zap.Int("share", share))
-		}
+	if len(plan.try) == 0 {
 		return nil
 	}
-	want := share - len(leading)
-	if want == 0 || len(idle) == 0 {
-		return nil
-	}
-	// Start the tries at a place of this process's own, so that members
-	// starting together do not all try the same schemas first.
-	off := int(hash(r.holder) % uint32(len(idle)))
-	idle = append(idle[off:], idle[:off]...)
-	keys := make([]string, len(idle))
-	byKey := make(map[string]*tenant, len(idle))
-	for i, t := range idle {
+	keys := make([]string, len(plan.try))
+	byKey := make(map[string]*tenant, len(plan.try))
+	for i, name := range plan.try {
+		t := f.tenants[name]
 		keys[i] = t.r.lockKey
 		byKey[t.r.lockKey] = t
 	}
 	var got []string
 	err = s.exec(ctx, func(ctx context.Context, conn *pgx.Conn) error {
-		rows, err := conn.Query(ctx, tryLocksSQL, keys, want)
+		rows, err := conn.Query(ctx, tryLocksSQL, keys, plan.want)
 		if err != nil {
 			return err
 		}
@@ -545,36 +482,17 @@ func (s *fleetSession) balance(ctx context.Context) error {
 	return nil
 }
 
-// hash is FNV-1a of s.
-func hash(s string) uint32 {
-	h := uint32(2166136261)
-	for i := 0; i < len(s); i++ {
-		h = (h ^ uint32(s[i])) * 16777619
-	}
-	return h
-}
-
 // check makes the checks a relay makes before it leads, for t, whose
 // leader lock the session has just taken: ok when t may lead. A check that
 // fails unlocks t and sets it aside for a backoff. An error is the lock
 // connection's.
 func (s *fleetSession) check(ctx context.Context, t *tenant) (ok bool, err error) {
-	c := t.r
 	err = s.exec(ctx, func(ctx context.Context, conn *pgx.Conn) error {
-		if err := c.checkPrivileges(ctx, conn); err != nil {
+		if err := t.r.checkToLead(ctx, conn, t.joined); err != nil {
 			return err
 		}
-		if err := c.src.check(ctx, conn); err != nil {
-			return err
-		}
-		if !t.joined {
-			if err := c.joinGroup(ctx, conn); err != nil {
-				return err
-			}
-			t.joined = true
-			return nil
-		}
-		return c.checkGroup(ctx, conn)
+		t.joined = true
+		return nil
 	})
 	if err != nil {
 		if uerr := s.unlock(ctx, t); uerr != nil {
@@ -589,13 +507,8 @@ func (s *fleetSession) check(ctx context.Context, t *tenant) (ok bool, err error
 // launch leads t, which check passed, on a goroutine of its own.
 func (s *fleetSession) launch(ctx context.Context, t *tenant) {
 	c := t.r
-	c.backlog.attach(s.conn, s.mu)
-	c.state.setRole(RoleLeader)
+	c.becomeLeader(s.conn, s.mu)
 	s.f.r.state.setRole(RoleLeader)
-	// c.log names the schema already (tenantConfig): a second "schema"
-	// would be a JSON line with a key twice, which some log pipelines
-	// refuse.
-	c.log.Info("became leader", zap.Strings("queues", c.cfg.Queues))
 	tctx, cancel := context.WithCancel(ctx)
 	t.leading, t.released, t.cancel, t.done = true, false, cancel, make(chan struct{})
 	go func() {
@@ -637,7 +550,7 @@ func (s *fleetSession) after(ctx context.Context, t *tenant) error {
 		// Ended without an error while the session goes on: only the
 		// session's own context ends a lead that way.
 	default:
-		c.log.Warn("stepped down", zap.String("reason", stepDownReason(t.err)), zap.Error(t.err))
+		c.steppedDown(t.err)
 		s.failed(t, t.err)
 	}
 	return nil
@@ -670,8 +583,7 @@ func (s *fleetSession) closed() bool {
 // unlock releases t's leader lock on the lock connection.
 func (s *fleetSession) unlock(ctx context.Context, t *tenant) error {
 	err := s.exec(context.WithoutCancel(ctx), func(ctx context.Context, conn *pgx.Conn) error {
-		_, err := conn.Exec(ctx, unlockSQL, t.r.lockKey)
-		return err
+		return t.r.unlockLeader(ctx, conn)
 	})
 	if err != nil {
 		return fmt.Errorf("%w: unlock schema %q: %w", errLostLock, t.schema, err)
@@ -710,8 +622,7 @@ func (s *fleetSession) letAllGo() {
 			_ = withTimeout(context.Background(), time.Second, func(ctx context.Context) error {
 				s.mu.Lock()
 				defer s.mu.Unlock()
-				_, err := s.conn.Exec(ctx, unlockSQL, t.r.lockKey)
-				return err
+				return t.r.unlockLeader(ctx, s.conn)
 			})
 		}
 		released++

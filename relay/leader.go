@@ -36,36 +36,22 @@ var errLostLock = errors.New("lock connection lost")
 // leads until ctx ends or the connection fails. connected is when the lock
 // connection was established (zero if it never was), so the caller can tell
 // a session that stayed healthy for a while from one that failed at once.
+//
+// It becomes leader as a fleet's schema does (fleet.go), through the same
+// steps: openLockConn, checkToLead, becomeLeader, and leadWith.
 func (r *Relay) campaign(ctx context.Context, pool *pgxpool.Pool) (connected time.Time, err error) {
-	var ended atomic.Pointer[pgconn.PgError]
-	cc := r.lockConnConfig(&ended)
-	conn, err := pgx.ConnectConfig(ctx, cc)
+	conn, ended, connected, err := r.openLockConn(ctx)
 	if err != nil {
-		return time.Time{}, fmt.Errorf("connect: %w", err)
+		return connected, err
 	}
-	connected = time.Now()
-	r.state.pgAnswered()
 	defer func() {
 		_ = withTimeout(ctx, time.Second, conn.Close)
 	}()
-
-	if err := checkWritable(ctx, conn); err != nil {
+	if err := r.checkToLead(ctx, conn, false); err != nil {
 		return connected, err
 	}
-	if err := r.checkPrivileges(ctx, conn); err != nil {
+	if err := readSystem(ctx, conn, &r.handoff.System); err != nil {
 		return connected, err
-	}
-	if err := r.checkVersion(ctx, conn); err != nil {
-		return connected, err
-	}
-	if err := r.joinGroup(ctx, conn); err != nil {
-		return connected, err
-	}
-	if r.handoff.System == "" {
-		// The fence names the PostgreSQL cluster (ErrForeignFence).
-		if err := conn.QueryRow(ctx, `SELECT system_identifier::text FROM pg_control_system()`).Scan(&r.handoff.System); err != nil {
-			return connected, fmt.Errorf("read system_identifier: %w", err)
-		}
 	}
 
 	standby := false
@@ -92,38 +78,120 @@ func (r *Relay) campaign(ctx context.Context, pool *pgxpool.Pool) (connected tim
 		}
 	}
 	if standby {
-		// The schema may have been migrated while this relay waited.
-		if err := r.checkVersion(ctx, conn); err != nil {
+		// The schema may have been migrated, or a conflicting relay
+		// started, while this relay waited.
+		if err := r.checkToLead(ctx, conn, true); err != nil {
 			return connected, err // closing conn releases the lock
-		}
-		if err := r.checkGroup(ctx, conn); err != nil {
-			return connected, err
 		}
 	}
 
-	// The backlog gauges are the leader's, sampled on its lock connection.
 	var lockMu sync.Mutex
-	r.backlog.attach(conn, &lockMu)
-	r.state.setRole(RoleLeader)
-	r.log.Info("became leader", zap.String("schema", r.cfg.Schema), zap.Strings("queues", r.cfg.Queues))
-	err = r.lead(ctx, conn, &lockMu, pool)
+	r.becomeLeader(conn, &lockMu)
+	err = r.leadWith(ctx, conn, &lockMu, pool, nil)
 	r.backlog.detach()
 	if ctx.Err() != nil {
 		// Closing the connection would release the lock as well; unlock
 		// first so a standby need not wait for the server to notice.
-		_ = withTimeout(ctx, time.Second, func(c context.Context) error {
-			_, err := conn.Exec(c, unlockSQL, r.lockKey)
-			return err
-		})
+		_ = withTimeout(ctx, time.Second, func(c context.Context) error { return r.unlockLeader(c, conn) })
 		r.log.Info("released leadership")
 		return connected, ctx.Err()
 	}
-	var pgErr *pgconn.PgError
-	if why := ended.Load(); why != nil && !errors.As(err, &pgErr) {
-		err = fmt.Errorf("%w (%w)", err, why)
-	}
-	r.log.Warn("stepped down", zap.String("reason", stepDownReason(err)), zap.Error(err))
+	err = explainEnded(err, ended)
+	r.steppedDown(err)
 	return connected, err
+}
+
+// openLockConn connects a lock connection (lockConnConfig), the one a
+// relay of one schema holds its leader lock on, or a fleet all of its
+// own, and checks that the server accepts writes (checkWritable). ended
+// is for explainEnded. connected is when it connected (zero if it did
+// not); on an error, conn is closed or was never open.
+func (r *Relay) openLockConn(ctx context.Context) (conn *pgx.Conn, ended *atomic.Pointer[pgconn.PgError], connected time.Time, err error) {
+	ended = new(atomic.Pointer[pgconn.PgError])
+	conn, err = pgx.ConnectConfig(ctx, r.lockConnConfig(ended))
+	if err != nil {
+		return nil, nil, time.Time{}, fmt.Errorf("connect: %w", err)
+	}
+	connected = time.Now()
+	r.state.pgAnswered()
+	if err := checkWritable(ctx, conn); err != nil {
+		_ = withTimeout(ctx, time.Second, conn.Close)
+		return nil, nil, connected, err
+	}
+	return conn, ended, connected, nil
+}
+
+// readSystem reads PostgreSQL's system_identifier into *system, unless it
+// was read already: the fence names the PostgreSQL cluster
+// (ErrForeignFence).
+func readSystem(ctx context.Context, conn *pgx.Conn, system *string) error {
+	if *system != "" {
+		return nil
+	}
+	if err := conn.QueryRow(ctx, `SELECT system_identifier::text FROM pg_control_system()`).Scan(system); err != nil {
+		return fmt.Errorf("read system_identifier: %w", err)
+	}
+	return nil
+}
+
+// checkToLead makes the checks a relay makes on its lock connection before
+// it leads its schema, a relay of one schema and a fleet's alike: its
+// privileges, the schema's version, and its queue group. joined says that
+// conn holds the relay's group locks already (joinGroup): then it looks
+// for a conflicting relay only. A relay of one schema makes them before it
+// tries for its leader lock, and again when it takes the lock after
+// standing by; a fleet, each time it takes a schema's lock.
+func (r *Relay) checkToLead(ctx context.Context, conn *pgx.Conn, joined bool) error {
+	if err := r.checkPrivileges(ctx, conn); err != nil {
+		return err
+	}
+	if err := r.checkVersion(ctx, conn); err != nil {
+		return err
+	}
+	if joined {
+		return r.checkGroup(ctx, conn)
+	}
+	return r.joinGroup(ctx, conn)
+}
+
+// becomeLeader makes the relay its schema's leader, on the lock
+// connection conn (mu guards it), which holds its leader lock and passed
+// checkToLead: the backlog gauges are the leader's, sampled on conn, until
+// the lead returns (backlog.detach).
+func (r *Relay) becomeLeader(conn *pgx.Conn, mu *sync.Mutex) {
+	r.backlog.attach(conn, mu)
+	r.state.setRole(RoleLeader)
+	if r.tenancy != nil {
+		// A fleet's logger names the schema already (tenantConfig): a
+		// second "schema" would be a JSON line with a key twice, which
+		// some log pipelines refuse.
+		r.log.Info("became leader", zap.Strings("queues", r.cfg.Queues))
+		return
+	}
+	r.log.Info("became leader", zap.String("schema", r.cfg.Schema), zap.Strings("queues", r.cfg.Queues))
+}
+
+// unlockLeader releases the relay's leader lock on conn.
+func (r *Relay) unlockLeader(ctx context.Context, conn *pgx.Conn) error {
+	_, err := conn.Exec(ctx, unlockSQL, r.lockKey)
+	return err
+}
+
+// steppedDown says why the relay stopped leading, err being why its lead
+// failed.
+func (r *Relay) steppedDown(err error) {
+	r.log.Warn("stepped down", zap.String("reason", stepDownReason(err)), zap.Error(err))
+}
+
+// explainEnded adds to err, the failure of a lock connection's session,
+// PostgreSQL's word on why it ended the session (lockConnConfig), unless
+// err is PostgreSQL's own.
+func explainEnded(err error, ended *atomic.Pointer[pgconn.PgError]) error {
+	var pgErr *pgconn.PgError
+	if why := ended.Load(); why != nil && err != nil && !errors.As(err, &pgErr) {
+		return fmt.Errorf("%w (%w)", err, why)
+	}
+	return err
 }
 
 // lockConnConfig is the lock connection's config. ended keeps

@@ -183,3 +183,27 @@ func TestPrivilegeRevokedWhileRunning(t *testing.T) {
 		t.Errorf("%d rows staged, want 1", n)
 	}
 }
+
+// A privilege revoked while a relay stands by: when the leader stops, the
+// standby checks its privileges again as it takes the lock (as a fleet
+// checks each schema it takes), and Run fails with the missing privilege
+// named, before it leads: it never becomes leader and claims nothing.
+func TestStandbyChecksPrivilegesOnTakeover(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	role, roleURL := leastPrivilegeRole(h)
+	table := pgx.Identifier{h.schema, "staged_jobs"}.Sanitize()
+	err := takeOverAfter(t, h, func() relay.Config {
+		cfg := h.config()
+		cfg.DatabaseURL = roleURL
+		return cfg
+	}, func() {
+		if _, err := h.conn.Exec(context.Background(), "REVOKE DELETE ON "+table+" FROM "+pgx.Identifier{role}.Sanitize()); err != nil {
+			t.Fatal(err)
+		}
+	})
+	want := `permission denied: role "` + role + `" lacks DELETE on ` + table + `: `
+	if !errors.Is(err, relay.ErrPermission) || !strings.HasPrefix(err.Error(), want) {
+		t.Fatalf("standby Run = %v, want ErrPermission at takeover, starting %q", err, want)
+	}
+}

@@ -52,13 +52,13 @@ type Relay struct {
 	// queues, for a relay with Config.Queues.
 	claimArgs []any
 	version   int // the schema version this binary needs: its latest migration
+	// tenancy is what the fleet gave a fleet's schema; nil for a relay
+	// of one schema.
+	tenancy *tenancy
 
 	// fleet, for a relay with Config.Schemas, runs a Relay per schema
 	// (fleet.go); nil for a relay of one schema.
 	fleet *fleet
-	// hot, for a fleet's schema, is the fleet's fleetHot: true while it
-	// polls its schemas and holds them awake. nil otherwise.
-	hot *atomic.Bool
 	// heldBack is true while backpressure holds a queue back (gate.paused),
 	// for a hot fleet's poll, which leaves such a schema to its own
 	// retries and notifications.
@@ -69,8 +69,9 @@ type Relay struct {
 	// notification would reach nobody (gate.heldAwake).
 	deaf atomic.Bool
 
-	// Test hooks (export_test.go); nil outside tests.
-	hooks testHooks
+	// settings are what the relay was built with beside its Config: a
+	// relay of one schema's defaults, or its fleet's (newRelay).
+	settings
 	// syncStandby says that synchronous_standby_names was set at the last
 	// look (after each batch's commit): the drain then waits for the
 	// synchronous standbys before it pushes (standby.go). syncWarned says
@@ -80,31 +81,59 @@ type Relay struct {
 	// listens counts the listener's completed LISTENs, for hooks.idle.
 	listens atomic.Int64
 	// summary counts what the drain did for the info line logged every
-	// summaryEvery (a field so that tests can shorten it), and feeds
-	// metrics (metrics.go), the Prometheus metrics of MetricsHandler.
-	summary      summary
-	summaryEvery time.Duration
-	metrics      *metrics
+	// summaryEvery, and feeds metrics (metrics.go), the Prometheus metrics
+	// of MetricsHandler.
+	summary summary
+	metrics *metrics
 	// backlog is the leader's sample of the backlog, for the summary line
 	// and the backlog gauges.
 	backlog backlog
 
 	// state is what Status and CheckReady report (health.go).
 	state state
+}
 
+// settings are what a Relay takes beside its Config, the same for every
+// schema of a fleet: its tenants are built with the fleet's (newRelay),
+// which tests may have changed (export_test.go) before Run.
+type settings struct {
+	// Test hooks (export_test.go); nil outside tests.
+	hooks testHooks
 	// gateTimeout is the lock_timeout of the leader's lock connection: the
 	// longest the gate waits, going idle, for commits looking at it.
 	gateTimeout time.Duration
-
+	// summaryEvery is how often the summary line is logged (a field so
+	// that tests can shorten it).
+	summaryEvery time.Duration
 	// drainIdleInTx is the drain sessions'
 	// idle_in_transaction_session_timeout (a field so that tests can
 	// shorten it; see conn.go).
 	drainIdleInTx time.Duration
-
 	// listenerHeartbeat is how long the listener may hear nothing before
 	// the relay sends it a heartbeat (a field so that tests can shorten
 	// it; see listen.go).
 	listenerHeartbeat time.Duration
+	// hot, for a fleet's schema, is the fleet's fleetHot: true while it
+	// polls its schemas and holds them awake. nil otherwise.
+	hot *atomic.Bool
+}
+
+// defaultSettings are the settings of a relay New returns.
+func defaultSettings() settings {
+	return settings{
+		gateTimeout:       defaultGateTimeout,
+		summaryEvery:      summaryEvery,
+		drainIdleInTx:     drainIdleInTx,
+		listenerHeartbeat: listenerHeartbeat,
+	}
+}
+
+// tenancy is what a fleet gives each schema's Relay beside its settings;
+// nil for a relay of one schema.
+type tenancy struct {
+	// system is PostgreSQL's system_identifier, which names the cluster
+	// in every fence (the fleet reads it once).
+	system string
 }
 
 // testHooks are called at points tests synchronize on, in the manner of
@@ -132,13 +161,23 @@ type testHooks struct {
 // New checks cfg and returns a Relay. It starts nothing and connects to
 // nothing.
 func New(cfg Config) (*Relay, error) {
+	if len(cfg.Schemas) > 0 {
+		return newFleet(cfg)
+	}
+	return newRelay(cfg, defaultSettings(), nil)
+}
+
+// parseConfig fills in cfg's defaults, checks it, and returns it with its
+// DatabaseURL's connection config and the schema version this binary
+// needs.
+func parseConfig(cfg Config) (Config, *pgx.ConnConfig, int, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("relay config: %w", err)
+		return cfg, nil, 0, fmt.Errorf("relay config: %w", err)
 	}
 	pgCfg, err := pgx.ParseConfig(cfg.DatabaseURL)
 	if err != nil { // Validate parsed it already
-		return nil, fmt.Errorf("relay config: DatabaseURL: %w", redactErr(err))
+		return cfg, nil, 0, fmt.Errorf("relay config: DatabaseURL: %w", redactErr(err))
 	}
 	if len(pgCfg.Fallbacks) > 0 && pgCfg.ValidateConnect == nil && !strings.Contains(cfg.DatabaseURL, "target_session_attrs") {
 		// Several hosts and no target_session_attrs: connect to the one
@@ -147,32 +186,45 @@ func New(cfg Config) (*Relay, error) {
 	}
 	version, err := latestVersion()
 	if err != nil {
-		return nil, fmt.Errorf("read migrations: %w", err)
+		return cfg, nil, 0, fmt.Errorf("read migrations: %w", err)
 	}
-	if len(cfg.Schemas) > 0 {
-		return newFleet(cfg, pgCfg, version)
-	}
-	queues := slices.Sorted(slices.Values(cfg.Queues))
-	group := strings.Join(queues, ",")
-	r := &Relay{
-		cfg:   cfg,
-		log:   cfg.Logger,
-		pgCfg: pgCfg,
-		handoff: handoff.New(cfg.Redis, newHandoffKeys(cfg.RedisNamespace, pgCfg.Database, cfg.Schema, group)).
-			WaitFor(cfg.RedisWaitReplicas, cfg.RedisWaitTimeout),
-		holder:  applicationName("leader"),
-		lockKey: leaderLockName(cfg.Schema, group),
-		group:   group,
-		version: version,
+	return cfg, pgCfg, version, nil
+}
 
-		gateTimeout:   defaultGateTimeout,
-		summaryEvery:  summaryEvery,
-		drainIdleInTx: drainIdleInTx,
-
-		listenerHeartbeat: listenerHeartbeat,
+// newBase returns what every Relay has, a relay of one schema's or a
+// fleet's: its config, checked (parseConfig), and settings s. queues are
+// Config.Queues, sorted.
+func newBase(cfg Config, s settings) (r *Relay, queues []string, err error) {
+	cfg, pgCfg, version, err := parseConfig(cfg)
+	if err != nil {
+		return nil, nil, err
 	}
+	queues = slices.Sorted(slices.Values(cfg.Queues))
+	return &Relay{
+		cfg:      cfg,
+		log:      cfg.Logger,
+		pgCfg:    pgCfg,
+		version:  version,
+		group:    strings.Join(queues, ","),
+		holder:   applicationName("leader"),
+		settings: s,
+	}, queues, nil
+}
+
+// newRelay returns the Relay of the one schema cfg.Schema: a relay of
+// that schema's own (New), or a fleet's tenant (ten, from the fleet, with
+// the fleet's settings s). Nothing is set on it after.
+func newRelay(cfg Config, s settings, ten *tenancy) (*Relay, error) {
+	r, queues, err := newBase(cfg, s)
+	if err != nil {
+		return nil, err
+	}
+	cfg, group := r.cfg, r.group
+	r.handoff = handoff.New(cfg.Redis, newHandoffKeys(cfg.RedisNamespace, r.pgCfg.Database, cfg.Schema, group)).
+		WaitFor(cfg.RedisWaitReplicas, cfg.RedisWaitTimeout)
+	r.lockKey = leaderLockName(cfg.Schema, group)
 	r.deaf.Store(true)
-	if r.src, err = newSource(cfg, version); err != nil {
+	if r.src, err = newSource(cfg, r.version); err != nil {
 		return nil, fmt.Errorf("read migrations: %w", err)
 	}
 	r.sql = r.src.statements()
@@ -197,6 +249,13 @@ func New(cfg Config) (*Relay, error) {
 	r.bp = newBackpressure(cfg, r.metrics.backpressure, r.log.Named("drain"))
 	r.bp.state = &r.state
 	r.state.init(r.metrics.leader)
+	if ten != nil {
+		r.tenancy = ten
+		r.handoff.System = ten.system
+		// The horizon is the database's: the fleet's own registry serves it.
+		r.metrics.labelled.Unregister(r.metrics.horizonAge)
+		r.state.setRole(RoleStandby)
+	}
 	return r, nil
 }
 
@@ -214,24 +273,27 @@ func New(cfg Config) (*Relay, error) {
 // A Relay runs one Run at a time; to run standbys, create more Relays (in
 // other processes, normally).
 func (r *Relay) Run(ctx context.Context) error {
-	if r.fleet != nil {
-		return r.fleet.run(ctx)
-	}
 	r.state.setRole(RoleStarting)
 	defer r.state.setRole(RoleStopped)
-	r.log.Info("starting",
-		zap.String("schema", r.cfg.Schema),
+	// A relay of one schema: one batch pushed while the next is claimed.
+	conns, session := int32(2), r.campaign
+	about := []zap.Field{zap.String("schema", r.cfg.Schema), zap.String("channel", ChannelName(r.cfg.Schema)),
+		zap.String("timestamp_format", string(r.cfg.TimestampFormat))}
+	if f := r.fleet; f != nil {
+		defer f.forgetAll()
+		conns, session = fleetDrainConns, f.session
+		about = []zap.Field{zap.Strings("schemas", r.cfg.Schemas), zap.Int("drain_conns", fleetDrainConns)}
+	}
+	r.log.Info("starting", append(about,
 		zap.String("database", DescribeDatabase(r.cfg.DatabaseURL)),
 		zap.String("redis", DescribeRedis(r.cfg.Redis)),
-		zap.String("channel", ChannelName(r.cfg.Schema)),
 		zap.String("source", string(r.cfg.Source)),
 		zap.String("target", string(r.cfg.Target)),
 		zap.Int("batch_size", r.cfg.BatchSize),
 		zap.Duration("poll_interval", r.cfg.PollInterval),
 		zap.Bool("poll_only", r.cfg.PollOnly),
 		zap.String("tracing", describeTracing(r.cfg.TracerProvider)),
-		zap.String("timestamp_format", string(r.cfg.TimestampFormat)),
-	)
+	)...)
 	if err := r.checkRedis(ctx); err != nil {
 		return err
 	}
@@ -239,7 +301,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		r.log.Info("stopped")
 		return nil
 	}
-	return r.runSessions(ctx, 2, r.campaign) // one batch pushed while the next is claimed
+	return r.runSessions(ctx, conns, session)
 }
 
 // runSessions runs session (a relay's campaign, or a fleet's session) on
