@@ -27,7 +27,7 @@ import (
 )
 
 // benchScenarios are the scenario groups of bench, in the order they run.
-var benchScenarios = []string{"tps", "latency", "idle", "backlog", "schemas", "scale", "app-cost"}
+var benchScenarios = []string{"tps", "latency", "idle", "backlog", "schemas", "scale", "app-cost", "horizon"}
 
 // benchDefaultScenarios are those a run without --scenarios runs: all but
 // scale, which migrates 1,000 schemas and runs three relays for each of
@@ -47,6 +47,8 @@ type benchFlags struct {
 	quick       bool
 	target      string
 	standby     bool
+	horizonRate int           // bench_horizon.go
+	horizonHold time.Duration // bench_horizon.go
 }
 
 // benchConfig is what one bench run does, after --quick.
@@ -65,6 +67,8 @@ type benchConfig struct {
 	quick           bool          // figures too short for their targets are not judged
 	waitForStandby  bool          // the relays run with --wait-for-standby
 	run             map[string]bool
+	horizonRate     int           // the horizon scenario's jobs/s (bench_horizon.go)
+	horizonHold     time.Duration // how long it holds the horizon
 }
 
 func newBenchFlags() (*flagSet, *benchFlags) {
@@ -86,7 +90,7 @@ func newBenchFlags() (*flagSet, *benchFlags) {
 	f.env("backlog", "STAGEDRAIN_BENCH_BACKLOG")
 	f.fs.IntVar(&c.writers, "writers", 16, "concurrent app writers of the TPS and 5,000 jobs/s scenarios")
 	f.env("writers", "STAGEDRAIN_BENCH_WRITERS")
-	f.fs.StringVar(&c.scenarios, "scenarios", strings.Join(benchDefaultScenarios, ","), "comma-separated `list` of scenarios to run: tps, latency, idle, backlog, schemas (one relay --schemas of 10 schemas: the others' latency while one drains the --backlog), scale (1, 10, 100 and 1,000 schemas: connections, idle statements, RSS, latency; not run by default: several minutes), app-cost (the app's write TPS with no relay, a polling relay, a relay, a relay whose Redis hangs, and a relay of 20 and of 200 schemas, each against the same with the triggers disabled, in alternating runs; the relay's CPU per 1,000 jobs; the fleets' latency at 100 and 1,000 jobs/s spread over their schemas; not run by default: several minutes)")
+	f.fs.StringVar(&c.scenarios, "scenarios", strings.Join(benchDefaultScenarios, ","), "comma-separated `list` of scenarios to run: tps, latency, idle, backlog, schemas (one relay --schemas of 10 schemas: the others' latency while one drains the --backlog), scale (1, 10, 100 and 1,000 schemas: connections, idle statements, RSS, latency; not run by default: several minutes), app-cost (the app's write TPS with no relay, a polling relay, a relay, a relay whose Redis hangs, and a relay of 20 and of 200 schemas, each against the same with the triggers disabled, in alternating runs; the relay's CPU per 1,000 jobs; the fleets' latency at 100 and 1,000 jobs/s spread over their schemas; not run by default: several minutes), horizon (latency per 10s window while a snapshot holds the xmin horizon back for --horizon-hold, at --horizon-rate; not run by default; run it on a server of its own)")
 	f.env("scenarios", "STAGEDRAIN_BENCH_SCENARIOS")
 	f.fs.BoolVar(&c.quick, "quick", false, "a smoke run: 500ms scenarios (each until it has 50 jobs), a 1s idle window, a 10,000-job backlog, scale at 1 and 10 schemas only, app-cost's fleets of 4 and 8 (an explicit --duration or --backlog wins); the same rows, none judged")
 	f.env("quick", "STAGEDRAIN_BENCH_QUICK")
@@ -94,6 +98,8 @@ func newBenchFlags() (*flagSet, *benchFlags) {
 	f.env("target", "STAGEDRAIN_TARGET")
 	f.fs.BoolVar(&c.standby, "wait-for-standby", false, "run the relays with --wait-for-standby (the database needs a streaming standby): latency then includes the replication lag")
 	f.env("wait-for-standby", "STAGEDRAIN_WAIT_FOR_STANDBY")
+	f.fs.IntVar(&c.horizonRate, "horizon-rate", 2000, "jobs/s the app stages in the horizon scenario")
+	f.fs.DurationVar(&c.horizonHold, "horizon-hold", 10*time.Minute, "how long the horizon scenario holds the xmin horizon (a REPEATABLE READ snapshot, as pg_dump's)")
 	f.required("database-url", "redis-url", "scenarios")
 	return f, c
 }
@@ -120,6 +126,7 @@ func (c *benchFlags) config(f *flagSet) (benchConfig, error) {
 		backlog: c.backlog, writers: c.writers, quick: c.quick, waitForStandby: c.standby, run: make(map[string]bool),
 		scaleSteps: []int{1, 10, 100, 1000}, scaleWarmup: 5 * time.Second, scaleWindow: 30 * time.Second,
 		appCostSchemas: []int{20, 200}, target: relay.Target(c.target),
+		horizonRate: c.horizonRate, horizonHold: c.horizonHold,
 	}
 	if c.quick {
 		cfg.idleWarmup, cfg.idleWindow = 500*time.Millisecond, time.Second
@@ -272,6 +279,11 @@ func (b *bench) run(ctx context.Context) error {
 	if b.cfg.run["scale"] {
 		if err := b.benchScale(ctx); err != nil {
 			return fmt.Errorf("scale: %w", err)
+		}
+	}
+	if b.cfg.run["horizon"] {
+		if err := b.benchHorizon(ctx); err != nil {
+			return fmt.Errorf("horizon: %w", err)
 		}
 	}
 	if b.cfg.run["app-cost"] {
