@@ -99,7 +99,9 @@ func newBenchFlags() (*flagSet, *benchFlags) {
 	f.fs.BoolVar(&c.standby, "wait-for-standby", false, "run the relays with --wait-for-standby (the database needs a streaming standby): latency then includes the replication lag")
 	f.env("wait-for-standby", "STAGEDRAIN_WAIT_FOR_STANDBY")
 	f.fs.IntVar(&c.horizonRate, "horizon-rate", 2000, "jobs/s the app stages in the horizon scenario")
+	f.env("horizon-rate", "STAGEDRAIN_BENCH_HORIZON_RATE")
 	f.fs.DurationVar(&c.horizonHold, "horizon-hold", 10*time.Minute, "how long the horizon scenario holds the xmin horizon (a REPEATABLE READ snapshot, as pg_dump's)")
+	f.env("horizon-hold", "STAGEDRAIN_BENCH_HORIZON_HOLD")
 	f.required("database-url", "redis-url", "scenarios")
 	return f, c
 }
