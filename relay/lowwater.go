@@ -82,7 +82,7 @@ import (
 // about 6 s, longer only while the probe itself is slow. The probe still walks
 // the dead index entries below L, once per probeEvery rather than once
 // per claim (hundreds a second): its cost grows with the dead rows, and
-// the bench shows it in buffers per job (README, "Held horizon").
+// the bench shows it in buffers per job (README.md, "Where a claim starts").
 //
 // Off (claims start at the index's start, as before 011) for a fleet's
 // schemas, the gem's table (SourceSidekiqStagedPush), a relay with
