@@ -60,12 +60,16 @@ func (c nullCols) String() string {
 type tableSQL struct {
 	claim    string
 	claimDue string // claim, of rows whose run_at is due only
-	nextDue  string
-	reinsert string
-	backlog  string
-	bury     string
-	version  string
-	staged   string
+	// claimMark is claim, reading what the low-water mark needs
+	// (lowwater.go); "" for a table that cannot have the mark.
+	claimMark string
+	probe     string // the lowest id <= $1 still staged (lowwater.go)
+	nextDue   string
+	reinsert  string
+	backlog   string
+	bury      string
+	version   string
+	staged    string
 }
 
 // byQueue makes the claims take rows of the queues in $4 only (a relay with
@@ -97,6 +101,16 @@ func newTableSQL(schema string, byQueue bool) tableSQL {
 		// each row up in the index again. RETURNING gives exactly what it
 		// deleted, and only that is pushed.
 		claim: claim.sql(""),
+		claimMark: func() string {
+			if byQueue {
+				return ""
+			}
+			c := claim
+			c.mark = pgx.Identifier{schema, "stagedrain_last_id"}.Sanitize()
+			return c.sql("")
+		}(),
+		// Lock-free: rows a batch holds count as staged (lowwater.go).
+		probe: `SELECT id FROM ` + table + ` WHERE id <= $1 ORDER BY id LIMIT 1`,
 		// For a target with no scheduler (streams): rows whose run_at is
 		// not in the future only. The scan by id steps over the future
 		// rows below the batch's last id, each a heap fetch (see README).
@@ -160,6 +174,10 @@ type claimSQL struct {
 	queue     string
 	byQueue   bool
 	returning string // the columns RETURNING gives, of the row t
+	// mark, when set, is the quoted stagedrain_last_id(): the claim keeps
+	// its snapshot's xmin and the sequence's last value for claimMarkSQL
+	// (lowwater.go).
+	mark string
 }
 
 // sql is the claim statement, with extra conditions on the rows (of t).
@@ -180,6 +198,12 @@ func (c claimSQL) sql(where string) string {
 	// its first row lock, kept for the transaction: the commits the claim
 	// sees are below it (standby.go). A one-time filter, read once.
 	where += ` AND (SELECT set_config('stagedrain.claim_lsn', pg_current_wal_insert_lsn()::text, true)) IS NOT NULL`
+	if c.mark != "" {
+		// Read before the claim locks its first row, which gives its
+		// transaction an id (lowwater.go).
+		where += ` AND (SELECT set_config('stagedrain.claim_mark', pg_snapshot_xmin(pg_current_snapshot())::text || ' ' || coalesce(` +
+			c.mark + `()::text, ''), true)) IS NOT NULL`
+	}
 	return `WITH b AS MATERIALIZED (SELECT ctid FROM ` + c.table + ` t` +
 		` WHERE id > $3 AND id <> ALL($2)` + where + ` ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)` +
 		` DELETE FROM ` + c.table + ` t WHERE t.ctid = ANY(ARRAY(SELECT ctid FROM b)) RETURNING ` + c.returning
@@ -191,6 +215,12 @@ func (c claimSQL) sql(where string) string {
 // On success the transaction stays open: the caller commits what it pushed.
 // extra are the statement's arguments after $3 (see claimSQL).
 func claimBatch(ctx context.Context, conn *pgx.Conn, sql string, scan rowScan, limit int, skip []int64, from int64, dst []stagedJob, extra ...any) ([]stagedJob, error) {
+	return claimBatchMark(ctx, conn, sql, scan, limit, skip, from, dst, nil, extra...)
+}
+
+// claimBatchMark is claimBatch; with mark non-nil, sql is a tableSQL's
+// claimMark, and mark gets what it read (lowwater.go).
+func claimBatchMark(ctx context.Context, conn *pgx.Conn, sql string, scan rowScan, limit int, skip []int64, from int64, dst []stagedJob, mark *markRead, extra ...any) ([]stagedJob, error) {
 	if scan == nil {
 		scan = stagedJobScan()
 	}
@@ -200,6 +230,9 @@ func claimBatch(ctx context.Context, conn *pgx.Conn, sql string, scan rowScan, l
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
 	b.Queue(sql, append([]any{limit, skip, from}, extra...)...)
+	if mark != nil {
+		b.Queue(claimMarkSQL)
+	}
 	br := conn.SendBatch(ctx, b)
 	dst = dst[:0]
 	if _, err := br.Exec(); err != nil {
@@ -223,6 +256,12 @@ func claimBatch(ctx context.Context, conn *pgx.Conn, sql string, scan rowScan, l
 	if err := rows.Err(); err != nil {
 		_ = br.Close()
 		return dst, fmt.Errorf("claim batch: %w", err)
+	}
+	if mark != nil {
+		if err := mark.scan(br.QueryRow()); err != nil {
+			_ = br.Close()
+			return dst, fmt.Errorf("claim batch: read mark: %w", err)
+		}
 	}
 	if err := br.Close(); err != nil {
 		return dst, fmt.Errorf("claim batch: %w", err)

@@ -26,6 +26,20 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 		return err
 	}
 	defer g.late.stop()
+	// Where claims start (lowwater.go), and its probe, for this leadership.
+	mark, err := r.newLowWater(ctx, pool)
+	if err != nil {
+		log.Warn("claims start at the id index's start", zap.Error(err))
+	}
+	r.mark.Store(mark)
+	var probeFound chan struct{} // nil, never ready, without the mark
+	if mark != nil {
+		probeFound = make(chan struct{}, 1)
+		pctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); r.probe(pctx, pool, mark, probeFound) }()
+		defer func() { cancel(); <-done }()
+	}
 	// due wakes the drain when the earliest future run_at is due, for a
 	// target with no scheduler (dueOnly).
 	due := time.NewTimer(time.Hour)
@@ -51,6 +65,7 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 			r.tidy(ctx, pool, log)
 			continue
 		case <-wake:
+		case <-probeFound:
 		case <-pausedC:
 			pausedC = nil
 		case <-dueC:
@@ -153,6 +168,18 @@ type claimed struct {
 	jobs  []stagedJob
 	from  int64 // the claim took ids above this
 	start time.Time
+	// base: the claim started at the low-water mark (or the index's
+	// start), not after a batch's last id. alone: no other batch of the
+	// relay was in flight. clean: it skipped no ids and left out no queue.
+	base, alone, clean bool
+	mark               markRead // what it read for the mark (lowwater.go)
+	lowered            uint64   // the mark's lowerings when it began
+}
+
+// qualifies reports whether the claim can confirm the mark's candidates
+// once its batch commits with nothing put back (lowwater.go).
+func (c claimed) qualifies() bool {
+	return c.base && c.alone && c.clean && c.mark.present
 }
 
 // drain drains batch after batch until a claim finds nothing while the
@@ -194,7 +221,7 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 	var rate flowRate
 	claimFromStart := func(buf *[]stagedJob) (claimed, error) {
 		fullScan = time.Now()
-		return r.claim(ctx, pool, buf, skip, fromStart)
+		return r.claim(ctx, pool, buf, skip, fromStart, true)
 	}
 	cur, err := claimFromStart(&bufs[0])
 	if err != nil {
@@ -203,7 +230,7 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 	for i := 1; ; i++ {
 		if cur.conn == nil { // the claim found nothing
 			switch {
-			case cur.from != fromStart:
+			case !cur.base:
 				// It claimed from a cursor: the rest of the table may
 				// hold rows that committed late.
 			case !g.awake || g.pinned || g.heldAwake():
@@ -245,7 +272,7 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 			}
 			go func() {
 				defer close(claimedNext)
-				next, nextErr = r.claim(ctx, pool, &bufs[i%2], skip, from)
+				next, nextErr = r.claim(ctx, pool, &bufs[i%2], skip, from, false)
 			}()
 		} else {
 			close(claimedNext)
@@ -267,6 +294,12 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 			return nil
 		}
 		skip = append(skip, left...)
+		for _, id := range left {
+			r.mark.Load().lower(id) // put back: claims start below it
+		}
+		if !full && len(left) == 0 && cur.qualifies() {
+			r.mark.Load().confirm(cur.mark.xmin, cur.lowered)
+		}
 		r.excluded = r.bp.leaveOut(r.excluded) // the claims that follow
 		if r.bp.stop() {
 			// Backpressure: the rest waits for the next drain
@@ -309,7 +342,8 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 }
 
 // fromStart is the cursor of a claim from the table's start: any id, even
-// zero or negative in a hand-made table.
+// zero or negative in a hand-made table. Passed to claim, it means the
+// low-water mark (lowwater.go), which is the table's start without it.
 const fromStart int64 = math.MinInt64
 
 // rescanInterval is the longest a drain claims from a cursor before it
@@ -318,22 +352,37 @@ const rescanInterval = time.Second
 
 // claim begins a transaction and claims up to BatchSize committed rows with
 // ids above from into (*buf)[:0], in one round trip. When there are none it ends the
-// transaction and returns a claimed with a nil conn.
-func (r *Relay) claim(ctx context.Context, pool *pgxpool.Pool, buf *[]stagedJob, skip []int64, from int64) (claimed, error) {
-	c := claimed{from: from, start: time.Now()}
+// transaction and returns a claimed with a nil conn. from fromStart claims
+// from the low-water mark; alone says that no other batch is in flight.
+func (r *Relay) claim(ctx context.Context, pool *pgxpool.Pool, buf *[]stagedJob, skip []int64, from int64, alone bool) (claimed, error) {
+	c := claimed{from: from, start: time.Now(), alone: alone, base: from == fromStart,
+		clean: len(skip) == 0 && len(r.excluded) == 0}
+	sql, mark, w := r.sql.claim, (*markRead)(nil), r.mark.Load()
+	if w != nil {
+		sql, mark = r.sql.claimMark, &c.mark
+		if c.base {
+			from, c.lowered = w.from()
+			c.from = from
+			w.lastFrom.Store(from)
+		}
+	}
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return c, fmt.Errorf("claim batch: %w", err)
 	}
 	args := append(slices.Clip(r.claimArgs), r.excluded) // see claimSQL
-	*buf, err = claimBatch(ctx, conn.Conn(), r.sql.claim, r.src.scanner(), r.cfg.BatchSize, skip, from, *buf, args...)
+	*buf, err = claimBatchMark(ctx, conn.Conn(), sql, r.src.scanner(), r.cfg.BatchSize, skip, from, *buf, mark, args...)
 	if err != nil {
 		claimed{conn: conn}.rollback(ctx)
 		return c, err
 	}
+	w.noted(c.mark)
 	if len(*buf) == 0 {
 		_, err := conn.Exec(ctx, "COMMIT")
 		conn.Release()
+		if err == nil && c.qualifies() {
+			w.confirm(c.mark.xmin, c.lowered)
+		}
 		return c, err
 	}
 	c.conn, c.jobs = conn, *buf

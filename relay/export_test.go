@@ -86,3 +86,28 @@ func SetOnStandbyBehind(r *Relay, f func(lsn uint64)) { r.hooks.standbyBehind = 
 // while it checks sets it low, so that a busy machine's slow commits do
 // not cool it (fleethot.go). Before Run.
 func SetFleetHotLeave(r *Relay, perSec float64) { r.fleet.hotLeave = perSec }
+
+// LowWater returns the relay's low-water mark (lowwater.go), and false
+// when it has none (off, or not leading yet).
+func LowWater(r *Relay) (int64, bool) {
+	w := r.mark.Load()
+	return w.get(), w != nil
+}
+
+// LastClaimFrom returns the id above which the relay's last claim from the
+// low-water mark started.
+func LastClaimFrom(r *Relay) int64 {
+	if w := r.mark.Load(); w != nil {
+		return w.lastFrom.Load()
+	}
+	return fromStart
+}
+
+// ClaimMarkSQL is the relay's claim statement with the mark's reads.
+func ClaimMarkSQL(r *Relay) string { return r.sql.claimMark }
+
+// SetProbeEvery sets how often the probe below the low-water mark runs.
+func SetProbeEvery(r *Relay, d time.Duration) { r.hooks.probeEvery = d }
+
+// SetOnProbeFound sets a function called with each id the probe finds.
+func SetOnProbeFound(r *Relay, f func(id int64)) { r.hooks.probeFound = f }

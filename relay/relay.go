@@ -56,6 +56,10 @@ type Relay struct {
 	// of one schema.
 	tenancy *tenancy
 
+	// mark is where claims start (lowwater.go), nil when off; set by the
+	// drain loop at each leadership's start.
+	mark atomic.Pointer[lowWater]
+
 	// fleet, for a relay with Config.Schemas, runs a Relay per schema
 	// (fleet.go); nil for a relay of one schema.
 	fleet *fleet
@@ -156,6 +160,11 @@ type testHooks struct {
 	// listenerConnected runs when the listener has connected, before its
 	// LISTEN, with its backend's pid.
 	listenerConnected func(pid uint32)
+	// probeFound runs when the probe below the low-water mark found a
+	// row, with its id (lowwater.go).
+	probeFound func(id int64)
+	// probeEvery, when set, replaces probeEvery (lowwater.go).
+	probeEvery time.Duration
 }
 
 // New checks cfg and returns a Relay. It starts nothing and connects to
@@ -577,9 +586,18 @@ func (r *Relay) drainPoolConfig() (*pgxpool.Config, error) {
 // it takes to run on a short batch. The generic plan is the same index
 // scan and TID scan: a million-job backlog drained 5% faster with it (4 of
 // 4 alternating runs; README, "Performance").
+//
+// No JIT: with sequential scans ruled out, any statement that must scan a
+// relation whole (a sequence read as a table, SELECT last_value FROM
+// staged_jobs_id_seq) is costed above 10^10, past jit_above_cost, and
+// the whole claim was then compiled: 15 functions, 30-240 ms a claim
+// (EXPLAIN ANALYZE: "JIT: Functions: 15"). The claim reads the sequence
+// through a function instead (lowwater.go); this keeps any other statement
+// from paying for it.
 var drainPlanSettings = map[string]string{
 	"enable_seqscan":  "off",
 	"plan_cache_mode": "force_generic_plan",
+	"jit":             "off",
 }
 
 // defaultGateTimeout bounds how long the relay, going idle, waits for the

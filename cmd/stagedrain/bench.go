@@ -30,6 +30,8 @@ type benchFlags struct {
 	quick       bool
 	target      string
 	standby     bool
+	horizonRate int           // bench_horizon.go
+	horizonHold time.Duration // bench_horizon.go
 }
 
 func newBenchFlags() (*flagSet, *benchFlags) {
@@ -59,6 +61,10 @@ func newBenchFlags() (*flagSet, *benchFlags) {
 	f.env("target", "STAGEDRAIN_TARGET")
 	f.fs.BoolVar(&c.standby, "wait-for-standby", false, "run the relays with --wait-for-standby (the database needs a streaming standby): latency then includes the replication lag")
 	f.env("wait-for-standby", "STAGEDRAIN_WAIT_FOR_STANDBY")
+	f.fs.IntVar(&c.horizonRate, "horizon-rate", 2000, "jobs/s the app stages in the horizon scenario")
+	f.env("horizon-rate", "STAGEDRAIN_BENCH_HORIZON_RATE")
+	f.fs.DurationVar(&c.horizonHold, "horizon-hold", 10*time.Minute, "how long the horizon scenario holds the xmin horizon (a REPEATABLE READ snapshot, as pg_dump's)")
+	f.env("horizon-hold", "STAGEDRAIN_BENCH_HORIZON_HOLD")
 	f.required("database-url", "redis-url", "scenarios")
 	return f, c
 }
@@ -86,6 +92,7 @@ func (c *benchFlags) config(f *flagSet) (bench.Config, error) {
 		Backlog: c.backlog, Writers: c.writers, Quick: c.quick, WaitForStandby: c.standby,
 		ScaleSteps: []int{1, 10, 100, 1000}, ScaleWarmup: 5 * time.Second, ScaleWindow: 30 * time.Second,
 		AppCostSchemas: []int{20, 200}, Target: relay.Target(c.target),
+		HorizonRate: c.horizonRate, HorizonHold: c.horizonHold,
 	}
 	if c.quick {
 		cfg.IdleWarmup, cfg.IdleWindow = 500*time.Millisecond, time.Second

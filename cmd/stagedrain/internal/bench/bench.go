@@ -57,6 +57,8 @@ type Config struct {
 	Writers         int           // app writers of the TPS and the 5,000/s scenarios
 	Quick           bool          // figures too short for their targets are not judged
 	WaitForStandby  bool          // the relays run with --wait-for-standby
+	HorizonRate     int           // the horizon scenario's jobs/s (horizon.go)
+	HorizonHold     time.Duration // how long it holds the horizon
 }
 
 // Run runs cfg's scenarios, in order, with progress lines ("bench: ...") to

@@ -1,0 +1,289 @@
+package relay
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+)
+
+// The low-water mark: where a claim starts.
+//
+// A claim scans the id index in order. Rows the drain deleted stay in that
+// index, and in the heap, until no session may still see them; a session
+// that holds the xmin horizon back (pg_dump's snapshot, a report, an idle
+// REPEATABLE READ transaction) keeps them all. A claim from the index's
+// start walks every one, a heap fetch each: at 2,000 jobs/s, p50 went from
+// 2.7 to 39.6 ms in 40 s, and kept growing (issue 24). So a claim starts
+// at the mark L instead: every row with an id <= L has been drained, or
+// will never appear. Its cost then depends on the rows above L, not on how
+// many were deleted below it.
+//
+// Ids are not commit order: a transaction may draw id 5, stay open, and
+// commit after id 6 was drained. So L can pass an id only once its
+// transaction has ended. sql/011_id_after_xid.sql makes the id's default
+// stagedrain_next_id(), which takes the transaction's id before nextval():
+//
+//	(I) a transaction T holding a default id i got its transaction id
+//	    x(T) before the sequence handed out i.
+//
+// The proof that L only passes ids that are drained or will never be.
+//
+// Each claim c (claimSQL with mark) reads, in its statement, its
+// snapshot's xmin(c), and then S(c), the sequence's last value
+// (stagedrain_last_id(): a value handed out, to any session, committed or
+// not). The one-time filter that reads them runs before the claim locks its
+// first row, which is what gives the claim's own transaction its id X(c);
+// a second statement in the same round trip reads X(c) (NULL when the
+// claim locked nothing: then c makes no candidate). By (I), every T
+// holding a default id <= S(c) got x(T) before S(c) was read, so before
+// X(c) was assigned: x(T) < X(c), since transaction ids are handed out in
+// order. (S(c), X(c)) is a candidate.
+//
+// A later claim q confirms a candidate when xmin(q) >= X(c): then every
+// x(T) < X(c) <= xmin(q), and a transaction id below a snapshot's xmin is
+// no longer running (that is what PostgreSQL's own visibility rests on).
+// So, at q's snapshot, each such T has committed, and its rows are visible
+// to q unless already deleted, or has aborted, and its rows never will be.
+// q qualifies when it started from L (id > L), came back short of the
+// batch size (so it took every visible row above L that it could lock),
+// left nothing out (no ids skipped, no queue excluded, no queue filter, no
+// run_at filter), and no other batch of this relay was in flight (whose
+// locked rows it would have skipped, and whose rollback would put them
+// back). When q's batch commits, with nothing put back, every row with an
+// id in (L, S(c)] has been pushed and deleted: each was visible to q or
+// never will exist. So L becomes S(c). A row put back (deferred by Redis,
+// held by backpressure) lowers L below its id at once (lower), and any
+// lowering while q was in flight cancels q's advance.
+//
+// What holds L back, then, is a transaction with an id that is older than
+// the candidates: a long WRITING transaction (it may yet commit a low id),
+// which is right. A read-only snapshot holder has no transaction id, so it
+// is not in any snapshot's xmin (it shows in pg_stat_activity.backend_xmin
+// only) and never holds L back, though it is what keeps the dead rows.
+//
+// What the mark cannot see: rows that get below L without the default
+// (an id the app sets itself, stagedrain dead retry, which puts a row back
+// with its own id), and rows that some other session had locked when q
+// skipped them (SKIP LOCKED) and that stay (its transaction rolled back:
+// the app's SELECT ... FOR UPDATE, a fenced-out relay's batch). The probe
+// finds them: every probeEvery, a plain SELECT (no lock) of the lowest id
+// <= L still there; finding one lowers L below it and wakes the drain. So
+// such a row waits at most probeEvery (5 s) plus one probe and one drain:
+// about 6 s, longer only while the probe itself is slow. The probe still walks
+// the dead index entries below L, once per probeEvery rather than once
+// per claim (hundreds a second): its cost grows with the dead rows, and
+// the bench shows it in buffers per job (README.md, "Where a claim starts").
+//
+// Off (claims start at the index's start, as before 011) for a fleet's
+// schemas, the gem's table (SourceSidekiqStagedPush), a relay with
+// Config.Queues, a target without a scheduler (streams, celery: their
+// claims leave out future rows), and a table whose id default is not
+// stagedrain_next_id() or whose sequence caches values (CACHE > 1: a
+// session hands out a cached value long after the sequence moved past it).
+type lowWater struct {
+	mu      sync.Mutex
+	mark    int64  // L; fromStart: nothing known
+	lowered uint64 // counts lowerings, to cancel an advance they overlap
+	cands   []markCandidate
+	// lastFrom is where the last claim from the mark started (tests).
+	lastFrom atomic.Int64
+}
+
+// markCandidate is a claim's (S, X): see lowWater.
+type markCandidate struct {
+	last int64  // S: the sequence's last value
+	xid  uint64 // X: the claim's own transaction id
+}
+
+// maxCandidates bounds the candidates kept while none can be confirmed
+// (a long writing transaction holds xmin back); newer ones wait until older
+// ones are confirmed.
+const maxCandidates = 16
+
+// probeEvery is how often the probe looks below L for rows the mark cannot
+// see.
+const probeEvery = 5 * time.Second
+
+// markRead is what a claim with the mark read: its snapshot's xmin, the
+// sequence's last value, its own transaction id.
+type markRead struct {
+	xmin    uint64
+	last    int64
+	lastOK  bool // the sequence had handed out a value
+	xid     uint64
+	xidOK   bool // the claim locked a row (its transaction has an id)
+	present bool // the claim ran with the mark and read these
+}
+
+// claimMarkSQL is read after the claim, in the same round trip: what its
+// one-time filter kept (xmin, S), and the transaction id it took.
+const claimMarkSQL = `SELECT current_setting('stagedrain.claim_mark', true), pg_current_xact_id_if_assigned()::text`
+
+// scan reads claimMarkSQL's row.
+func (m *markRead) scan(row pgx.Row) error {
+	var kept string
+	var xid *string
+	if err := row.Scan(&kept, &xid); err != nil {
+		return err
+	}
+	xminS, lastS, _ := strings.Cut(kept, " ")
+	xmin, err := strconv.ParseUint(xminS, 10, 64)
+	if err != nil {
+		return fmt.Errorf("claim mark %q: %w", kept, err)
+	}
+	*m = markRead{xmin: xmin, present: true}
+	if lastS != "" {
+		if m.last, err = strconv.ParseInt(lastS, 10, 64); err != nil {
+			return fmt.Errorf("claim mark %q: %w", kept, err)
+		}
+		m.lastOK = true
+	}
+	if xid != nil {
+		if m.xid, err = strconv.ParseUint(*xid, 10, 64); err != nil {
+			return fmt.Errorf("claim xid %q: %w", *xid, err)
+		}
+		m.xidOK = true
+	}
+	return nil
+}
+
+// from returns where a claim starts, and the count of lowerings to pass to
+// confirm. A nil lowWater (the mark off) starts at the index's start.
+func (w *lowWater) from() (int64, uint64) {
+	if w == nil {
+		return fromStart, 0
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.mark, w.lowered
+}
+
+// noted keeps a claim's candidate.
+func (w *lowWater) noted(m markRead) {
+	if w == nil || !m.present || !m.lastOK || !m.xidOK {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if m.last <= w.mark || len(w.cands) >= maxCandidates {
+		return
+	}
+	w.cands = append(w.cands, markCandidate{last: m.last, xid: m.xid})
+}
+
+// confirm advances L after a qualifying claim (see lowWater) whose
+// snapshot's xmin was xmin, begun when lowered was as from returned it, and
+// whose batch committed with nothing put back.
+func (w *lowWater) confirm(xmin uint64, lowered uint64) {
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if lowered != w.lowered {
+		return
+	}
+	kept := w.cands[:0]
+	for _, c := range w.cands {
+		switch {
+		case c.xid <= xmin:
+			w.mark = max(w.mark, c.last)
+		case c.last > w.mark:
+			kept = append(kept, c)
+		}
+	}
+	w.cands = kept
+}
+
+// lower moves L below id: a row with that id is staged, or may be.
+func (w *lowWater) lower(id int64) {
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.lowered++
+	if id-1 < w.mark {
+		w.mark = id - 1
+	}
+}
+
+// get returns L, for tests and the summary.
+func (w *lowWater) get() int64 {
+	if w == nil {
+		return fromStart
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.mark
+}
+
+// markCheckSQL says whether the table suits the mark: its id default is
+// 011's stagedrain_next_id(), the sequence hands out one value at a time,
+// and stagedrain_last_id() exists.
+const markCheckSQL = `SELECT coalesce((
+	SELECT pg_get_expr(d.adbin, d.adrelid) LIKE '%stagedrain_next_id(%'
+		AND (SELECT s.seqcache = 1 FROM pg_sequence s WHERE s.seqrelid = pg_get_serial_sequence($1, 'id')::regclass)
+		AND to_regprocedure($2) IS NOT NULL
+	FROM pg_attrdef d JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
+	WHERE d.adrelid = $1::regclass AND a.attname = 'id'), false)`
+
+// newLowWater returns the mark for this leadership, nil when it is off
+// (see lowWater).
+func (r *Relay) newLowWater(ctx context.Context, pool *pgxpool.Pool) (*lowWater, error) {
+	if r.sql.claimMark == "" || r.dueOnly || len(r.cfg.Queues) > 0 || r.hot != nil {
+		return nil, nil
+	}
+	var ok bool
+	err := pool.QueryRow(ctx, markCheckSQL, pgx.Identifier{r.cfg.Schema, "staged_jobs"}.Sanitize(),
+		pgx.Identifier{r.cfg.Schema, "stagedrain_last_id"}.Sanitize()+"()").Scan(&ok)
+	if err != nil {
+		return nil, fmt.Errorf("low-water mark check: %w", err)
+	}
+	if !ok {
+		r.log.Named("drain").Info("claims start at the id index's start: staged_jobs.id's default is not stagedrain_next_id() of a sequence with CACHE 1 (sql/011_id_after_xid.sql)")
+		return nil, nil
+	}
+	return &lowWater{mark: fromStart}, nil
+}
+
+// probe looks below L every probeEvery, until ctx ends, for a row the mark
+// cannot see (see lowWater); it lowers L below the lowest one it finds and
+// signals found. A failed probe is retried at the next.
+func (r *Relay) probe(ctx context.Context, pool *pgxpool.Pool, w *lowWater, found chan<- struct{}) {
+	every := cmp.Or(r.hooks.probeEvery, probeEvery)
+	for sleep(ctx, every) {
+		below, _ := w.from()
+		if below == fromStart {
+			continue
+		}
+		var id int64
+		err := withTimeout(ctx, every, func(ctx context.Context) error {
+			return pool.QueryRow(ctx, r.sql.probe, below).Scan(&id)
+		})
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			continue
+		case err != nil:
+			if ctx.Err() == nil {
+				r.log.Named("drain").Warn("probe below the low-water mark failed", zap.Error(err))
+			}
+			continue
+		}
+		w.lower(id)
+		if r.hooks.probeFound != nil {
+			r.hooks.probeFound(id)
+		}
+		trySendWakeup(found)
+	}
+}

@@ -1,0 +1,196 @@
+package relay_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/stagedrain/stagedrain/relay"
+	"github.com/stagedrain/stagedrain/relay/internal/testenv"
+)
+
+// maxStagedID is the highest id staged_jobs has handed out.
+func (h *harness) maxStagedID() int64 {
+	h.t.Helper()
+	var id int64
+	if err := h.conn.QueryRow(context.Background(), `SELECT last_value FROM `+
+		pgx.Identifier{h.schema, "staged_jobs_id_seq"}.Sanitize()).Scan(&id); err != nil {
+		h.t.Fatal(err)
+	}
+	return id
+}
+
+// waitMark waits until the relay's low-water mark is at least id.
+func waitMark(t *testing.T, r *relay.Relay, id int64) {
+	t.Helper()
+	testenv.WaitFor(t, 15*time.Second, fmt.Sprintf("the low-water mark at %d or above", id), func() (bool, string) {
+		l, on := relay.LowWater(r)
+		return on && l >= id, fmt.Sprintf("mark %d (on: %v)", l, on)
+	})
+}
+
+// claimBuffers is the shared buffers (hit and read) the relay's claim
+// statement touches, claiming above from, by EXPLAIN (ANALYZE, BUFFERS),
+// rolled back.
+func (h *harness) claimBuffers(r *relay.Relay, from int64) int64 {
+	h.t.Helper()
+	ctx := context.Background()
+	tx, err := h.conn.Begin(ctx)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, `SET LOCAL enable_seqscan = off; SET LOCAL jit = off`); err != nil {
+		h.t.Fatal(err)
+	}
+	var plan []byte
+	if err := tx.QueryRow(ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) `+relay.ClaimMarkSQL(r),
+		100, []int64{}, from, []string{}).Scan(&plan); err != nil {
+		h.t.Fatal(err)
+	}
+	var out []struct {
+		Plan struct {
+			Hit  int64 `json:"Shared Hit Blocks"`
+			Read int64 `json:"Shared Read Blocks"`
+		}
+	}
+	if err := json.Unmarshal(plan, &out); err != nil || len(out) != 1 {
+		h.t.Fatalf("EXPLAIN output %s: %v", plan, err)
+	}
+	return out[0].Plan.Hit + out[0].Plan.Read
+}
+
+// With the xmin horizon held (pg_dump's snapshot), the rows the relay
+// deletes stay in the id index. A claim from the index's start walks them
+// all, so its cost grows with them; the relay's claims start at the
+// low-water mark, and cost the same after 2,000 and after 22,000 dead
+// rows. Buffers are counted, not milliseconds. A read-only snapshot holder
+// does not hold the mark back: it reaches the last id drained.
+func TestClaimCostDoesNotGrowWithDeadRows(t *testing.T) {
+	h, pg := privateHarness(t, "autovacuum=off")
+	cfg := h.config()
+	cfg.DatabaseURL = pg.URL()
+	r := h.start(cfg)
+	holdHorizon(t, pg.URL())
+
+	var total int64
+	phase := func(n int) (fromMark, fromIndexStart int64) {
+		t.Helper()
+		h.stageRows(n)
+		total += int64(n)
+		h.waitQueueLen("default", total, 60*time.Second)
+		h.waitStaged(0)
+		top := h.maxStagedID()
+		waitMark(t, r, top)
+		// The relay's own last claim from the mark started there.
+		testenv.WaitFor(t, 15*time.Second, "a claim from the mark at the last id", func() (bool, string) {
+			from := relay.LastClaimFrom(r)
+			return from >= top, fmt.Sprintf("last claim from %d, last id %d", from, top)
+		})
+		return h.claimBuffers(r, relay.LastClaimFrom(r)), h.claimBuffers(r, math.MinInt64)
+	}
+	earlyMark, earlyStart := phase(2000)
+	lateMark, lateStart := phase(20000)
+	t.Logf("claim buffers: from the mark %d -> %d, from the index's start %d -> %d", earlyMark, lateMark, earlyStart, lateStart)
+	// The dead rows are really there: a claim from the start walks them.
+	if lateStart < 5*earlyStart {
+		t.Fatalf("a claim from the index's start touched %d buffers after 22,000 dead rows, %d after 2,000: the horizon was not held", lateStart, earlyStart)
+	}
+	if lateMark > max(earlyMark*3/2, earlyMark+3) {
+		t.Fatalf("the relay's claim touched %d buffers after 22,000 dead rows, %d after 2,000: its cost grows with the dead rows", lateMark, earlyMark)
+	}
+}
+
+// A row whose transaction took its id (011's default) and committed only
+// after higher ids were drained is still drained: the mark stays below it
+// while that transaction is open, with no help from the probe.
+func TestLateLowIDIsDrainedAboveTheMark(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	r, err := relay.New(h.config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay.SetProbeEvery(r, time.Hour) // not while the test runs
+	idle := make(chan int64, 1000)
+	relay.SetOnIdle(r, func(listens int64) {
+		select {
+		case idle <- listens:
+		default:
+		}
+	})
+	h.run(r)
+	h.stage(relay.Job{Name: "First"})
+	h.waitQueueLen("default", 1, 15*time.Second)
+	waitMark(t, r, h.maxStagedID())
+
+	ctx := context.Background()
+	late := testenv.Conn(t, testenv.DatabaseURL())
+	tx, err := late.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	var lateID int64
+	if err := tx.QueryRow(ctx, `INSERT INTO `+pgx.Identifier{h.schema, "staged_jobs"}.Sanitize()+
+		` (job_name, job_args) VALUES ('Late', '[]') RETURNING id`).Scan(&lateID); err != nil {
+		t.Fatal(err)
+	}
+	for range 20 {
+		h.stage(relay.Job{Name: "Later"})
+	}
+	h.waitQueueLen("default", 21, 15*time.Second)
+	h.waitIdleAfterListen(idle)
+	// Drained and idle: every claim since could have moved the mark.
+	if l, _ := relay.LowWater(r); l >= lateID {
+		t.Fatalf("low-water mark %d passed id %d, whose transaction is still open", l, lateID)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	h.waitQueueLen("default", 22, 15*time.Second)
+	// Its transaction ended: the mark passes it. (It need not reach the
+	// last id: a claim confirms the mark only once every transaction older
+	// than the last batch's has ended, and the shared server has others.)
+	waitMark(t, r, lateID)
+}
+
+// A row below the mark that no default id put there (an id the app set
+// itself) is found by the probe, which lowers the mark, and is drained.
+func TestProbeFindsARowBelowTheMark(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	r, err := relay.New(h.config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay.SetProbeEvery(r, 100*time.Millisecond)
+	found := make(chan int64, 100)
+	relay.SetOnProbeFound(r, func(id int64) { found <- id })
+	h.run(r)
+	for range 5 {
+		h.stage(relay.Job{Name: "Default"})
+	}
+	h.waitQueueLen("default", 5, 15*time.Second)
+	waitMark(t, r, h.maxStagedID())
+
+	if _, err := h.conn.Exec(context.Background(), `INSERT INTO `+pgx.Identifier{h.schema, "staged_jobs"}.Sanitize()+
+		` (id, job_name, job_args) VALUES (0, 'Explicit', '[]')`); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case id := <-found:
+		if id != 0 {
+			t.Fatalf("the probe found id %d, want 0", id)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the probe did not find the row with id 0 below the mark within 15s")
+	}
+	h.waitQueueLen("default", 6, 15*time.Second)
+	h.waitStaged(0)
+}
