@@ -67,9 +67,14 @@ type tableSQL struct {
 	nextDue   string
 	reinsert  string
 	backlog   string
-	bury      string
-	version   string
-	staged    string
+	// backlogMark is backlog of the rows above the low-water mark ($2):
+	// with the mark on, the rows below it were drained (lowwater.go), and
+	// while a long transaction elsewhere holds the horizon their dead
+	// index entries would make each sample walk them all.
+	backlogMark string
+	bury        string
+	version     string
+	staged      string
 }
 
 // byQueue makes the claims take rows of the queues in $4 only (a relay with
@@ -129,6 +134,9 @@ func newTableSQL(schema string, byQueue bool) tableSQL {
 		// scan); of the queues in $2 only, for a relay with Config.Queues.
 		backlog: `SELECT (SELECT count(*) FROM (SELECT FROM ` + table + backlogWhere + ` LIMIT $1) c),
 			(SELECT min(created_at) FROM (SELECT created_at FROM ` + table + backlogWhere + ` ORDER BY id LIMIT 100) o
+				WHERE isfinite(created_at))`,
+		backlogMark: `SELECT (SELECT count(*) FROM (SELECT FROM ` + table + ` WHERE id > $2 ORDER BY id LIMIT $1) c),
+			(SELECT min(created_at) FROM (SELECT created_at FROM ` + table + ` WHERE id > $2 ORDER BY id LIMIT 100) o
 				WHERE isfinite(created_at))`,
 		// Puts back, unchanged, the rows of a batch that were not pushed.
 		reinsert: `INSERT INTO ` + table + ` (` + claimColumns + `)

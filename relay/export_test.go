@@ -111,3 +111,8 @@ func SetProbeEvery(r *Relay, d time.Duration) { r.hooks.probeEvery = d }
 
 // SetOnProbeFound sets a function called with each id the probe finds.
 func SetOnProbeFound(r *Relay, f func(id int64)) { r.hooks.probeFound = f }
+
+// BacklogQuery returns the statement and arguments of the relay's next
+// backlog sample (the summary line's and the backlog gauges'), and whether
+// it runs with sequential scans off.
+func BacklogQuery(r *Relay) (string, []any, bool) { return r.backlog.query() }

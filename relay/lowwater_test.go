@@ -48,9 +48,14 @@ func (h *harness) claimBuffers(r *relay.Relay, from int64) int64 {
 	if _, err := tx.Exec(ctx, `SET LOCAL enable_seqscan = off; SET LOCAL jit = off`); err != nil {
 		h.t.Fatal(err)
 	}
+	return h.buffers(tx, relay.ClaimMarkSQL(r), 100, []int64{}, from, []string{})
+}
+
+// buffers returns the shared buffers sql touched, run in tx with args.
+func (h *harness) buffers(tx pgx.Tx, sql string, args ...any) int64 {
+	h.t.Helper()
 	var plan []byte
-	if err := tx.QueryRow(ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) `+relay.ClaimMarkSQL(r),
-		100, []int64{}, from, []string{}).Scan(&plan); err != nil {
+	if err := tx.QueryRow(context.Background(), `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) `+sql, args...).Scan(&plan); err != nil {
 		h.t.Fatal(err)
 	}
 	var out []struct {
@@ -63,6 +68,25 @@ func (h *harness) claimBuffers(r *relay.Relay, from int64) int64 {
 		h.t.Fatalf("EXPLAIN output %s: %v", plan, err)
 	}
 	return out[0].Plan.Hit + out[0].Plan.Read
+}
+
+// backlogBuffers returns the shared buffers the relay's next backlog sample
+// touches.
+func (h *harness) backlogBuffers(r *relay.Relay) int64 {
+	h.t.Helper()
+	ctx := context.Background()
+	tx, err := h.conn.Begin(ctx)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	sql, args, indexOnly := relay.BacklogQuery(r)
+	if indexOnly {
+		if _, err := tx.Exec(ctx, `SET LOCAL enable_seqscan = off; SET LOCAL jit = off`); err != nil {
+			h.t.Fatal(err)
+		}
+	}
+	return h.buffers(tx, sql, args...)
 }
 
 // With the xmin horizon held (pg_dump's snapshot), the rows the relay
@@ -79,6 +103,7 @@ func TestClaimCostDoesNotGrowWithDeadRows(t *testing.T) {
 	holdHorizon(t, pg.URL())
 
 	var total int64
+	var backlog []int64 // the summary's backlog sample's buffers, per phase
 	phase := func(n int) (fromMark, fromIndexStart int64) {
 		t.Helper()
 		h.stageRows(n)
@@ -92,11 +117,17 @@ func TestClaimCostDoesNotGrowWithDeadRows(t *testing.T) {
 			from := relay.LastClaimFrom(r)
 			return from >= top, fmt.Sprintf("last claim from %d, last id %d", from, top)
 		})
+		backlog = append(backlog, h.backlogBuffers(r))
 		return h.claimBuffers(r, relay.LastClaimFrom(r)), h.claimBuffers(r, math.MinInt64)
 	}
 	earlyMark, earlyStart := phase(2000)
 	lateMark, lateStart := phase(20000)
-	t.Logf("claim buffers: from the mark %d -> %d, from the index's start %d -> %d", earlyMark, lateMark, earlyStart, lateStart)
+	t.Logf("claim buffers: from the mark %d -> %d, from the index's start %d -> %d; backlog sample %d -> %d", earlyMark, lateMark, earlyStart, lateStart, backlog[0], backlog[1])
+	// The summary's sample runs on the lock connection, which the gate
+	// waits for: from the index's start it walked every dead row.
+	if backlog[1] > max(backlog[0]*3/2, backlog[0]+3) {
+		t.Fatalf("the backlog sample touched %d buffers after 22,000 dead rows, %d after 2,000: its cost grows with the dead rows", backlog[1], backlog[0])
+	}
 	// The dead rows are really there: a claim from the start walks them.
 	if lateStart < 5*earlyStart {
 		t.Fatalf("a claim from the index's start touched %d buffers after 22,000 dead rows, %d after 2,000: the horizon was not held", lateStart, earlyStart)

@@ -289,9 +289,14 @@ type backlog struct {
 	conn   *pgx.Conn   // the lock connection while leading, else nil
 	connMu *sync.Mutex // guards conn's use, shared with keepLock and the gate
 	sql    string
-	args   []any              // sql's arguments after $1: the queues of a group
-	ttl    time.Duration      // how long a scrape reuses a sample
-	errs   prometheus.Counter // counts failed samples; nil: none
+	args   []any // sql's arguments after $1: the queues of a group
+	// markSQL, with mark, counts from the low-water mark (lowwater.go)
+	// instead: the rows above mark(), which returns fromStart while the
+	// mark is off or knows nothing yet, then sql is used.
+	markSQL string
+	mark    func() int64
+	ttl     time.Duration      // how long a scrape reuses a sample
+	errs    prometheus.Counter // counts failed samples; nil: none
 
 	last backlogSample
 	err  error // of the last sample; cached for ttl like a success
@@ -331,6 +336,22 @@ func (b *backlog) detach() {
 	b.mu.Unlock()
 }
 
+// query returns the backlog statement and its arguments: from the low-water
+// mark when it knows one, else from the index's start.
+//
+// From the mark, indexOnly is true: the sample then runs with sequential
+// scans off, as the drain's sessions do, so that it starts in the id index
+// at the mark, whatever the table's statistics say (a seq scan reads every
+// dead row the mark steps over).
+func (b *backlog) query() (sql string, args []any, indexOnly bool) {
+	if b.mark != nil && b.markSQL != "" {
+		if from := b.mark(); from != fromStart {
+			return b.markSQL, []any{backlogCap, from}, true
+		}
+	}
+	return b.sql, append([]any{backlogCap}, b.args...), false
+}
+
 // sample returns a backlog sample taken less than maxAge ago, taking one
 // if there is none; errNotLeading when the relay does not lead.
 func (b *backlog) sample(ctx context.Context, maxAge time.Duration) (backlogSample, error) {
@@ -347,7 +368,11 @@ func (b *backlog) sample(ctx context.Context, maxAge time.Duration) (backlogSamp
 	batch := &pgx.Batch{}
 	// One implicit transaction: the setting ends with it.
 	batch.Queue(`SELECT set_config('statement_timeout', $1, true)`, fmt.Sprint(backlogTimeout.Milliseconds()))
-	batch.Queue(b.sql, append([]any{backlogCap}, b.args...)...).QueryRow(func(row pgx.Row) error { return row.Scan(&s.count, &oldest) })
+	query, args, indexOnly := b.query()
+	if indexOnly {
+		batch.Queue(`SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)`)
+	}
+	batch.Queue(query, args...).QueryRow(func(row pgx.Row) error { return row.Scan(&s.count, &oldest) })
 	batch.Queue(notifyQueueUsageSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&s.notify) })
 	b.connMu.Lock()
 	err := withTimeout(ctx, backlogTimeout+2*time.Second, func(ctx context.Context) error {

@@ -250,6 +250,12 @@ func newRelay(cfg Config, s settings, ten *tenancy) (*Relay, error) {
 	}
 	r.tracer = newBatchTracer(cfg.TracerProvider, cfg.Target)
 	r.backlog.sql, r.backlog.ttl = r.sql.backlog, backlogTTL
+	// With the low-water mark on (a mark of this leadership), samples count
+	// from it: the summary's sample runs on the lock connection, which the
+	// gate waits for, and from the index's start it walked every dead row a
+	// long transaction elsewhere keeps (up to its 1s timeout, each 10s).
+	r.backlog.markSQL = r.sql.backlogMark
+	r.backlog.mark = func() int64 { from, _ := r.mark.Load().from(); return from }
 	if group != "" {
 		r.backlog.args = []any{queues}
 	}
