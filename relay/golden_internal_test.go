@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/stagedrain/stagedrain/relay/internal/handoff"
+	targets "github.com/stagedrain/stagedrain/relay/internal/target"
 	"github.com/stagedrain/stagedrain/relay/internal/testenv"
 )
 
@@ -319,6 +320,10 @@ func build(t *testing.T, tg target, jobs []stagedJob) []goldenOp {
 	return opsOf(t, &u)
 }
 
+// builtin is the target named name, made by its Spec's New with o, as
+// newTarget makes it from a Config.
+func builtin(name Target, o targets.Options) target { return newSpecTarget(name.spec(), o) }
+
 func goldenJob(id int64, name, args, queue string, runAt *time.Time, options string) stagedJob {
 	jid := goldenJID
 	if id > 1 {
@@ -352,7 +357,7 @@ func TestGoldenSidekiq(t *testing.T) {
 		{"sidekiq_scheduled_millis.json", "Scheduled jobs (run_at in the future): ZADD schedule, score run_at in float epoch seconds (in both formats), no enqueued_at; created_at in integer epoch milliseconds (Sidekiq 8)", scheduled, TimestampMillis},
 	} {
 		checkGolden(t, c.file, goldenFile{Case: c.what, Target: "sidekiq", Timestamps: c.ts, Now: goldenNow,
-			Rows: rowsOf(c.jobs), Ops: build(t, newSidekiqTarget("", c.ts, 1<<20), c.jobs)})
+			Rows: rowsOf(c.jobs), Ops: build(t, builtin(TargetSidekiq, targets.Options{MaxPayload: 1 << 20, Millis: c.ts == TimestampMillis}), c.jobs)})
 	}
 }
 
@@ -362,11 +367,11 @@ func TestGoldenAsynq(t *testing.T) {
 		`{"retry": 3, "timeout": 60, "headers": {"trace": "abc"}}`)}
 	checkGolden(t, "asynq_task.json", goldenFile{
 		Case:   "An immediate asynq task: HSET asynq:{queue}:t:<jid> msg (a protobuf TaskMessage; decoded beside it), state pending, pending_since (unix nanoseconds); LPUSH asynq:{queue}:pending <jid>; skipped if the task key exists",
-		Target: "asynq", Now: goldenNow, Rows: rowsOf(plain), Ops: build(t, newAsynqTarget(1<<20), plain)})
+		Target: "asynq", Now: goldenNow, Rows: rowsOf(plain), Ops: build(t, builtin(TargetAsynq, targets.Options{MaxPayload: 1 << 20}), plain)})
 	sched := []stagedJob{goldenJob(1, "report:weekly", `["weekly"]`, "reports", &goldenLater, `{"unique": 600}`)}
 	checkGolden(t, "asynq_task_scheduled_unique.json", goldenFile{
 		Case:   "A scheduled asynq task with the unique option: the uniqueness lock (SET EX until run_at plus the TTL), HSET state scheduled, ZADD asynq:{queue}:scheduled <run_at epoch seconds>; skipped if the task key or the lock exists",
-		Target: "asynq", Now: goldenNow, Rows: rowsOf(sched), Ops: build(t, newAsynqTarget(1<<20), sched)})
+		Target: "asynq", Now: goldenNow, Rows: rowsOf(sched), Ops: build(t, builtin(TargetAsynq, targets.Options{MaxPayload: 1 << 20}), sched)})
 }
 
 func TestGoldenStreams(t *testing.T) {
@@ -374,7 +379,7 @@ func TestGoldenStreams(t *testing.T) {
 	jobs := []stagedJob{goldenJob(1, "WelcomeJob", `[42, "ada@example.com"]`, "default", nil, `{"retry": 5}`)}
 	checkGolden(t, "streams_entry.json", goldenFile{
 		Case:   "A Redis Streams entry: XADD stream:<queue> (MAXLEN ~ when set) * with the fields jid, class, args, queue, created_at (epoch milliseconds) and options (left out when {})",
-		Target: "streams", Now: goldenNow, Rows: rowsOf(jobs), Ops: build(t, newStreamTarget("", 100000, 1<<20), jobs)})
+		Target: "streams", Now: goldenNow, Rows: rowsOf(jobs), Ops: build(t, builtin(TargetStreams, targets.Options{MaxPayload: 1 << 20, StreamMaxLen: 100000}), jobs)})
 }
 
 func TestGoldenCelery(t *testing.T) {
@@ -392,14 +397,12 @@ func TestGoldenCelery(t *testing.T) {
 			`{"kwargs": {"amount": 1999, "currency": "usd"}, "priority": 5, "expires": 600, "time_limit": 30, "soft_time_limit": 25, "retries": 1, "headers": {"request_id": "r-7"}, "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}`),
 		goldenJob(3, "myapp.tasks.audit", `[]`, "celery", nil, `{"priority": 9, "ignore_result": true, "shadow": "audit"}`),
 	}
-	tg := newCeleryTarget("", 1<<20)
-	tg.tags = fixed
+	tg := builtin(TargetCelery, targets.Options{MaxPayload: 1 << 20, UUIDs: fixed})
 	checkGolden(t, "celery_task.json", goldenFile{
 		Case:   "Celery task messages (protocol 2 in Kombu's JSON envelope; body decoded beside each): LPUSH <queue> for priority 0-2 (the default 0), <queue>\\x06\\x163, 6 or 9 for higher numbers (Kombu's priority lists; on Redis a lower number runs first); options kwargs, expires (seconds after created_at), time limits, retries, custom headers and the trace context as headers",
 		Target: "celery", Now: goldenNow, Rows: rowsOf(jobs), Ops: build(t, tg, jobs)})
 	tenant := []stagedJob{goldenJob(1, "myapp.tasks.send_welcome", `[42]`, "celery", nil, `{"apartment": "tenant_acme"}`)}
-	tg = newCeleryTarget("myapp", 1<<20)
-	tg.tags, tg.tenant = fixed, newTenantTag("apartment", "tenant_acme")
+	tg = builtin(TargetCelery, targets.Options{Namespace: "myapp", MaxPayload: 1 << 20, UUIDs: fixed, Tenant: newTenantTag("apartment", "tenant_acme")})
 	checkGolden(t, "celery_task_namespace_tenant.json", goldenFile{
 		Case:   "A Celery task with --redis-namespace myapp (the workers set Kombu's global_keyprefix to \"myapp:\") and --tenant-key apartment: the list is myapp:<queue>, the tenant a header (task.request.apartment)",
 		Target: "celery", TenantKey: "apartment", Schema: "tenant_acme", Now: goldenNow, Rows: rowsOf(tenant), Ops: build(t, tg, tenant)})
@@ -473,7 +476,7 @@ func TestGoldenArticleTable(t *testing.T) {
 	checkGolden(t, "article_table.json", goldenFile{
 		Case:   "The seed article's three-column table: its INSERTs, the staged_jobs rows they make, and what the Sidekiq target (float seconds) writes for them",
 		Target: "sidekiq", Timestamps: TimestampSeconds, Now: goldenNow, Source: article,
-		Rows: rowsOf(want), Ops: build(t, newSidekiqTarget("", TimestampSeconds, 1<<20), want)})
+		Rows: rowsOf(want), Ops: build(t, builtin(TargetSidekiq, targets.Options{MaxPayload: 1 << 20}), want)})
 }
 
 // Rows as the sidekiq-staged_push gem stores them (its table
@@ -507,5 +510,5 @@ func TestGoldenStagedPushRows(t *testing.T) {
 	checkGolden(t, "sidekiq_staged_push_rows.json", goldenFile{
 		Case:   "Rows of sidekiq_staged_push_jobs as the gem stores them (payload: the Sidekiq job hash; created_at in seconds or, from Sidekiq 8, milliseconds; queue default when missing), the rows the relay reads from them, and what the Sidekiq target (float seconds) writes",
 		Target: "sidekiq", Timestamps: TimestampSeconds, Now: goldenNow, Source: map[string]any{"sidekiq_staged_push_jobs": gem},
-		Rows: rowsOf(jobs), Ops: build(t, newSidekiqTarget("", TimestampSeconds, 1<<20), jobs)})
+		Rows: rowsOf(jobs), Ops: build(t, builtin(TargetSidekiq, targets.Options{MaxPayload: 1 << 20}), jobs)})
 }
