@@ -62,3 +62,23 @@ func (s *specTarget) add(u *handoff.Unit, batch []stagedJob, now time.Time, res 
 	res.queues = append(res.queues, s.res.Queues...)
 	res.scheduled += s.res.Scheduled
 }
+
+// TargetInfo is what a target declares of itself that a command line
+// shows: its name, the job system as --target's help names it, and why it
+// cannot run on Redis Cluster ("" when it can).
+type TargetInfo struct {
+	Name      Target
+	Help      string
+	NoCluster string
+}
+
+// Targets lists the targets, in the order Config.Validate's errors name
+// them.
+func Targets() []TargetInfo {
+	var out []TargetInfo
+	for _, name := range targets.Names() {
+		s, _ := targets.Lookup(name)
+		out = append(out, TargetInfo{Name: Target(s.Name), Help: s.Help, NoCluster: s.NoCluster})
+	}
+	return out
+}
