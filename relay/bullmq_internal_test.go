@@ -9,30 +9,6 @@ import (
 	targets "github.com/stagedrain/stagedrain/relay/internal/target"
 )
 
-func TestGoldenBullMQ(t *testing.T) {
-	t.Parallel()
-	const tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-	standard := []stagedJob{
-		goldenJob(1, "welcome", `[42, "ada@example.com"]`, "mailers", nil, `{}`),
-		goldenJob(2, "receipt", `[{"order": 7}]`, "mailers", nil,
-			`{"attempts": 3, "backoff": 1000, "removeOnComplete": true, "keepLogs": 10, "unwrapData": true, "traceparent": "`+tp+`"}`),
-		goldenJob(3, "audit", `[]`, "low", nil, `{"lifo": true, "backoff": {"type": "exponential", "delay": 500}}`),
-	}
-	prioritized := []stagedJob{goldenJob(1, "urgent", `[7]`, "default", nil, `{"priority": 5}`)}
-	delayed := []stagedJob{goldenJob(1, "reminder", `[42]`, "default", &goldenLater, `{"attempts": 2}`)}
-	for _, c := range []struct {
-		file, what string
-		jobs       []stagedJob
-	}{
-		{"bullmq_standard.json", "Standard BullMQ 6.7.0 jobs, as Queue.add adds them (addStandardJob-9.lua), by the push script's Lua op bullmq.add: INCR <prefix>:<queue>:id; HSET meta opts.maxLenEvents 10000 if unset; HMSET <prefix>:<queue>:<jid> name data opts timestamp (created_at ms) delay 0 priority 0; XADD events added; LPUSH wait <jid> (RPUSH with lifo); ZADD marker 0 \"0\" unless meta says paused or the queue is at its concurrency; XADD events waiting. Skipped if the job key exists. Options: backoff milliseconds as BullMQ's fixed backoff, keepLogs as kl, traceparent as telemetry metadata (tm), unwrapData: data is job_args' only element", standard},
-		{"bullmq_prioritized.json", "A prioritized BullMQ job (priority above 0; addPrioritizedJob-9.lua): INCR pc, ZADD prioritized priority*2^32 + pc, the marker and waiting event as a standard job's", prioritized},
-		{"bullmq_delayed.json", "A delayed BullMQ job (run_at in the future; addDelayedJob-6.lua): delay = run_at - created_at ms, so it is due at run_at; ZADD delayed (run_at ms * 0x1000, plus one per job due in the same ms), XADD events delayed, ZADD marker <earliest due ms> \"1\"", delayed},
-	} {
-		checkGolden(t, c.file, goldenFile{Case: c.what, Target: "bullmq", Now: goldenNow,
-			Rows: rowsOf(c.jobs), Ops: build(t, builtin(TargetBullMQ, targets.Options{Namespace: "bull", MaxPayload: 1 << 20}), c.jobs)})
-	}
-}
-
 // Rows BullMQ could not take are rejected, each with its reason.
 func TestBullMQRejects(t *testing.T) {
 	t.Parallel()
