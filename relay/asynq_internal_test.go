@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/stagedrain/stagedrain/relay/internal/handoff"
+	targets "github.com/stagedrain/stagedrain/relay/internal/target"
 	"github.com/stagedrain/stagedrain/relay/internal/testenv"
 )
 
@@ -32,7 +33,7 @@ func TestAsynqLayoutMatchesClient(t *testing.T) {
 	if err := h.Ready(ctx, "me"); err != nil {
 		t.Fatal(err)
 	}
-	target := newAsynqTarget(1 << 20)
+	target := builtin(TargetAsynq, targets.Options{MaxPayload: 1 << 20})
 	later := time.Now().Add(time.Hour).Truncate(time.Second).Add(300 * time.Millisecond)
 	deadline := time.Now().Add(2 * time.Hour).Unix()
 	cases := []struct {
@@ -154,57 +155,4 @@ func dumpAsynq(t *testing.T, rdb *redis.Client) map[string]string {
 		out[k] = typ + " " + v
 	}
 	return out
-}
-
-// Options asynq has no place for, or values it would refuse, make the row
-// poison with a reason; the mapping of the others is checked above.
-func TestAsynqTaskOptions(t *testing.T) {
-	t.Parallel()
-	tests := []struct {
-		options string
-		want    string // "" for accepted
-	}{
-		{`{}`, ""},
-		{`{"retry": -4}`, ""}, // asynq's MaxRetry: below 0 means 0
-		{`{"retry": true}`, ""},
-		{`{"deadline": "2030-01-02T03:04:05Z"}`, ""},
-		{`{"retry": "5"}`, `options "retry" must be an integer`},
-		{`{"timeout": 1.5}`, `options "timeout" must be an integer of at least 0`},
-		{`{"unique": 0}`, `options "unique" must be an integer of at least 1`},
-		{`{"deadline": "tomorrow"}`, `options "deadline" must be integer epoch seconds or RFC 3339 text`},
-		{`{"headers": {"a": 1}}`, `options "headers" must be an object of strings`},
-		{`{"headers": null}`, `options "headers" must be an object of strings`},
-		{`{"tags": ["x"]}`, `options sets "tags", which asynq has no task option for`},
-		{`{"jid": "x"}`, `options sets "jid", which comes from a column`},
-		{`[]`, `options is not a JSON object`},
-	}
-	for _, tt := range tests {
-		j := stagedJob{id: 1, name: "N", args: []byte("[]"), queue: "q", jid: "j", options: []byte(tt.options)}
-		task, err := newAsynqTask(&j, tenantTag{})
-		switch {
-		case tt.want == "" && err != nil:
-			t.Errorf("options %s: %v, want accepted", tt.options, err)
-		case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
-			t.Errorf("options %s: error %v, want one containing %q", tt.options, err, tt.want)
-		}
-		if tt.options == `{"retry": -4}` && task.msg.retry != 0 {
-			t.Errorf("retry -4 became %d, want 0", task.msg.retry)
-		}
-		if tt.options == `{"retry": true}` && task.msg.retry != asynqDefaultRetry {
-			t.Errorf("retry true became %d, want %d", task.msg.retry, asynqDefaultRetry)
-		}
-		if tt.options == `{"deadline": "2030-01-02T03:04:05Z"}` && (task.msg.deadline != 1893553445 || task.msg.timeout != 0) {
-			t.Errorf("deadline text became deadline %d timeout %d, want 1893553445 and 0", task.msg.deadline, task.msg.timeout)
-		}
-	}
-	for _, j := range []stagedJob{
-		{name: " ", args: []byte("[]"), queue: "q", jid: "j", options: []byte("{}")},
-		{name: "N", args: []byte("[]"), queue: "\t", jid: "j", options: []byte("{}")},
-		{name: "N", args: []byte("[]"), queue: "q", jid: " ", options: []byte("{}")},
-		{name: "N", args: []byte(`{"a": 1}`), queue: "q", jid: "j", options: []byte("{}")},
-	} {
-		if _, err := newAsynqTask(&j, tenantTag{}); err == nil {
-			t.Errorf("job %+v accepted, want refused", j)
-		}
-	}
 }

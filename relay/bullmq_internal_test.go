@@ -6,31 +6,8 @@ import (
 	"time"
 
 	"github.com/stagedrain/stagedrain/relay/internal/handoff"
+	targets "github.com/stagedrain/stagedrain/relay/internal/target"
 )
-
-func TestGoldenBullMQ(t *testing.T) {
-	t.Parallel()
-	const tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-	standard := []stagedJob{
-		goldenJob(1, "welcome", `[42, "ada@example.com"]`, "mailers", nil, `{}`),
-		goldenJob(2, "receipt", `[{"order": 7}]`, "mailers", nil,
-			`{"attempts": 3, "backoff": 1000, "removeOnComplete": true, "keepLogs": 10, "unwrapData": true, "traceparent": "`+tp+`"}`),
-		goldenJob(3, "audit", `[]`, "low", nil, `{"lifo": true, "backoff": {"type": "exponential", "delay": 500}}`),
-	}
-	prioritized := []stagedJob{goldenJob(1, "urgent", `[7]`, "default", nil, `{"priority": 5}`)}
-	delayed := []stagedJob{goldenJob(1, "reminder", `[42]`, "default", &goldenLater, `{"attempts": 2}`)}
-	for _, c := range []struct {
-		file, what string
-		jobs       []stagedJob
-	}{
-		{"bullmq_standard.json", "Standard BullMQ 6.7.0 jobs, as Queue.add adds them (addStandardJob-9.lua), by the push script's Lua op bullmq.add: INCR <prefix>:<queue>:id; HSET meta opts.maxLenEvents 10000 if unset; HMSET <prefix>:<queue>:<jid> name data opts timestamp (created_at ms) delay 0 priority 0; XADD events added; LPUSH wait <jid> (RPUSH with lifo); ZADD marker 0 \"0\" unless meta says paused or the queue is at its concurrency; XADD events waiting. Skipped if the job key exists. Options: backoff milliseconds as BullMQ's fixed backoff, keepLogs as kl, traceparent as telemetry metadata (tm), unwrapData: data is job_args' only element", standard},
-		{"bullmq_prioritized.json", "A prioritized BullMQ job (priority above 0; addPrioritizedJob-9.lua): INCR pc, ZADD prioritized priority*2^32 + pc, the marker and waiting event as a standard job's", prioritized},
-		{"bullmq_delayed.json", "A delayed BullMQ job (run_at in the future; addDelayedJob-6.lua): delay = run_at - created_at ms, so it is due at run_at; ZADD delayed (run_at ms * 0x1000, plus one per job due in the same ms), XADD events delayed, ZADD marker <earliest due ms> \"1\"", delayed},
-	} {
-		checkGolden(t, c.file, goldenFile{Case: c.what, Target: "bullmq", Now: goldenNow,
-			Rows: rowsOf(c.jobs), Ops: build(t, newBullmqTarget("bull", 1<<20, false), c.jobs)})
-	}
-}
 
 // Rows BullMQ could not take are rejected, each with its reason.
 func TestBullMQRejects(t *testing.T) {
@@ -63,7 +40,7 @@ func TestBullMQRejects(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			var u handoff.Unit
 			var res pushResult
-			newBullmqTarget("", 1<<20, c.cluster).add(&u, []stagedJob{c.job}, goldenNow, &res)
+			builtin(TargetBullMQ, targets.Options{MaxPayload: 1 << 20, Cluster: c.cluster}).add(&u, []stagedJob{c.job}, goldenNow, &res)
 			if len(res.rejected) != 1 || !strings.Contains(res.rejected[0].reason, c.reason) || len(u.Ops()) != 0 {
 				t.Fatalf("rejected %+v with %d ops; want the row rejected, the reason containing %q", res.rejected, len(u.Ops()), c.reason)
 			}
@@ -74,7 +51,7 @@ func TestBullMQRejects(t *testing.T) {
 	for _, c := range []struct{ prefix, queue string }{{"{bull}", "q"}, {"bull", "{q}"}} {
 		var u handoff.Unit
 		var res pushResult
-		newBullmqTarget(c.prefix, 1<<20, true).add(&u, []stagedJob{goldenJob(1, "a", `[]`, c.queue, nil, `{}`)}, goldenNow, &res)
+		builtin(TargetBullMQ, targets.Options{Namespace: c.prefix, MaxPayload: 1 << 20, Cluster: true}).add(&u, []stagedJob{goldenJob(1, "a", `[]`, c.queue, nil, `{}`)}, goldenNow, &res)
 		if len(res.rejected) != 0 || len(u.Ops()) != 1 {
 			t.Errorf("prefix %s, queue %s on a cluster: rejected %+v; want the job pushed", c.prefix, c.queue, res.rejected)
 		} else if u.Slot(0) < 0 {
@@ -88,8 +65,7 @@ func TestBullMQRejects(t *testing.T) {
 // naming another tenant there is refused.
 func TestBullMQTenant(t *testing.T) {
 	t.Parallel()
-	tg := newBullmqTarget("", 1<<20, false)
-	tg.tenant = newTenantTag("apartment", "tenant_a")
+	tg := builtin(TargetBullMQ, targets.Options{MaxPayload: 1 << 20, Tenant: newTenantTag("apartment", "tenant_a")})
 	var u handoff.Unit
 	var res pushResult
 	tg.add(&u, []stagedJob{goldenJob(1, "a", `[]`, "q", nil, `{}`), goldenJob(2, "a", `[]`, "q", nil, `{"apartment": "tenant_b"}`)}, goldenNow, &res)
@@ -99,19 +75,5 @@ func TestBullMQTenant(t *testing.T) {
 	}
 	if opts := ops[0].Commands[0].Args[4].(string); !strings.HasSuffix(opts, `,"apartment":"tenant_a"}`) {
 		t.Fatalf("opts %s, want the tenant under apartment", opts)
-	}
-}
-
-// JavaScript's `${parseInt(s, 10)}` === s, as BullMQ tests a custom id.
-func TestJSInteger(t *testing.T) {
-	t.Parallel()
-	for s, want := range map[string]bool{
-		"42": true, "-7": true, "0": true, "9007199254740993": false, "12345678901234567000": true,
-		"007": false, "-0": false, "1e3": false, "4.2": false, "": false, "123456789012345678901234": false,
-		"0123456789abcdef01234567": false,
-	} {
-		if got := jsInteger(s); got != want {
-			t.Errorf("jsInteger(%q) = %v, want %v", s, got, want)
-		}
 	}
 }

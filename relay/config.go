@@ -29,22 +29,22 @@ const (
 type Target string
 
 const (
-	// TargetSidekiq writes Sidekiq's queues and schedule (sidekiq.go). The
+	// TargetSidekiq writes Sidekiq's queues and schedule (internal/target/sidekiq.go). The
 	// default.
 	TargetSidekiq Target = "sidekiq"
-	// TargetAsynq writes asynq's tasks (asynq.go): hibiken/asynq servers
+	// TargetAsynq writes asynq's tasks (internal/target/asynq.go): hibiken/asynq servers
 	// process them. asynq's key names are fixed: RedisNamespace must be "".
 	TargetAsynq Target = "asynq"
 	// TargetStreams appends an entry to the Redis stream stream:<queue> per
-	// job (streams.go). Streams have no scheduler: a job whose run_at is in
+	// job (internal/target/streams.go). Streams have no scheduler: a job whose run_at is in
 	// the future stays staged until it is due.
 	TargetStreams Target = "streams"
-	// TargetBullMQ adds BullMQ 6 jobs (bullmq.go), as Queue.add does: a
+	// TargetBullMQ adds BullMQ 6 jobs (internal/target/bullmq.go), as Queue.add does: a
 	// BullMQ Worker runs them. RedisNamespace is BullMQ's prefix ("" means
 	// its default, "bull").
 	TargetBullMQ Target = "bullmq"
 	// TargetCelery LPUSHes a Celery task message (protocol 2, Kombu's
-	// Redis transport) per job onto the list of its queue (celery.go). A
+	// Redis transport) per job onto the list of its queue (internal/target/celery.go). A
 	// job whose run_at is in the future stays staged until it is due. Not
 	// on Redis Cluster.
 	TargetCelery Target = "celery"

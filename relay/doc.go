@@ -180,9 +180,9 @@
 // The data flows through these files: listen.go (LISTEN, through
 // jackc/pgxlisten) -> wake.go (wake and poll) -> drain.go (one batch) ->
 // claim.go (the claim-and-delete SQL of the source, source.go) -> push.go
-// (the atomic push step, internal/handoff, with a target's commands: sidekiq.go,
-// asynq.go, streams.go; their keys in keys.go; celery.go, keys and all); leader.go chooses which
-// relay drains; summary.go and metrics.go count what it did. The wake-up
+// (the atomic push step, internal/handoff, with the commands of the target's
+// Builder: a file per target in internal/target, keys and all, read through
+// targets.go); leader.go chooses which relay drains; summary.go and metrics.go count what it did. The wake-up
 // gate's mechanism and its proof are in the comments of
 // sql/009_wake_once.sql. What relay/admin shares with the relay (the
 // columns, the gem's table, lock names, schema lists, the paused key) is

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/stagedrain/stagedrain/relay/internal/handoff"
+	targets "github.com/stagedrain/stagedrain/relay/internal/target"
 	"github.com/stagedrain/stagedrain/relay/internal/testenv"
 )
 
@@ -27,7 +28,7 @@ func BenchmarkBatchBuild(b *testing.B) {
 			batch[i].runAt = &later
 		}
 	}
-	s := newSidekiqTarget("", TimestampSeconds, defaultMaxPayloadBytes)
+	s := builtin(TargetSidekiq, targets.Options{MaxPayload: defaultMaxPayloadBytes})
 	var u handoff.Unit
 	var res pushResult
 	b.ReportAllocs()

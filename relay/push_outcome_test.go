@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/stagedrain/stagedrain/relay/internal/handoff"
+	targets "github.com/stagedrain/stagedrain/relay/internal/target"
 	"github.com/stagedrain/stagedrain/relay/internal/testenv"
 )
 
@@ -52,7 +53,7 @@ func TestPushToRefusingRedis(t *testing.T) {
 				{id: 3, name: "Lost", args: []byte(`[3]`), queue: "default", jid: "0123456789abcdef01234569", createdAt: now, runAt: &later},
 			}
 			ns := testenv.Name("sdtest_")
-			r := &Relay{target: newSidekiqTarget(ns, TimestampSeconds, defaultMaxPayloadBytes),
+			r := &Relay{target: builtin(TargetSidekiq, targets.Options{Namespace: ns, MaxPayload: defaultMaxPayloadBytes}),
 				handoff: handoff.New(rdb, newHandoffKeys(ns, "test", "public", "")), holder: "test"}
 			res, err := r.push(context.Background(), batch, now)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -17,6 +17,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	targets "github.com/stagedrain/stagedrain/relay/internal/target"
 )
 
 // Source is the table the relay drains, and the layout of its rows.
@@ -313,7 +315,7 @@ func mapStagedPush(j *stagedJob, payload []byte, created *float64, now time.Time
 		if i > 0 {
 			o = append(o, ',')
 		}
-		o = appendJSONString(o, k)
+		o = targets.AppendJSONString(o, k)
 		o = append(o, ':')
 		o = append(o, bytes.TrimSpace(hash[k])...)
 	}

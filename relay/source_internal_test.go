@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"strings"
@@ -10,6 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/stagedrain/stagedrain/relay/internal/handoff"
+	targets "github.com/stagedrain/stagedrain/relay/internal/target"
 	"github.com/stagedrain/stagedrain/relay/internal/testenv"
 )
 
@@ -107,8 +110,8 @@ func TestMapStagedPush(t *testing.T) {
 	if !j.createdAt.Equal(now) {
 		t.Errorf("no created_at anywhere: %v, want now", j.createdAt)
 	}
-	b, err := appendSidekiqPayload(nil, &j, now, TimestampSeconds, tenantTag{})
-	if err != nil || !strings.Contains(string(b), `"retry":true`) {
+	b, err := sidekiqPayload(t, j, now)
+	if err != nil || !strings.Contains(b, `"retry":true`) {
 		t.Errorf("payload %s (%v), want retry true", b, err)
 	}
 	// The column's epoch of 'infinity' and '-infinity'.
@@ -136,11 +139,26 @@ func TestMapStagedPush(t *testing.T) {
 		if !strings.Contains(j.bad, reason) {
 			t.Errorf("%s: reason %q, want %q", payload, j.bad, reason)
 		}
-		if _, err := appendSidekiqPayload(nil, &j, now, TimestampSeconds, tenantTag{}); err == nil {
+		if _, err := sidekiqPayload(t, j, now); err == nil {
 			t.Errorf("%s: the sidekiq target built a payload of a poison row", payload)
 		}
 		if _, err := checkJob(&j); err == nil {
 			t.Errorf("%s: checkJob passed a poison row", payload)
 		}
 	}
+}
+
+// sidekiqPayload is the job hash the sidekiq target writes for j (pushed
+// at now), or why the relay refuses the row.
+func sidekiqPayload(t *testing.T, j stagedJob, now time.Time) (string, error) {
+	t.Helper()
+	var u handoff.Unit
+	var res pushResult
+	builtin(TargetSidekiq, targets.Options{MaxPayload: 1 << 20}).add(&u, []stagedJob{j}, now, &res)
+	if len(res.rejected) > 0 {
+		return "", errors.New(res.rejected[0].reason)
+	}
+	ops := opsOf(t, &u)
+	last := ops[len(ops)-1].Commands[0]
+	return last.Args[len(last.Args)-1].(string), nil
 }

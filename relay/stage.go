@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	targets "github.com/stagedrain/stagedrain/relay/internal/target"
 )
 
 // Job is a job to stage.
@@ -151,7 +153,7 @@ func encodeJob(job Job) (jobRow, error) {
 		row.args = string(b)
 	}
 	if len(job.Options) > 0 {
-		for _, k := range reservedKeys {
+		for _, k := range targets.ReservedKeys {
 			if _, ok := job.Options[k]; ok {
 				return jobRow{}, fmt.Errorf("job %s: option %q is set by a column", job.Name, k)
 			}

@@ -23,39 +23,19 @@ func (t Target) known() bool {
 // targetNames lists the targets' names quoted, for an error.
 func targetNames() string { return targets.OneOf() }
 
-// newTarget makes cfg.Target's builder, writing tenant into every job. A
-// target whose Spec has New is built by it (specTarget); the built-in ones
-// are built here, until their builders move to internal/target.
+// newTarget makes cfg.Target's builder (its Spec's New), writing tenant
+// into every job.
 func newTarget(cfg Config, tenant tenantTag) target {
-	if newB := cfg.Target.spec().New; newB != nil {
-		return &specTarget{b: newB(targets.Options{Namespace: cfg.RedisNamespace, MaxPayload: cfg.MaxPayloadBytes, Cluster: isCluster(cfg.Redis)})}
-	}
-	switch cfg.Target {
-	case TargetAsynq:
-		t := newAsynqTarget(cfg.MaxPayloadBytes)
-		t.tenant = tenant
-		return t
-	case TargetBullMQ:
-		t := newBullmqTarget(cfg.RedisNamespace, cfg.MaxPayloadBytes, isCluster(cfg.Redis))
-		t.tenant = tenant
-		return t
-	case TargetStreams:
-		t := newStreamTarget(cfg.RedisNamespace, cfg.StreamMaxLen, cfg.MaxPayloadBytes)
-		t.tenant = tenant
-		return t
-	case TargetCelery:
-		t := newCeleryTarget(cfg.RedisNamespace, cfg.MaxPayloadBytes)
-		t.tenant = tenant
-		return t
-	default:
-		t := newSidekiqTarget(cfg.RedisNamespace, cfg.TimestampFormat, cfg.MaxPayloadBytes)
-		t.tenant = tenant
-		return t
-	}
+	return newSpecTarget(cfg.Target.spec(), targets.Options{Namespace: cfg.RedisNamespace, MaxPayload: cfg.MaxPayloadBytes,
+		Cluster: isCluster(cfg.Redis), Millis: cfg.TimestampFormat == TimestampMillis, StreamMaxLen: cfg.StreamMaxLen, Tenant: tenant})
 }
 
-// specTarget runs a Builder of internal/target. Rows no worker of any
-// target could run (checkJob) never reach it.
+func newSpecTarget(s targets.Spec, o targets.Options) *specTarget {
+	return &specTarget{b: s.New(o)}
+}
+
+// specTarget runs a target's Builder (relay/internal/target). Rows no
+// worker of any target could run (checkJob) never reach it.
 type specTarget struct {
 	b    targets.Builder
 	jobs []targets.Job
@@ -81,4 +61,24 @@ func (s *specTarget) add(u *handoff.Unit, batch []stagedJob, now time.Time, res 
 	}
 	res.queues = append(res.queues, s.res.Queues...)
 	res.scheduled += s.res.Scheduled
+}
+
+// TargetInfo is what a target declares of itself that a command line
+// shows: its name, the job system as --target's help names it, and why it
+// cannot run on Redis Cluster ("" when it can).
+type TargetInfo struct {
+	Name      Target
+	Help      string
+	NoCluster string
+}
+
+// Targets lists the targets, in the order Config.Validate's errors name
+// them.
+func Targets() []TargetInfo {
+	var out []TargetInfo
+	for _, name := range targets.Names() {
+		s, _ := targets.Lookup(name)
+		out = append(out, TargetInfo{Name: Target(s.Name), Help: s.Help, NoCluster: s.NoCluster})
+	}
+	return out
 }

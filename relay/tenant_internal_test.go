@@ -9,43 +9,15 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/stagedrain/stagedrain/relay/internal/handoff"
+	targets "github.com/stagedrain/stagedrain/relay/internal/target"
 )
 
-// The golden files of Config.TenantKey: where each target writes the
-// schema's name, for a row that names no tenant and one that names its own
-// schema (written once).
-func TestGoldenTenant(t *testing.T) {
+// The golden file of Config.TenantKey for the gem's rows, as the relay
+// reads them (the targets' tenant goldens are in relay/internal/target).
+func TestGoldenTenantStagedPush(t *testing.T) {
 	t.Parallel()
 	const key, schema = "apartment", "tenant_1"
 	tag := newTenantTag(key, schema)
-
-	sidekiq := []stagedJob{
-		goldenJob(1, "WelcomeJob", `[42]`, "default", nil, `{}`),
-		goldenJob(2, "ReceiptJob", `[7]`, "default", nil, `{"apartment": "tenant_1", "retry": 5}`),
-		goldenJob(3, "ReminderJob", `[42]`, "default", &goldenLater, `{}`),
-	}
-	s := newSidekiqTarget("", TimestampSeconds, 1<<20)
-	s.tenant = tag
-	checkGolden(t, "sidekiq_tenant.json", goldenFile{
-		Case:   "Sidekiq with --tenant-key apartment in schema tenant_1: the schema's name is a top-level key of every job hash (immediate and scheduled), after the columns' keys, where apartment-sidekiq's server middleware reads item['apartment']; a row whose options name the same tenant has it once",
-		Target: "sidekiq", Timestamps: TimestampSeconds, TenantKey: key, Schema: schema, Now: goldenNow,
-		Rows: rowsOf(sidekiq), Ops: build(t, s, sidekiq)})
-
-	asynqJobs := []stagedJob{goldenJob(1, "email:welcome", `[42]`, "default", nil, `{"headers": {"trace": "abc"}}`)}
-	a := newAsynqTarget(1 << 20)
-	a.tenant = tag
-	checkGolden(t, "asynq_task_tenant.json", goldenFile{
-		Case:   "asynq with --tenant-key apartment in schema tenant_1: the schema's name is a header of the task (TaskMessage field 15, Task.Headers()), beside the headers option; the payload stays the job_args JSON text",
-		Target: "asynq", TenantKey: key, Schema: schema, Now: goldenNow,
-		Rows: rowsOf(asynqJobs), Ops: build(t, a, asynqJobs)})
-
-	streamJobs := []stagedJob{goldenJob(1, "WelcomeJob", `[42]`, "default", nil, `{}`)}
-	st := newStreamTarget("", 0, 1<<20)
-	st.tenant = tag
-	checkGolden(t, "streams_entry_tenant.json", goldenFile{
-		Case:   "A Redis Streams entry with --tenant-key apartment in schema tenant_1: the field apartment, with the schema's name, after created_at",
-		Target: "streams", TenantKey: key, Schema: schema, Now: goldenNow,
-		Rows: rowsOf(streamJobs), Ops: build(t, st, streamJobs)})
 
 	gem := []string{
 		`{"class":"WelcomeJob","args":[42],"jid":"` + goldenJID + `"}`,
@@ -58,11 +30,10 @@ func TestGoldenTenant(t *testing.T) {
 		mapStagedPush(&j, []byte(p), &epoch, goldenNow)
 		jobs = append(jobs, j)
 	}
-	g := newSidekiqTarget("", TimestampSeconds, 1<<20)
-	g.tenant = tag
+	g := builtin(TargetSidekiq, targets.Options{MaxPayload: 1 << 20, Tenant: tag})
 	checkGolden(t, "sidekiq_staged_push_tenant.json", goldenFile{
 		Case:   "Rows of sidekiq_staged_push_jobs (payload: the whole Sidekiq job hash) with --tenant-key apartment in schema tenant_1: a payload's own apartment key is an option like any other; the job hash gets the schema's name once",
-		Target: "sidekiq", Timestamps: TimestampSeconds, TenantKey: key, Schema: schema, Now: goldenNow,
+		Target: "sidekiq", Timestamps: string(TimestampSeconds), TenantKey: key, Schema: schema, Now: goldenNow,
 		Source: map[string]any{"payloads": payloadsJSON(gem)}, Rows: rowsOf(jobs), Ops: build(t, g, jobs)})
 }
 
@@ -82,9 +53,15 @@ func TestTenantRule(t *testing.T) {
 	tag := newTenantTag("apartment", "tenant_1")
 	now := goldenNow
 	targets := map[string]func(tenantTag) target{
-		"sidekiq": func(tg tenantTag) target { s := newSidekiqTarget("", TimestampSeconds, 1<<20); s.tenant = tg; return s },
-		"asynq":   func(tg tenantTag) target { a := newAsynqTarget(1 << 20); a.tenant = tg; return a },
-		"streams": func(tg tenantTag) target { s := newStreamTarget("", 0, 1<<20); s.tenant = tg; return s },
+		"sidekiq": func(tg tenantTag) target {
+			return builtin(TargetSidekiq, targets.Options{MaxPayload: 1 << 20, Tenant: tg})
+		},
+		"asynq": func(tg tenantTag) target {
+			return builtin(TargetAsynq, targets.Options{MaxPayload: 1 << 20, Tenant: tg})
+		},
+		"streams": func(tg tenantTag) target {
+			return builtin(TargetStreams, targets.Options{MaxPayload: 1 << 20, Tenant: tg})
+		},
 	}
 	for _, c := range []struct {
 		options string

@@ -13,6 +13,8 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
+
+	targets "github.com/stagedrain/stagedrain/relay/internal/target"
 )
 
 // A staged job carries W3C trace context (https://www.w3.org/TR/trace-context/)
@@ -43,51 +45,12 @@ import (
 // its tracestate with it): the job goes on without it, and the relay logs
 // a debug line. It never makes the row poison.
 const (
-	traceparentKey = "traceparent"
-	tracestateKey  = "tracestate"
+	traceparentKey = targets.TraceparentKey
+	tracestateKey  = targets.TracestateKey
 )
 
 // maxBatchLinks caps the links of a batch span to the staged jobs' spans.
 const maxBatchLinks = 128
-
-// validTraceparent reports whether s is a W3C traceparent that a
-// propagator would accept: version-traceid-spanid-flags in lower-case hex,
-// version not ff, ids not all zeros; version 00 is exactly 55 characters, a
-// later version may have more after a '-'. It allocates nothing.
-func validTraceparent(s string) bool {
-	if len(s) < 55 || (len(s) > 55 && (s[:2] == "00" || s[55] != '-')) {
-		return false
-	}
-	if s[2] != '-' || s[35] != '-' || s[52] != '-' || s[:2] == "ff" {
-		return false
-	}
-	hex := func(p string) (zero bool, ok bool) {
-		zero = true
-		for i := 0; i < len(p); i++ {
-			c := p[i]
-			switch {
-			case c >= '0' && c <= '9', c >= 'a' && c <= 'f':
-			default:
-				return false, false
-			}
-			if c != '0' {
-				zero = false
-			}
-		}
-		return zero, true
-	}
-	if _, ok := hex(s[:2]); !ok {
-		return false
-	}
-	if zero, ok := hex(s[3:35]); !ok || zero {
-		return false
-	}
-	if zero, ok := hex(s[36:52]); !ok || zero {
-		return false
-	}
-	_, ok := hex(s[53:55])
-	return ok
-}
 
 // hasTraceOption reports, without decoding, whether a row's options may
 // hold a trace context.
@@ -95,32 +58,13 @@ func hasTraceOption(options []byte) bool {
 	return bytes.Contains(options, []byte(traceparentKey))
 }
 
-// traceOptions returns the trace context of a row's decoded options: tp is
-// "" when there is none or it is malformed (bad then says why), ts is ""
-// when tp is or there is no valid tracestate.
+// traceOptions is target.TraceOptions: the trace context of a row's
+// decoded options, the same the targets write.
 func traceOptions(opts map[string]json.RawMessage) (tp, ts, bad string) {
-	raw, ok := opts[traceparentKey]
-	if !ok {
-		return "", "", ""
-	}
-	if json.Unmarshal(raw, &tp) != nil || !validTraceparent(tp) {
-		return "", "", "options traceparent is not a W3C traceparent: " + truncate(string(bytes.TrimSpace(raw)), 80)
-	}
-	if raw, ok := opts[tracestateKey]; ok && json.Unmarshal(raw, &ts) != nil {
-		ts = ""
-	}
-	return tp, ts, ""
+	return targets.TraceOptions(opts)
 }
 
-// isTraceKey reports whether k is one of the options of the trace context.
-func isTraceKey(k string) bool { return k == traceparentKey || k == tracestateKey }
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "..."
-}
+func truncate(s string, n int) string { return targets.Truncate(s, n) }
 
 // jobTrace returns the trace context a row carries; bad says why its
 // traceparent was dropped, if it was. It decodes the options: call it only
@@ -300,10 +244,10 @@ func withTraceContext(ctx context.Context, options string, set map[string]any) s
 		b = append(b, ',')
 	}
 	b = append(b, `"traceparent":`...)
-	b = appendJSONString(b, c.traceparent)
+	b = targets.AppendJSONString(b, c.traceparent)
 	if _, ok := set[tracestateKey]; !ok && c.tracestate != "" {
 		b = append(b, `,"tracestate":`...)
-		b = appendJSONString(b, c.tracestate)
+		b = targets.AppendJSONString(b, c.tracestate)
 	}
 	return string(append(b, '}'))
 }
@@ -316,19 +260,4 @@ func traceIDOf(batch []stagedJob, id int64) zap.Field {
 		}
 	}
 	return zap.Skip()
-}
-
-// onlyTraceKeys reports whether options holds the trace context and
-// nothing else.
-func onlyTraceKeys(options []byte) bool {
-	var opts map[string]json.RawMessage
-	if json.Unmarshal(options, &opts) != nil {
-		return false
-	}
-	for k := range opts {
-		if !isTraceKey(k) {
-			return false
-		}
-	}
-	return true
 }

@@ -10,28 +10,8 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/stagedrain/stagedrain/relay/internal/handoff"
+	targets "github.com/stagedrain/stagedrain/relay/internal/target"
 )
-
-func TestValidTraceparent(t *testing.T) {
-	for s, want := range map[string]bool{
-		"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01":       true,
-		"01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-extra": true,
-		"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-extra": false, // 00 is exactly 55
-		"ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01":       false,
-		"00-00000000000000000000000000000000-b7ad6b7169203331-01":       false,
-		"00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01":       false,
-		"00-0AF7651916CD43DD8448EB211C80319C-b7ad6b7169203331-01":       false,
-		"00-0af7651916cd43dd8448eb211c80319c_b7ad6b7169203331-01":       false,
-		"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-0g":       false,
-		"":                  false,
-		"00-zzzz-01":        false,
-		"not a traceparent": false,
-	} {
-		if got := validTraceparent(s); got != want {
-			t.Errorf("validTraceparent(%q) = %v, want %v", s, got, want)
-		}
-	}
-}
 
 // BenchmarkBatchSpan measures the relay's batch span over a 1000-job batch
 // whose jobs all carry a trace context: one op is one job. With tracing
@@ -114,7 +94,7 @@ func BenchmarkBatchBuildOptions(b *testing.B) {
 				batch[i] = stagedJob{id: int64(i), name: "WelcomeEmailJob", args: []byte(`[42, "welcome", {"locale": "en"}]`),
 					queue: fmt.Sprintf("q%d", i%4), jid: "0123456789abcdef01234567", createdAt: now, options: []byte(opts)}
 			}
-			s := newSidekiqTarget("", TimestampSeconds, defaultMaxPayloadBytes)
+			s := builtin(TargetSidekiq, targets.Options{MaxPayload: defaultMaxPayloadBytes})
 			var u handoff.Unit
 			var res pushResult
 			b.ReportAllocs()

@@ -536,3 +536,12 @@ func latestVersion(t *testing.T) int {
 	}
 	return res.Current
 }
+
+// --target's help lists the targets as relay.Targets declares them, in
+// their order: the command line names no target of its own.
+func TestTargetHelpFromSpecs(t *testing.T) {
+	const want = "sidekiq, asynq, streams (Redis streams), bullmq (BullMQ 6) or celery (Celery task protocol 2)"
+	if got := targetsHelp(); got != want {
+		t.Fatalf("--target help lists %q, want %q", got, want)
+	}
+}

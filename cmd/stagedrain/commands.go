@@ -246,7 +246,7 @@ func newRunFlags() (*flagSet, *runFlags) {
 	f.env("redis-url", "REDIS_URL")
 	f.fs.StringVar(&c.redisMode, "redis-mode", "single", "the `mode` of --redis-url: single (one server), cluster (Redis Cluster: redis://h1:p1?addr=h2:p2) or sentinel (redis://sentinel1:26379/0?master_name=mymaster&addr=sentinel2:26379)")
 	f.env("redis-mode", "STAGEDRAIN_REDIS_MODE")
-	f.fs.StringVar(&c.target, "target", "sidekiq", "the job `system` jobs are written for: sidekiq, asynq, streams (Redis streams), bullmq (BullMQ 6) or celery (Celery task protocol 2)")
+	f.fs.StringVar(&c.target, "target", "sidekiq", "the job `system` jobs are written for: "+targetsHelp())
 	f.env("target", "STAGEDRAIN_TARGET")
 	f.fs.StringVar(&c.redisNamespace, "redis-namespace", "", "prefix every Redis key with `namespace`: (Sidekiq 6 redis-namespace apps; not with --target asynq; BullMQ's prefix with --target bullmq, bull when unset)")
 	f.env("redis-namespace", "STAGEDRAIN_REDIS_NAMESPACE")
@@ -543,6 +543,19 @@ func redisDialer(timeout time.Duration, tlsConfig *tls.Config) func(context.Cont
 	return (&tls.Dialer{NetDialer: d, Config: tlsConfig}).DialContext
 }
 
+// targetsHelp lists the targets for --target's help, as their Specs name
+// them: "sidekiq, asynq, ... or celery (Celery task protocol 2)".
+func targetsHelp() string {
+	var helps []string
+	for _, t := range relay.Targets() {
+		helps = append(helps, t.Help)
+	}
+	if len(helps) < 2 {
+		return strings.Join(helps, "")
+	}
+	return strings.Join(helps[:len(helps)-1], ", ") + " or " + helps[len(helps)-1]
+}
+
 // redisClient checks --redis-url for --redis-mode and returns what makes
 // the client: go-redis's Client (single), ClusterClient (cluster) or
 // FailoverClient (sentinel), each with run's retries and keepalives.
@@ -555,11 +568,10 @@ func (c *runFlags) redisClient(f *flagSet) (func() redis.UniversalClient, error)
 		}
 		return func() redis.UniversalClient { return redis.NewClient(ropts) }, nil
 	case "cluster":
-		if c.target == string(relay.TargetSidekiq) {
-			return nil, usagef("run: %s cluster cannot run the sidekiq target: Sidekiq's keys (queue:<name>, queues, schedule) have no hash tags and Sidekiq does not support Redis Cluster (use --target asynq or streams, or a single Redis or Sentinel)", f.source("redis-mode"))
-		}
-		if c.target == string(relay.TargetCelery) {
-			return nil, usagef("run: %s cluster cannot run the celery target: Kombu's Redis transport, which Celery's workers read with, does not support Redis Cluster (use a single Redis or Sentinel)", f.source("redis-mode"))
+		for _, t := range relay.Targets() {
+			if string(t.Name) == c.target && t.NoCluster != "" {
+				return nil, usagef("run: %s cluster cannot run the %s target: %s", f.source("redis-mode"), t.Name, t.NoCluster)
+			}
 		}
 		ropts, err := redis.ParseClusterURL(c.redisURL)
 		if err != nil {

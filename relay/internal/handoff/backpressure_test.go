@@ -12,8 +12,8 @@ import (
 )
 
 // A length guard over several keys adds up their lengths, one command per
-// key: one command for all of them (celery.go's lists) or a sum with a term
-// per key (bullmq.go's LLEN+LLEN+ZCARD); both reach the script as the sum.
+// key: one command for all of them (target/celery.go's lists) or a sum with a term
+// per key (target/bullmq.go's LLEN+LLEN+ZCARD); both reach the script as the sum.
 func TestPushLengthGuardSums(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

@@ -84,15 +84,15 @@ import (
 // for the op to run. cmd is LLEN, ZCARD, XLEN, or XUNACKED with one key,
 // or a sum with one key per term, "LLEN+LLEN+ZCARD", whose length is the
 // sum of the terms (a BullMQ queue's waiting jobs are in its wait and
-// paused lists and its prioritized set, bullmq.go; a Celery queue's in its
-// list and its priority lists, celery.go). An op it stops runs nothing and
+// paused lists and its prioritized set, target/bullmq.go; a Celery queue's in its
+// list and its priority lists, target/celery.go). An op it stops runs nothing and
 // delivers nothing. XUNACKED, for a stream, is what its slowest consumer
 // group has not acknowledged (see unacked below): the first op of a run to
 // a stream measures it, and each op that runs counts one entry more (each
 // such op adds one entry); it is never a term of a sum.
 //
 // A command's name may be that of a Lua op instead (luaOps: a target's
-// own Lua, such as bullmq.add, bullmq.go): it is called with the indexes of
+// own Lua, such as bullmq.add, target/bullmq.go): it is called with the indexes of
 // its keys in KEYS and its arguments in ARGV, and answers as a command
 // does, an error reply ({err = ...}) included; a Lua error it raises is
 // caught and is the op's error reply. A target needs one where what it

@@ -47,25 +47,37 @@ type Spec struct {
 	Timestamps, StreamMaxLen bool
 	// Length is what its ops' length guards measure, for backpressure
 	// (handoff.Unit.Limit): LLEN, ZCARD, a sum, or XUNACKED, which needs
-	// Redis 7.0's consumer group lag.
+	// Redis 7.0's consumer group lag. The Builder's Limit calls use the
+	// same constant, stated once in the target's file.
 	Length string
+	// OwnedKeys are the keys the target's format gives a meaning of its
+	// own (the options it maps, the fields or headers it writes):
+	// Config.TenantKey may not be one of them.
+	OwnedKeys []string
 	// TraceSystem is the messaging.system of its batches' spans.
 	TraceSystem string
 	// Goldens are its golden files, in testdata/ at the top of the module.
 	Goldens []string
-	// New makes the target's Builder. nil: the relay builds the target
-	// itself (the built-in ones, until their builders move here).
+	// New makes the target's Builder. Every target has one.
 	New func(Options) Builder
 }
 
 // Options are the Config fields a Builder is made with.
 type Options struct {
-	Namespace  string // Config.RedisNamespace
-	MaxPayload int    // Config.MaxPayloadBytes
-	Cluster    bool   // Config.Redis is a Redis Cluster client
+	Namespace    string // Config.RedisNamespace
+	MaxPayload   int    // Config.MaxPayloadBytes
+	Cluster      bool   // Config.Redis is a Redis Cluster client
+	Millis       bool   // Config.TimestampFormat is millis (a Spec with Timestamps)
+	StreamMaxLen int64  // Config.StreamMaxLen (a Spec with StreamMaxLen)
+	Tenant       Tenant // Config.TenantKey and the relay's schema; zero: none
+	// UUIDs returns n random UUIDs (the celery target's delivery tags);
+	// nil: crypto/rand's. Golden tests fix them.
+	UUIDs func(n int) []string
 }
 
-// Job is a claimed row of staged_jobs.
+// Job is a claimed row of staged_jobs, as the relay hands it to a Builder:
+// the relay has refused rows no worker of any target could run (NULL
+// columns, a row its source found poison), and Args is trimmed.
 type Job struct {
 	ID        int64
 	Name      string
@@ -108,8 +120,8 @@ var (
 func Register(s Spec) {
 	mu.Lock()
 	defer mu.Unlock()
-	if _, ok := specs[s.Name]; ok || s.Name == "" {
-		panic(fmt.Sprintf("target: %q registered twice, or without a name", s.Name))
+	if _, ok := specs[s.Name]; ok || s.Name == "" || s.New == nil {
+		panic(fmt.Sprintf("target: %q registered twice, without a name or without New", s.Name))
 	}
 	specs[s.Name] = s
 }

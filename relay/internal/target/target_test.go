@@ -83,7 +83,7 @@ func TestListsTargetThroughTheHandoff(t *testing.T) {
 	if len(res.Rejected) != 0 || !slices.Equal(res.Queues, []string{"default", "low"}) {
 		t.Fatalf("rejected %v, queues %v; want none rejected, queues default and low", res.Rejected, res.Queues)
 	}
-	golden(t, "lists.json", u)
+	listsGolden(t, "lists.json", u)
 	if _, err := h.Push(ctx, u); err != nil {
 		t.Fatal(err)
 	}
@@ -104,9 +104,9 @@ func TestListsTargetThroughTheHandoff(t *testing.T) {
 	}
 }
 
-// golden compares the commands u holds with testdata/<name>, or rewrites
+// listsGolden compares the commands u holds with testdata/<name>, or rewrites
 // it with -update.
-func golden(t *testing.T, name string, u *handoff.Unit) {
+func listsGolden(t *testing.T, name string, u *handoff.Unit) {
 	t.Helper()
 	type cmd struct {
 		Command string   `json:"command"`
