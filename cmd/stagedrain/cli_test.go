@@ -309,6 +309,8 @@ func TestHelp(t *testing.T) {
 			"duration":         "STAGEDRAIN_BENCH_DURATION",
 			"backlog":          "STAGEDRAIN_BENCH_BACKLOG",
 			"writers":          "STAGEDRAIN_BENCH_WRITERS",
+			"horizon-rate":     "STAGEDRAIN_BENCH_HORIZON_RATE",
+			"horizon-hold":     "STAGEDRAIN_BENCH_HORIZON_HOLD",
 			"scenarios":        "STAGEDRAIN_BENCH_SCENARIOS",
 			"quick":            "STAGEDRAIN_BENCH_QUICK",
 			"wait-for-standby": "STAGEDRAIN_WAIT_FOR_STANDBY",
