@@ -98,11 +98,13 @@ func ExampleRelay_CheckReady() {
 	// waitFor polls what a dashboard or an orchestrator would, until role
 	// and readiness are as wanted.
 	waitFor := func(r *relay.Relay, role relay.Role) {
-		for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-			if r.Status().Role == role && r.CheckReady(ctx) == nil {
-				return
-			}
-			if time.Now().After(deadline) {
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		deadline := time.After(15 * time.Second)
+		for r.Status().Role != role || r.CheckReady(ctx) != nil {
+			select {
+			case <-tick.C:
+			case <-deadline:
 				panic(fmt.Sprintf("no %s within 15s: %+v, %v", role, r.Status(), r.CheckReady(ctx)))
 			}
 		}
