@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -10,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -100,39 +98,7 @@ func (b *bench) benchHorizon(ctx context.Context) error {
 		}
 	}
 	base := time.Now()
-	stop := make(chan struct{})
-	var consumers errgroup.Group
-	for range 2 {
-		consumers.Go(func() error {
-			for {
-				select {
-				case <-stop:
-					return nil
-				default:
-				}
-				res, err := b.rdb.BRPop(ctx, 200*time.Millisecond, key).Result()
-				if errors.Is(err, redis.Nil) {
-					continue
-				}
-				if err != nil {
-					return fmt.Errorf("BRPOP: %w", err)
-				}
-				record(res[1], time.Since(base))
-				more, err := b.rdb.RPopCount(ctx, key, 1000).Result()
-				if err != nil && !errors.Is(err, redis.Nil) {
-					return fmt.Errorf("RPOP: %w", err)
-				}
-				at := time.Since(base)
-				for _, m := range more {
-					record(m, at)
-				}
-			}
-		})
-	}
-	finish := func() error {
-		close(stop)
-		return consumers.Wait()
-	}
+	finish := b.consume(ctx, key, base, record)
 
 	end := base.Add(total)
 	writers, wctx := errgroup.WithContext(ctx)

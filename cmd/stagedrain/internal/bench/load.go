@@ -406,39 +406,7 @@ func (b *bench) load(ctx context.Context, p *relayProc, s loadSpec) (*loadRun, e
 			arrivals.Add(1)
 		}
 	}
-	done := make(chan struct{})
-	var consumers errgroup.Group
-	for range 2 {
-		consumers.Go(func() error {
-			for {
-				select {
-				case <-done:
-					return nil
-				default:
-				}
-				res, err := b.rdb.BRPop(ctx, 200*time.Millisecond, key).Result()
-				if errors.Is(err, redis.Nil) {
-					continue
-				}
-				if err != nil {
-					return fmt.Errorf("BRPOP: %w", err)
-				}
-				record(res[1], time.Since(base))
-				more, err := b.rdb.RPopCount(ctx, key, 1000).Result()
-				if err != nil && !errors.Is(err, redis.Nil) {
-					return fmt.Errorf("RPOP: %w", err)
-				}
-				at := time.Since(base)
-				for _, m := range more {
-					record(m, at)
-				}
-			}
-		})
-	}
-	finish := func() error {
-		close(done)
-		return consumers.Wait()
-	}
+	finish := b.consume(ctx, key, base, record)
 	end := base.Add(d)
 	g, gctx := errgroup.WithContext(ctx)
 	for w, conn := range conns {
@@ -1095,4 +1063,43 @@ func fmtDuration(d time.Duration) string {
 
 func fmtBytes(n int64) string {
 	return strconv.FormatFloat(float64(n)/(1<<20), 'f', 1, 64) + " MiB"
+}
+
+// consume pops the jobs of key with two consumers until finish is called,
+// handing each to record with when it arrived (since base); finish returns
+// the first error a consumer met.
+func (b *bench) consume(ctx context.Context, key string, base time.Time, record func(job string, at time.Duration)) (finish func() error) {
+	stop := make(chan struct{})
+	var consumers errgroup.Group
+	for range 2 {
+		consumers.Go(func() error {
+			for {
+				select {
+				case <-stop:
+					return nil
+				default:
+				}
+				res, err := b.rdb.BRPop(ctx, 200*time.Millisecond, key).Result()
+				if errors.Is(err, redis.Nil) {
+					continue
+				}
+				if err != nil {
+					return fmt.Errorf("BRPOP: %w", err)
+				}
+				record(res[1], time.Since(base))
+				more, err := b.rdb.RPopCount(ctx, key, 1000).Result()
+				if err != nil && !errors.Is(err, redis.Nil) {
+					return fmt.Errorf("RPOP: %w", err)
+				}
+				at := time.Since(base)
+				for _, m := range more {
+					record(m, at)
+				}
+			}
+		})
+	}
+	return func() error {
+		close(stop)
+		return consumers.Wait()
+	}
 }
