@@ -117,6 +117,7 @@ type PostgresServer struct {
 	Port     int
 	dir      string
 	settings []string
+	slot     string // a standby's replication slot on its primary, or ""
 }
 
 // PostgresBin is the directory of PostgreSQL's server programs (initdb,

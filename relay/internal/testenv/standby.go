@@ -23,7 +23,7 @@ func (s *PostgresServer) StartStandby(t testing.TB, slot string) *PostgresServer
 	if err != nil {
 		t.Fatal(err)
 	}
-	sb := &PostgresServer{t: t, Port: FreePort(t), dir: filepath.Join(parent, "data"), settings: s.settings}
+	sb := &PostgresServer{t: t, Port: FreePort(t), dir: filepath.Join(parent, "data"), settings: s.settings, slot: slot}
 	t.Cleanup(func() {
 		sb.Stop()
 		_ = os.RemoveAll(parent)
@@ -97,10 +97,29 @@ func (s *PostgresServer) SetReceiving(primary *PostgresServer, on bool) {
 	if _, err := c.Exec(context.Background(), `SELECT pg_reload_conf()`); err != nil {
 		s.t.Fatalf("standby: reload: %v", err)
 	}
-	WaitFor(s.t, 30*time.Second, fmt.Sprintf("the standby's WAL receiver streaming=%v", on), func() (bool, string) {
+	if on {
+		WaitFor(s.t, 30*time.Second, "the standby's WAL receiver streaming", func() (bool, string) {
+			var n int
+			err := c.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_wal_receiver WHERE status = 'streaming'`).Scan(&n)
+			return err == nil && n == 1, fmt.Sprintf("%d streaming receivers, %v", n, err)
+		})
+		return
+	}
+	// Off means nothing more can arrive: the receiver process is gone (a
+	// receiver whose status is already "stopping" can still write what it
+	// reads until it exits), and the primary's end of the stream is gone
+	// too (its slot is no longer active).
+	WaitFor(s.t, 30*time.Second, "the standby's WAL receiver gone, and its slot on the primary inactive", func() (bool, string) {
 		var n int
-		err := c.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_wal_receiver WHERE status = 'streaming'`).Scan(&n)
-		return err == nil && (n == 1) == on, fmt.Sprintf("%d streaming receivers, %v", n, err)
+		if err := c.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_wal_receiver`).Scan(&n); err != nil || n != 0 {
+			return false, fmt.Sprintf("%d receivers on the standby, %v", n, err)
+		}
+		if s.slot == "" {
+			return true, ""
+		}
+		var active bool
+		err := QueryOnce(primary.URL(), `SELECT coalesce(bool_or(active), false) FROM pg_replication_slots WHERE slot_name = '`+s.slot+`'`, &active)
+		return err == nil && !active, fmt.Sprintf("slot %s active=%v on the primary, %v", s.slot, active, err)
 	})
 }
 
