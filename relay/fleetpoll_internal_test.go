@@ -1,0 +1,96 @@
+package relay
+
+import (
+	"context"
+	"slices"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/stagedrain/stagedrain/relay/internal/testenv"
+)
+
+// The fleet's poll finds the schemas with rows staged, in one statement
+// that PostgreSQL plans once: prepared on the pool's session, and built
+// again only when the schemas led change. Planning a union over 200
+// schemas took 13.8 ms a poll where running it prepared takes 1.8 ms, and
+// a hot fleet polls hundreds of times a second.
+func TestFleetPollIsPrepared(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testenv.DatabaseURL()
+	base := testenv.Name("fpoll")
+	conn := testenv.Conn(t, url)
+	var led []*tenant
+	rdb, ns := testenv.Redis(t)
+	r, err := New(Config{DatabaseURL: url, Redis: rdb, RedisNamespace: ns, Schemas: []string{base + "_*"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, suffix := range []string{"a", "b", "c"} {
+		schema := testenv.SchemaNamedIn(t, url, base+"_"+suffix)
+		if _, err := Migrate(ctx, conn, schema); err != nil {
+			t.Fatal(err)
+		}
+		led = append(led, &tenant{schema: schema, r: r, wake: make(chan struct{}, 1)})
+	}
+	if _, err := NewStager(led[1].schema).Stage(ctx, conn, Job{Name: "W"}); err != nil {
+		t.Fatal(err)
+	}
+	pcfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg.MaxConns = 1 // the poll's session is the one the test reads
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	s := &fleetSession{f: r.fleet, pool: pool}
+
+	woken := func() (names []string) {
+		for _, l := range led {
+			select {
+			case <-l.wake:
+				names = append(names, l.schema)
+			default:
+			}
+		}
+		return names
+	}
+	for range 3 {
+		if n := s.poll(ctx, led, true); n != 1 {
+			t.Fatalf("the poll found %d schemas with rows, want 1 (%s)", n, led[1].schema)
+		}
+		if got := woken(); !slices.Equal(got, []string{led[1].schema}) {
+			t.Fatalf("the poll woke %v, want %s only", got, led[1].schema)
+		}
+	}
+	first := s.pollSQL
+	s.poll(ctx, led[:2], true)
+	if s.pollSQL == first {
+		t.Fatal("the poll's statement was not rebuilt for other schemas led")
+	}
+	woken()
+
+	c, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Release()
+	rows, err := c.Query(ctx, `SELECT statement FROM pg_prepared_statements WHERE statement LIKE 'SELECT 0 WHERE EXISTS%'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prepared, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One statement per set of schemas led, each prepared once for all its
+	// polls.
+	if !slices.Contains(prepared, first) || !slices.Contains(prepared, s.pollSQL) || len(prepared) != 2 {
+		t.Fatalf("prepared on the poll's session: %q; want the statements of both sets of schemas led, once each", prepared)
+	}
+}
