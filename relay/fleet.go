@@ -205,9 +205,9 @@ func (f *fleet) session(ctx context.Context, pool *pgxpool.Pool) (connected time
 			s.weigh(&heat)
 			continue
 		case <-heat.pollC():
-			led, start := s.led(), time.Now()
+			led := s.led()
 			heat.hits += s.poll(sctx, led, true)
-			heat.pollAgain(len(led), time.Since(start))
+			heat.pollAgain(len(led))
 			continue
 		case <-ctx.Done():
 			return connected, ctx.Err()

@@ -40,15 +40,6 @@ const (
 	minHotStep       = time.Millisecond
 	hotStepPerSchema = 20 * time.Microsecond
 	maxHotStep       = 10 * time.Millisecond
-
-	// hotPollShare: the next poll comes no sooner than hotPollShare times
-	// the last one took, so that polling takes at most about a fifth of
-	// one PostgreSQL backend, whatever the schemas and however busy the
-	// server (prepared, 200 schemas' poll takes about 1.8 ms on an idle
-	// server: a poll every 9 ms, not 4). A server so slow that a poll takes
-	// over maxHotPollWait/hotPollShare is polled every maxHotPollWait.
-	hotPollShare   = 5
-	maxHotPollWait = 100 * time.Millisecond
 )
 
 // fleetHeat is the session loop's view of whether the fleet runs hot.
@@ -87,15 +78,13 @@ func (h *fleetHeat) pollC() <-chan time.Time {
 	return h.poll.C
 }
 
-// pollAgain arms the next hot poll for a fleet leading n schemas, whose
-// last poll took took.
-func (h *fleetHeat) pollAgain(n int, took time.Duration) {
-	h.poll.Reset(hotStep(n, took))
+// pollAgain arms the next hot poll for a fleet leading n schemas.
+func (h *fleetHeat) pollAgain(n int) {
+	h.poll.Reset(hotStep(n))
 }
 
-func hotStep(n int, took time.Duration) time.Duration {
-	step := min(max(time.Duration(n)*hotStepPerSchema, minHotStep), maxHotStep)
-	return max(step, min(hotPollShare*took, maxHotPollWait))
+func hotStep(n int) time.Duration {
+	return min(max(time.Duration(n)*hotStepPerSchema, minHotStep), maxHotStep)
 }
 
 // weigh, every hotWindow, makes the fleet run hot or cool (see fleetHeat).
@@ -109,7 +98,7 @@ func (s *fleetSession) weigh(h *fleetHeat) {
 		h.hot, h.since, h.hits = true, now, 0
 		s.f.hot.Store(true)
 		s.wakeLed() // each drain releases its schema's idle lock
-		h.pollAgain(len(s.led()), 0)
+		h.pollAgain(len(s.led()))
 		s.f.r.log.Debug("fleet runs hot: polling every schema led", zap.Int("notifications", noted), zap.Duration("window", hotWindow))
 		return
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"slices"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -93,29 +92,5 @@ func TestFleetPollIsPrepared(t *testing.T) {
 	// polls.
 	if !slices.Contains(prepared, first) || !slices.Contains(prepared, s.pollSQL) || len(prepared) != 2 {
 		t.Fatalf("prepared on the poll's session: %q; want the statements of both sets of schemas led, once each", prepared)
-	}
-}
-
-// The hot poll's step: a share of the schemas led, within bounds, and never
-// sooner than hotPollShare times the last poll took, so that polling stays
-// within a fifth of one PostgreSQL backend however slow the poll.
-func TestHotStep(t *testing.T) {
-	ms := time.Millisecond
-	for _, c := range []struct {
-		schemas int
-		took    time.Duration
-		want    time.Duration
-	}{
-		{1, 0, minHotStep},
-		{20, 100 * time.Microsecond, minHotStep},
-		{200, 0, 4 * ms},
-		{200, 1800 * time.Microsecond, 9 * ms},   // prepared, idle server
-		{200, 13800 * time.Microsecond, 69 * ms}, // planned each time, as before
-		{1000, 0, maxHotStep},
-		{20, time.Second, maxHotPollWait}, // a stalled server
-	} {
-		if got := hotStep(c.schemas, c.took); got != c.want {
-			t.Errorf("hotStep(%d schemas, last poll %s) = %s, want %s", c.schemas, c.took, got, c.want)
-		}
 	}
 }
