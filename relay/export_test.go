@@ -2,6 +2,8 @@ package relay
 
 import (
 	"context"
+	"maps"
+	"slices"
 	"testing"
 	"time"
 
@@ -116,3 +118,26 @@ func SetOnProbeFound(r *Relay, f func(id int64)) { r.hooks.probeFound = f }
 // backlog sample (the summary line's and the backlog gauges'), and whether
 // it runs with sequential scans off.
 func BacklogQuery(r *Relay) (string, []any, bool) { return r.backlog.query() }
+
+// FleetTenant returns the relay of the fleet r's schema, nil if it has none.
+func FleetTenant(r *Relay, schema string) *Relay {
+	r.fleet.mu.Lock()
+	defer r.fleet.mu.Unlock()
+	if t := r.fleet.tenants[schema]; t != nil {
+		return t.r
+	}
+	return nil
+}
+
+// FleetPollQuery returns the fleet r's poll over all its schemas, from
+// their low-water marks, and its arguments.
+func FleetPollQuery(r *Relay) (string, []any) {
+	f := r.fleet
+	f.mu.Lock()
+	var led []*tenant
+	for _, name := range slices.Sorted(maps.Keys(f.tenants)) {
+		led = append(led, f.tenants[name])
+	}
+	f.mu.Unlock()
+	return pollSQL(led, f.table), pollArgs(led, r.cfg.Queues)
+}

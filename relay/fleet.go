@@ -661,10 +661,7 @@ func (s *fleetSession) poll(ctx context.Context, led []*tenant, hot bool) (found
 	if !slices.Equal(led, s.pollFor) {
 		s.pollFor, s.pollSQL = slices.Clone(led), pollSQL(led, s.f.table)
 	}
-	var args []any
-	if len(s.f.r.cfg.Queues) > 0 {
-		args = []any{s.f.r.cfg.Queues}
-	}
+	args := pollArgs(led, s.f.r.cfg.Queues)
 	err := withDeadline(ctx, lockQueryTimeout(s.f.r.cfg.LeaderInterval), func(ctx context.Context) error {
 		// Prepared (pgx's statement cache): a hot fleet polls hundreds
 		// of times a second, and planning a union over 200 schemas each
@@ -702,19 +699,37 @@ func (s *fleetSession) poll(ctx context.Context, led []*tenant, hot bool) (found
 	return found
 }
 
+// pollArgs are pollSQL's arguments: each schema's low-water mark (below it
+// are only dead index entries, every row drained since a long transaction
+// elsewhere began to hold the horizon, and the rows its probe finds), and
+// the queues of Config.Queues.
+func pollArgs(led []*tenant, queues []string) []any {
+	marks := make([]int64, len(led))
+	for i, t := range led {
+		marks[i], _ = t.r.mark.Load().from()
+	}
+	if len(queues) > 0 {
+		return []any{marks, queues}
+	}
+	return []any{marks}
+}
+
 // pollSQL is the poll's statement over led: one row, its index in led, for
-// each schema with rows staged.
+// each schema with rows staged above its id in $1 (a bigint[]), of the
+// queues in $2 with Config.Queues. The index scan from that id (ORDER BY
+// ... LIMIT 1 in a subquery: PostgreSQL drops both from an EXISTS) never
+// walks the dead entries below it.
 func pollSQL(led []*tenant, table string) string {
 	var sql strings.Builder
 	for i, t := range led {
 		if i > 0 {
 			sql.WriteString(" UNION ALL ")
 		}
-		fmt.Fprintf(&sql, "SELECT %d WHERE EXISTS (SELECT FROM %s", i, pgx.Identifier{t.schema, table}.Sanitize())
+		fmt.Fprintf(&sql, "SELECT %d FROM (SELECT FROM %s WHERE id > ($1::bigint[])[%d]", i, pgx.Identifier{t.schema, table}.Sanitize(), i+1)
 		if len(t.r.cfg.Queues) > 0 {
-			sql.WriteString(" WHERE queue = ANY($1::text[])")
+			sql.WriteString(" AND queue = ANY($2::text[])")
 		}
-		sql.WriteString(")")
+		sql.WriteString(" ORDER BY id LIMIT 1) s")
 	}
 	return sql.String()
 }

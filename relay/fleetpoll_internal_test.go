@@ -80,7 +80,7 @@ func TestFleetPollIsPrepared(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Release()
-	rows, err := c.Query(ctx, `SELECT statement FROM pg_prepared_statements WHERE statement LIKE 'SELECT 0 WHERE EXISTS%'`)
+	rows, err := c.Query(ctx, `SELECT statement FROM pg_prepared_statements WHERE statement LIKE 'SELECT 0 FROM (SELECT FROM %'`)
 	if err != nil {
 		t.Fatal(err)
 	}

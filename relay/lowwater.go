@@ -84,8 +84,11 @@ import (
 // per claim (hundreds a second): its cost grows with the dead rows, and
 // the bench shows it in buffers per job (README.md, "Where a claim starts").
 //
-// Off (claims start at the index's start, as before 011) for a fleet's
-// schemas, the gem's table (SourceSidekiqStagedPush), a relay with
+// A fleet's schema has a mark of its own, as a relay of one schema, and
+// the fleet's poll looks for rows above each schema's mark only.
+//
+// Off (claims start at the index's start, as before 011) for the gem's
+// table (SourceSidekiqStagedPush), a relay with
 // Config.Queues, a target without a scheduler (streams, celery: their
 // claims leave out future rows), and a table whose id default is not
 // stagedrain_next_id() or whose sequence caches values (CACHE > 1: a
@@ -241,7 +244,7 @@ const markCheckSQL = `SELECT coalesce((
 // newLowWater returns the mark for this leadership, nil when it is off
 // (see lowWater).
 func (r *Relay) newLowWater(ctx context.Context, pool *pgxpool.Pool) (*lowWater, error) {
-	if r.sql.claimMark == "" || r.dueOnly || len(r.cfg.Queues) > 0 || r.hot != nil {
+	if r.sql.claimMark == "" || r.dueOnly || len(r.cfg.Queues) > 0 {
 		return nil, nil
 	}
 	var ok bool

@@ -225,3 +225,68 @@ func TestProbeFindsARowBelowTheMark(t *testing.T) {
 	h.waitQueueLen("default", 6, 15*time.Second)
 	h.waitStaged(0)
 }
+
+// A fleet's schema has a low-water mark of its own: with the horizon held,
+// its claims, and the fleet's poll that finds which schemas hold rows,
+// cost the same after 2,000 and after 22,000 dead rows.
+func TestFleetClaimCostDoesNotGrowWithDeadRows(t *testing.T) {
+	pg := testenv.StartPostgres(t, "autovacuum=off")
+	h := &harness{t: t, schema: "tenant_a"}
+	h.rdb, h.ns = testenv.Redis(t)
+	h.conn = testenv.Conn(t, pg.URL())
+	for _, s := range []string{"tenant_a", "tenant_b"} {
+		if _, err := relay.Migrate(context.Background(), h.conn, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.stager = relay.NewStager(h.schema)
+	cfg := h.config()
+	cfg.DatabaseURL = pg.URL()
+	cfg.Schema, cfg.Schemas = "", []string{"tenant_*"}
+	r := h.start(cfg)
+	testenv.WaitFor(t, 15*time.Second, "the relay leads both schemas", func() (bool, string) {
+		got := leads(r)
+		return len(got) == 2, fmt.Sprintf("leads %q", got)
+	})
+	holdHorizon(t, pg.URL())
+	tenant := relay.FleetTenant(r, h.schema)
+
+	var total int64
+	phase := func(n int) (fromMark, fromIndexStart, poll int64) {
+		t.Helper()
+		h.stageRows(n)
+		total += int64(n)
+		h.waitQueueLen("default", total, 60*time.Second)
+		h.waitStaged(0)
+		top := h.maxStagedID()
+		waitMark(t, tenant, top)
+		testenv.WaitFor(t, 15*time.Second, "a claim from the mark at the last id", func() (bool, string) {
+			from := relay.LastClaimFrom(tenant)
+			return from >= top, fmt.Sprintf("last claim from %d, last id %d", from, top)
+		})
+		ctx := context.Background()
+		tx, err := h.conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		if _, err := tx.Exec(ctx, `SET LOCAL enable_seqscan = off; SET LOCAL jit = off`); err != nil {
+			t.Fatal(err)
+		}
+		sql, args := relay.FleetPollQuery(r)
+		poll = h.buffers(tx, sql, args...)
+		return h.claimBuffers(tenant, relay.LastClaimFrom(tenant)), h.claimBuffers(tenant, math.MinInt64), poll
+	}
+	earlyMark, earlyStart, earlyPoll := phase(2000)
+	lateMark, lateStart, latePoll := phase(20000)
+	t.Logf("claim buffers: from the mark %d -> %d, from the index's start %d -> %d; the fleet's poll %d -> %d", earlyMark, lateMark, earlyStart, lateStart, earlyPoll, latePoll)
+	if lateStart < 5*earlyStart {
+		t.Fatalf("a claim from the index's start touched %d buffers after 22,000 dead rows, %d after 2,000: the horizon was not held", lateStart, earlyStart)
+	}
+	if lateMark > max(earlyMark*3/2, earlyMark+3) {
+		t.Fatalf("the schema's claim touched %d buffers after 22,000 dead rows, %d after 2,000: its cost grows with the dead rows", lateMark, earlyMark)
+	}
+	if latePoll > max(earlyPoll*3/2, earlyPoll+3) {
+		t.Fatalf("the fleet's poll touched %d buffers after 22,000 dead rows, %d after 2,000: its cost grows with the dead rows", latePoll, earlyPoll)
+	}
+}
