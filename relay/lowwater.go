@@ -109,8 +109,8 @@ type markCandidate struct {
 }
 
 // maxCandidates bounds the candidates kept while none can be confirmed
-// (a long writing transaction holds xmin back); newer ones wait until older
-// ones are confirmed.
+// (a long writing transaction holds xmin back, or a backlog drains in full
+// batches); past it, each new one replaces the newest kept.
 const maxCandidates = 16
 
 // probeEvery is how often the probe looks below L for rows the mark cannot
@@ -178,10 +178,20 @@ func (w *lowWater) noted(m markRead) {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if m.last <= w.mark || len(w.cands) >= maxCandidates {
+	if m.last <= w.mark {
 		return
 	}
-	w.cands = append(w.cands, markCandidate{last: m.last, xid: m.xid})
+	c := markCandidate{last: m.last, xid: m.xid}
+	if len(w.cands) >= maxCandidates {
+		// The newest replaces the newest kept: it is confirmed later but
+		// reaches further, so that the last claim of a long backlog,
+		// drained in full batches that confirm nothing, still takes the
+		// mark to its end once the drain is idle (dropped, the mark stayed
+		// where the 16th candidate was until new rows came).
+		w.cands[len(w.cands)-1] = c
+		return
+	}
+	w.cands = append(w.cands, c)
 }
 
 // confirm advances L after a qualifying claim (see lowWater) whose

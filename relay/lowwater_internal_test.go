@@ -56,6 +56,14 @@ func TestLowWaterBookkeeping(t *testing.T) {
 	if len(w.cands) != maxCandidates {
 		t.Fatalf("%d candidates kept, want at most %d", len(w.cands), maxCandidates)
 	}
+	// Past the bound the newest replaces the newest kept: once every
+	// transaction is over, the mark reaches the last claim's S.
+	if last := w.cands[len(w.cands)-1]; last.last != 100+maxCandidates+4 {
+		t.Fatalf("newest candidate kept %+v, want the last noted (S %d)", last, 100+maxCandidates+4)
+	}
+	_, lowered = w.from()
+	w.confirm(10_000, lowered)
+	want(100 + maxCandidates + 4)
 	// Off: a nil mark claims from the index's start and ignores the rest.
 	var off *lowWater
 	off.noted(read(1, 1))
