@@ -67,7 +67,8 @@ type tableSQL struct {
 	nextDue   string
 	reinsert  string
 	backlog   string
-	// backlogMark is backlog of the rows above the low-water mark ($2):
+	// backlogMark is backlog of the rows above the low-water mark ($2; the
+	// queues are $3):
 	// with the mark on, the rows below it were drained (lowwater.go), and
 	// while a long transaction elsewhere holds the horizon their dead
 	// index entries would make each sample walk them all.
@@ -84,9 +85,11 @@ func newTableSQL(schema string, byQueue bool) tableSQL {
 	table := pgx.Identifier{schema, "staged_jobs"}.Sanitize()
 	claim := claimSQL{table: table, queue: "t.queue", byQueue: byQueue,
 		returning: `t.id, t.job_name, t.job_args, t.queue, t.run_at, t.jid, t.created_at, t.options`}
-	backlogWhere := ""
+	backlogWhere, probeWhere, backlogMarkWhere := "", "", ""
 	if byQueue {
 		backlogWhere = ` WHERE queue = ANY($2::text[])`
+		probeWhere = ` AND queue = ANY($2::text[])`
+		backlogMarkWhere = ` AND queue = ANY($3::text[])`
 	}
 	dead := pgx.Identifier{schema, "staged_jobs_dead"}.Sanitize()
 	migrations := pgx.Identifier{schema, "stagedrain_migrations"}.Sanitize()
@@ -107,15 +110,14 @@ func newTableSQL(schema string, byQueue bool) tableSQL {
 		// deleted, and only that is pushed.
 		claim: claim.sql(""),
 		claimMark: func() string {
-			if byQueue {
-				return ""
-			}
 			c := claim
 			c.mark = pgx.Identifier{schema, "stagedrain_last_id"}.Sanitize()
 			return c.sql("")
 		}(),
 		// Lock-free: rows a batch holds count as staged (lowwater.go).
-		probe: `SELECT id FROM ` + table + ` WHERE id <= $1 ORDER BY id LIMIT 1`,
+		// Of the queues in $2 only, for a relay with Config.Queues: the
+		// other groups' rows below its mark are theirs.
+		probe: `SELECT id FROM ` + table + ` WHERE id <= $1` + probeWhere + ` ORDER BY id LIMIT 1`,
 		// For a target with no scheduler (streams): rows whose run_at is
 		// not in the future only. The scan by id steps over the future
 		// rows below the batch's last id, each a heap fetch (see README).
@@ -135,8 +137,8 @@ func newTableSQL(schema string, byQueue bool) tableSQL {
 		backlog: `SELECT (SELECT count(*) FROM (SELECT FROM ` + table + backlogWhere + ` LIMIT $1) c),
 			(SELECT min(created_at) FROM (SELECT created_at FROM ` + table + backlogWhere + ` ORDER BY id LIMIT 100) o
 				WHERE isfinite(created_at))`,
-		backlogMark: `SELECT (SELECT count(*) FROM (SELECT FROM ` + table + ` WHERE id > $2 ORDER BY id LIMIT $1) c),
-			(SELECT min(created_at) FROM (SELECT created_at FROM ` + table + ` WHERE id > $2 ORDER BY id LIMIT 100) o
+		backlogMark: `SELECT (SELECT count(*) FROM (SELECT FROM ` + table + ` WHERE id > $2` + backlogMarkWhere + ` ORDER BY id LIMIT $1) c),
+			(SELECT min(created_at) FROM (SELECT created_at FROM ` + table + ` WHERE id > $2` + backlogMarkWhere + ` ORDER BY id LIMIT 100) o
 				WHERE isfinite(created_at))`,
 		// Puts back, unchanged, the rows of a batch that were not pushed.
 		reinsert: `INSERT INTO ` + table + ` (` + claimColumns + `)

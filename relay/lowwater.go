@@ -56,8 +56,8 @@ import (
 // to q unless already deleted, or has aborted, and its rows never will be.
 // q qualifies when it started from L (id > L), came back short of the
 // batch size (so it took every visible row above L that it could lock),
-// left nothing out (no ids skipped, no queue excluded, no queue filter, no
-// run_at filter), and no other batch of this relay was in flight (whose
+// left nothing out (no ids skipped, no queue excluded, no run_at filter),
+// and no other batch of this relay was in flight (whose
 // locked rows it would have skipped, and whose rollback would put them
 // back). When q's batch commits, with nothing put back, every row with an
 // id in (L, S(c)] has been pushed and deleted: each was visible to q or
@@ -87,9 +87,13 @@ import (
 // A fleet's schema has a mark of its own, as a relay of one schema, and
 // the fleet's poll looks for rows above each schema's mark only.
 //
+// A relay with Config.Queues claims its group's queues only, every time:
+// its mark speaks of its group's rows only (every row of those queues with
+// an id <= L was drained or never will be), and its probe looks for its
+// group's rows only; the other groups' rows below L are theirs to claim.
+//
 // Off (claims start at the index's start, as before 011) for the gem's
-// table (SourceSidekiqStagedPush), a relay with
-// Config.Queues, a target without a scheduler (streams, celery: their
+// table (SourceSidekiqStagedPush), a target without a scheduler (streams, celery: their
 // claims leave out future rows), and a table whose id default is not
 // stagedrain_next_id() or whose sequence caches values (CACHE > 1: a
 // session hands out a cached value long after the sequence moved past it).
@@ -254,7 +258,7 @@ const markCheckSQL = `SELECT coalesce((
 // newLowWater returns the mark for this leadership, nil when it is off
 // (see lowWater).
 func (r *Relay) newLowWater(ctx context.Context, pool *pgxpool.Pool) (*lowWater, error) {
-	if r.sql.claimMark == "" || r.dueOnly || len(r.cfg.Queues) > 0 {
+	if r.sql.claimMark == "" || r.dueOnly {
 		return nil, nil
 	}
 	var ok bool
@@ -282,7 +286,8 @@ func (r *Relay) probe(ctx context.Context, pool *pgxpool.Pool, w *lowWater, foun
 		}
 		var id int64
 		err := withTimeout(ctx, every, func(ctx context.Context) error {
-			return pool.QueryRow(ctx, r.sql.probe, below).Scan(&id)
+			// With Config.Queues, of the group's queues only (claimArgs).
+			return pool.QueryRow(ctx, r.sql.probe, append([]any{below}, r.claimArgs...)...).Scan(&id)
 		})
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):

@@ -290,3 +290,89 @@ func TestFleetClaimCostDoesNotGrowWithDeadRows(t *testing.T) {
 		t.Fatalf("the fleet's poll touched %d buffers after 22,000 dead rows, %d after 2,000: its cost grows with the dead rows", latePoll, earlyPoll)
 	}
 }
+
+// A relay with Config.Queues has a low-water mark of its group's rows: with
+// the horizon held its claims cost the same after 2,000 and 22,000 dead
+// rows, though another group's row sits staged below the mark all along;
+// its probe looks for its own queues' rows only (the other group's row,
+// below the mark, is never "found"), and finds one of them put below the
+// mark by hand.
+func TestQueuesClaimCostDoesNotGrowWithDeadRows(t *testing.T) {
+	h, pg := privateHarness(t, "autovacuum=off")
+	ctx := context.Background()
+	table := pgx.Identifier{h.schema, "staged_jobs"}.Sanitize()
+	var other int64
+	if err := h.conn.QueryRow(ctx, `INSERT INTO `+table+` (job_name, job_args, queue) VALUES ('Other', '[]', 'b') RETURNING id`).Scan(&other); err != nil {
+		t.Fatal(err)
+	}
+	cfg := h.config()
+	cfg.DatabaseURL = pg.URL()
+	cfg.Queues = []string{"a"}
+	r, err := relay.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay.SetProbeEvery(r, 50*time.Millisecond)
+	found := make(chan int64, 1000)
+	relay.SetOnProbeFound(r, func(id int64) { found <- id })
+	h.run(r)
+	holdHorizon(t, pg.URL())
+
+	claimBuffers := func(from int64) int64 {
+		tx, err := h.conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		if _, err := tx.Exec(ctx, `SET LOCAL enable_seqscan = off; SET LOCAL jit = off`); err != nil {
+			t.Fatal(err)
+		}
+		return h.buffers(tx, relay.ClaimMarkSQL(r), 100, []int64{}, from, []string{"a"}, []string{})
+	}
+	var total int64
+	phase := func(n int) (fromMark, fromIndexStart int64) {
+		t.Helper()
+		for left := n; left > 0; left -= 100 {
+			if _, err := h.conn.Exec(ctx, `INSERT INTO `+table+` (job_name, job_args, queue)
+				SELECT 'Job', '[]', 'a' FROM generate_series(1, $1)`, min(left, 100)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		total += int64(n)
+		h.waitQueueLen("a", total, 60*time.Second)
+		h.waitStaged(1) // the other group's row
+		top := h.maxStagedID()
+		waitMark(t, r, top)
+		testenv.WaitFor(t, 15*time.Second, "a claim from the mark at the last id", func() (bool, string) {
+			from := relay.LastClaimFrom(r)
+			return from >= top, fmt.Sprintf("last claim from %d, last id %d", from, top)
+		})
+		return claimBuffers(relay.LastClaimFrom(r)), claimBuffers(math.MinInt64)
+	}
+	earlyMark, earlyStart := phase(2000)
+	lateMark, lateStart := phase(20000)
+	t.Logf("claim buffers: from the mark %d -> %d, from the index's start %d -> %d", earlyMark, lateMark, earlyStart, lateStart)
+	if lateStart < 5*earlyStart {
+		t.Fatalf("a claim from the index's start touched %d buffers after 22,000 dead rows, %d after 2,000: the horizon was not held", lateStart, earlyStart)
+	}
+	if lateMark > max(earlyMark*3/2, earlyMark+3) {
+		t.Fatalf("the group's claim touched %d buffers after 22,000 dead rows, %d after 2,000: its cost grows with the dead rows", lateMark, earlyMark)
+	}
+
+	if _, err := h.conn.Exec(ctx, `INSERT INTO `+table+` (id, job_name, job_args, queue) VALUES (-1, 'Explicit', '[]', 'a')`); err != nil {
+		t.Fatal(err)
+	}
+	h.waitQueueLen("a", total+1, 15*time.Second)
+	for {
+		select {
+		case id := <-found:
+			if id == other {
+				t.Fatalf("the probe found row %d of the other group's queue", other)
+			}
+			continue
+		default:
+		}
+		break
+	}
+	h.waitStaged(1)
+}

@@ -346,7 +346,7 @@ func (b *backlog) detach() {
 func (b *backlog) query() (sql string, args []any, indexOnly bool) {
 	if b.mark != nil && b.markSQL != "" {
 		if from := b.mark(); from != fromStart {
-			return b.markSQL, []any{backlogCap, from}, true
+			return b.markSQL, append([]any{backlogCap, from}, b.args...), true
 		}
 	}
 	return b.sql, append([]any{backlogCap}, b.args...), false
