@@ -270,7 +270,8 @@ func TestFleetClaimCostDoesNotGrowWithDeadRows(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer func() { _ = tx.Rollback(ctx) }()
-		if _, err := tx.Exec(ctx, `SET LOCAL enable_seqscan = off; SET LOCAL jit = off`); err != nil {
+		// As the fleet's sessions plan it: a generic plan, no seq scans.
+		if _, err := tx.Exec(ctx, `SET LOCAL enable_seqscan = off; SET LOCAL jit = off; SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
 			t.Fatal(err)
 		}
 		sql, args := relay.FleetPollQuery(r)
