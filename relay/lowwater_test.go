@@ -35,9 +35,21 @@ func waitMark(t *testing.T, r *relay.Relay, id int64) {
 }
 
 // claimBuffers is the shared buffers (hit and read) the relay's claim
-// statement touches, claiming above from, by EXPLAIN (ANALYZE, BUFFERS),
-// rolled back.
-func (h *harness) claimBuffers(r *relay.Relay, from int64) int64 {
+// statement touches, claiming above from (of queues, for a relay with
+// Config.Queues), by EXPLAIN (ANALYZE, BUFFERS), rolled back.
+func (h *harness) claimBuffers(r *relay.Relay, from int64, queues ...string) int64 {
+	h.t.Helper()
+	args := []any{100, []int64{}, from}
+	if len(queues) > 0 {
+		args = append(args, queues)
+	}
+	return h.drainBuffers(relay.ClaimMarkSQL(r), append(args, []string{})...)
+}
+
+// drainBuffers returns the shared buffers sql touches with args, planned as
+// the drain's sessions plan it (no sequential scans, no JIT, a generic
+// plan), in a transaction rolled back.
+func (h *harness) drainBuffers(sql string, args ...any) int64 {
 	h.t.Helper()
 	ctx := context.Background()
 	tx, err := h.conn.Begin(ctx)
@@ -45,10 +57,46 @@ func (h *harness) claimBuffers(r *relay.Relay, from int64) int64 {
 		h.t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := tx.Exec(ctx, `SET LOCAL enable_seqscan = off; SET LOCAL jit = off`); err != nil {
+	if _, err := tx.Exec(ctx, `SET LOCAL enable_seqscan = off; SET LOCAL jit = off; SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
 		h.t.Fatal(err)
 	}
-	return h.buffers(tx, relay.ClaimMarkSQL(r), 100, []int64{}, from, []string{})
+	return h.buffers(tx, sql, args...)
+}
+
+// drainedToMark waits until total jobs are in queue and staged rows are
+// left in the table, the relay r's low-water mark has reached the last id
+// handed out, and r's last claim from the mark started there; it returns
+// where that claim started.
+func (h *harness) drainedToMark(r *relay.Relay, queue string, total int64, staged int) int64 {
+	h.t.Helper()
+	h.waitQueueLen(queue, total, 60*time.Second)
+	h.waitStaged(staged)
+	top := h.maxStagedID()
+	waitMark(h.t, r, top)
+	testenv.WaitFor(h.t, 15*time.Second, "a claim from the mark at the last id", func() (bool, string) {
+		from := relay.LastClaimFrom(r)
+		return from >= top, fmt.Sprintf("last claim from %d, last id %d", from, top)
+	})
+	return relay.LastClaimFrom(r)
+}
+
+// costFlat fails the test when what touched more buffers after 22,000 dead
+// rows (late) than 1.5 times, and 3 more than, after 2,000 (early).
+func costFlat(t *testing.T, what string, early, late int64) {
+	t.Helper()
+	if late > max(early*3/2, early+3) {
+		t.Fatalf("%s touched %d buffers after 22,000 dead rows, %d after 2,000: its cost grows with the dead rows", what, late, early)
+	}
+}
+
+// horizonHeld fails the test when a claim from the index's start did not
+// touch at least 5 times the buffers after 22,000 dead rows (late) as after
+// 2,000 (early): the dead rows were not there to step over.
+func horizonHeld(t *testing.T, early, late int64) {
+	t.Helper()
+	if late < 5*early {
+		t.Fatalf("a claim from the index's start touched %d buffers after 22,000 dead rows, %d after 2,000: the horizon was not held", late, early)
+	}
 }
 
 // buffers returns the shared buffers sql touched, run in tx with args.
@@ -108,33 +156,18 @@ func TestClaimCostDoesNotGrowWithDeadRows(t *testing.T) {
 		t.Helper()
 		h.stageRows(n)
 		total += int64(n)
-		h.waitQueueLen("default", total, 60*time.Second)
-		h.waitStaged(0)
-		top := h.maxStagedID()
-		waitMark(t, r, top)
-		// The relay's own last claim from the mark started there.
-		testenv.WaitFor(t, 15*time.Second, "a claim from the mark at the last id", func() (bool, string) {
-			from := relay.LastClaimFrom(r)
-			return from >= top, fmt.Sprintf("last claim from %d, last id %d", from, top)
-		})
+		from := h.drainedToMark(r, "default", total, 0)
 		backlog = append(backlog, h.backlogBuffers(r))
-		return h.claimBuffers(r, relay.LastClaimFrom(r)), h.claimBuffers(r, math.MinInt64)
+		return h.claimBuffers(r, from), h.claimBuffers(r, math.MinInt64)
 	}
 	earlyMark, earlyStart := phase(2000)
 	lateMark, lateStart := phase(20000)
 	t.Logf("claim buffers: from the mark %d -> %d, from the index's start %d -> %d; backlog sample %d -> %d", earlyMark, lateMark, earlyStart, lateStart, backlog[0], backlog[1])
 	// The summary's sample runs on the lock connection, which the gate
 	// waits for: from the index's start it walked every dead row.
-	if backlog[1] > max(backlog[0]*3/2, backlog[0]+3) {
-		t.Fatalf("the backlog sample touched %d buffers after 22,000 dead rows, %d after 2,000: its cost grows with the dead rows", backlog[1], backlog[0])
-	}
-	// The dead rows are really there: a claim from the start walks them.
-	if lateStart < 5*earlyStart {
-		t.Fatalf("a claim from the index's start touched %d buffers after 22,000 dead rows, %d after 2,000: the horizon was not held", lateStart, earlyStart)
-	}
-	if lateMark > max(earlyMark*3/2, earlyMark+3) {
-		t.Fatalf("the relay's claim touched %d buffers after 22,000 dead rows, %d after 2,000: its cost grows with the dead rows", lateMark, earlyMark)
-	}
+	costFlat(t, "the backlog sample", backlog[0], backlog[1])
+	horizonHeld(t, earlyStart, lateStart)
+	costFlat(t, "the relay's claim", earlyMark, lateMark)
 }
 
 // A row whose transaction took its id (011's default) and committed only
@@ -256,40 +289,16 @@ func TestFleetClaimCostDoesNotGrowWithDeadRows(t *testing.T) {
 		t.Helper()
 		h.stageRows(n)
 		total += int64(n)
-		h.waitQueueLen("default", total, 60*time.Second)
-		h.waitStaged(0)
-		top := h.maxStagedID()
-		waitMark(t, tenant, top)
-		testenv.WaitFor(t, 15*time.Second, "a claim from the mark at the last id", func() (bool, string) {
-			from := relay.LastClaimFrom(tenant)
-			return from >= top, fmt.Sprintf("last claim from %d, last id %d", from, top)
-		})
-		ctx := context.Background()
-		tx, err := h.conn.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer func() { _ = tx.Rollback(ctx) }()
-		// As the fleet's sessions plan it: a generic plan, no seq scans.
-		if _, err := tx.Exec(ctx, `SET LOCAL enable_seqscan = off; SET LOCAL jit = off; SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
-			t.Fatal(err)
-		}
+		from := h.drainedToMark(tenant, "default", total, 0)
 		sql, args := relay.FleetPollQuery(r)
-		poll = h.buffers(tx, sql, args...)
-		return h.claimBuffers(tenant, relay.LastClaimFrom(tenant)), h.claimBuffers(tenant, math.MinInt64), poll
+		return h.claimBuffers(tenant, from), h.claimBuffers(tenant, math.MinInt64), h.drainBuffers(sql, args...)
 	}
 	earlyMark, earlyStart, earlyPoll := phase(2000)
 	lateMark, lateStart, latePoll := phase(20000)
 	t.Logf("claim buffers: from the mark %d -> %d, from the index's start %d -> %d; the fleet's poll %d -> %d", earlyMark, lateMark, earlyStart, lateStart, earlyPoll, latePoll)
-	if lateStart < 5*earlyStart {
-		t.Fatalf("a claim from the index's start touched %d buffers after 22,000 dead rows, %d after 2,000: the horizon was not held", lateStart, earlyStart)
-	}
-	if lateMark > max(earlyMark*3/2, earlyMark+3) {
-		t.Fatalf("the schema's claim touched %d buffers after 22,000 dead rows, %d after 2,000: its cost grows with the dead rows", lateMark, earlyMark)
-	}
-	if latePoll > max(earlyPoll*3/2, earlyPoll+3) {
-		t.Fatalf("the fleet's poll touched %d buffers after 22,000 dead rows, %d after 2,000: its cost grows with the dead rows", latePoll, earlyPoll)
-	}
+	horizonHeld(t, earlyStart, lateStart)
+	costFlat(t, "the schema's claim", earlyMark, lateMark)
+	costFlat(t, "the fleet's poll", earlyPoll, latePoll)
 }
 
 // A relay with Config.Queues has a low-water mark of its group's rows: with
@@ -319,17 +328,6 @@ func TestQueuesClaimCostDoesNotGrowWithDeadRows(t *testing.T) {
 	h.run(r)
 	holdHorizon(t, pg.URL())
 
-	claimBuffers := func(from int64) int64 {
-		tx, err := h.conn.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer func() { _ = tx.Rollback(ctx) }()
-		if _, err := tx.Exec(ctx, `SET LOCAL enable_seqscan = off; SET LOCAL jit = off`); err != nil {
-			t.Fatal(err)
-		}
-		return h.buffers(tx, relay.ClaimMarkSQL(r), 100, []int64{}, from, []string{"a"}, []string{})
-	}
 	var total int64
 	phase := func(n int) (fromMark, fromIndexStart int64) {
 		t.Helper()
@@ -340,25 +338,14 @@ func TestQueuesClaimCostDoesNotGrowWithDeadRows(t *testing.T) {
 			}
 		}
 		total += int64(n)
-		h.waitQueueLen("a", total, 60*time.Second)
-		h.waitStaged(1) // the other group's row
-		top := h.maxStagedID()
-		waitMark(t, r, top)
-		testenv.WaitFor(t, 15*time.Second, "a claim from the mark at the last id", func() (bool, string) {
-			from := relay.LastClaimFrom(r)
-			return from >= top, fmt.Sprintf("last claim from %d, last id %d", from, top)
-		})
-		return claimBuffers(relay.LastClaimFrom(r)), claimBuffers(math.MinInt64)
+		from := h.drainedToMark(r, "a", total, 1) // the other group's row stays
+		return h.claimBuffers(r, from, "a"), h.claimBuffers(r, math.MinInt64, "a")
 	}
 	earlyMark, earlyStart := phase(2000)
 	lateMark, lateStart := phase(20000)
 	t.Logf("claim buffers: from the mark %d -> %d, from the index's start %d -> %d", earlyMark, lateMark, earlyStart, lateStart)
-	if lateStart < 5*earlyStart {
-		t.Fatalf("a claim from the index's start touched %d buffers after 22,000 dead rows, %d after 2,000: the horizon was not held", lateStart, earlyStart)
-	}
-	if lateMark > max(earlyMark*3/2, earlyMark+3) {
-		t.Fatalf("the group's claim touched %d buffers after 22,000 dead rows, %d after 2,000: its cost grows with the dead rows", lateMark, earlyMark)
-	}
+	horizonHeld(t, earlyStart, lateStart)
+	costFlat(t, "the group's claim", earlyMark, lateMark)
 
 	if _, err := h.conn.Exec(ctx, `INSERT INTO `+table+` (id, job_name, job_args, queue) VALUES (-1, 'Explicit', '[]', 'a')`); err != nil {
 		t.Fatal(err)
