@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"fmt"
 	"strings"
 	"syscall"
 	"testing"
@@ -35,8 +37,7 @@ func TestFrozenLeaderLosesLead(t *testing.T) {
 	e.waitDelivered(5)
 	a.waitLog(drainLogger, "batch drained", 5*time.Second)
 
-	frozen := time.Now()
-	a.signal(syscall.SIGSTOP)
+	frozen := e.freezeIdle(a)
 	drainedByA := a.count(drainLogger, "batch drained")
 	jids = append(jids, e.stage("FrozenJob", 5)...)
 
@@ -97,4 +98,34 @@ func TestFrozenLeaderLosesLead(t *testing.T) {
 	}
 	checkAllJSON(t, a)
 	checkAllJSON(t, b)
+}
+
+// freezeIdle stops p with SIGSTOP at a moment when none of its drain
+// sessions is in a transaction, and returns when it stopped it. A relay
+// frozen in the middle of a claim keeps that batch's rows locked until
+// PostgreSQL ends its session (idle_in_transaction_session_timeout, 30s),
+// and the jobs staged meanwhile could be in that batch: a bound of its own,
+// not the takeover this test measures. Frozen mid-claim, p is woken and
+// frozen again (its claims come every millisecond or so while it lingers
+// after a batch, then once a second).
+func (e *relayEnv) freezeIdle(p *proc) time.Time {
+	e.t.Helper()
+	app := fmt.Sprintf("stagedrain drain %%:%d", p.cmd.Process.Pid)
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		frozen := time.Now()
+		p.signal(syscall.SIGSTOP)
+		var busy int
+		if err := e.conn.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE application_name LIKE $1 AND state IS DISTINCT FROM 'idle'`, app).Scan(&busy); err != nil {
+			e.t.Fatalf("read %s's sessions: %v", p.name, err)
+		}
+		if busy == 0 {
+			return frozen
+		}
+		p.signal(syscall.SIGCONT)
+		if time.Now().After(deadline) {
+			e.t.Fatalf("%s was in a transaction at each of its freezes for 15s", p.name)
+		}
+	}
 }
