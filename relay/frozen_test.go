@@ -104,13 +104,7 @@ func TestSilentListenerIsReplaced(t *testing.T) {
 		t.Fatal(err)
 	}
 	relay.SetListenerHeartbeat(r, heartbeat)
-	idle := make(chan int64, 1000)
-	relay.SetOnIdle(r, func(listens int64) {
-		select {
-		case idle <- listens:
-		default:
-		}
-	})
+	idle := idleEvents(r)
 	h.run(r)
 	h.waitIdleAfterListen(idle)
 
@@ -217,13 +211,7 @@ func TestFrozenListenIsReplaced(t *testing.T) {
 		}
 		pid, stopped = int(p), time.Now()
 	})
-	idle := make(chan int64, 1000)
-	relay.SetOnIdle(r, func(listens int64) {
-		select {
-		case idle <- listens:
-		default:
-		}
-	})
+	idle := idleEvents(r)
 	h.run(r)
 
 	h.waitLog("listener error, reconnecting", 1)
@@ -283,13 +271,7 @@ func TestListenerHeartbeatIsRare(t *testing.T) {
 		t.Fatal(err)
 	}
 	relay.SetListenerHeartbeat(r, heartbeat)
-	idle := make(chan int64, 1000)
-	relay.SetOnIdle(r, func(listens int64) {
-		select {
-		case idle <- listens:
-		default:
-		}
-	})
+	idle := idleEvents(r)
 	h.run(r)
 	h.waitIdleAfterListen(idle)
 

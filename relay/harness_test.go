@@ -59,6 +59,15 @@ func (h *harness) startSignaled(cfg relay.Config) (*relay.Relay, <-chan int64) {
 	if err != nil {
 		h.t.Fatalf("relay.New: %v", err)
 	}
+	idle := idleEvents(r)
+	h.run(r)
+	return r, idle
+}
+
+// idleEvents makes r report each time its drain goes idle, with the
+// listener's LISTEN count then (unread past 1,000, they are dropped).
+// Before Run.
+func idleEvents(r *relay.Relay) <-chan int64 {
 	idle := make(chan int64, 1000)
 	relay.SetOnIdle(r, func(listens int64) {
 		select {
@@ -66,8 +75,7 @@ func (h *harness) startSignaled(cfg relay.Config) (*relay.Relay, <-chan int64) {
 		default:
 		}
 	})
-	h.run(r)
-	return r, idle
+	return idle
 }
 
 // waitIdleAfterListen waits until the relay has gone idle after a drain

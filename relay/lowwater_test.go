@@ -181,13 +181,7 @@ func TestLateLowIDIsDrainedAboveTheMark(t *testing.T) {
 		t.Fatal(err)
 	}
 	relay.SetProbeEvery(r, time.Hour) // not while the test runs
-	idle := make(chan int64, 1000)
-	relay.SetOnIdle(r, func(listens int64) {
-		select {
-		case idle <- listens:
-		default:
-		}
-	})
+	idle := idleEvents(r)
 	h.run(r)
 	h.stage(relay.Job{Name: "First"})
 	h.waitQueueLen("default", 1, 15*time.Second)

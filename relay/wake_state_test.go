@@ -67,13 +67,7 @@ func TestNoRelayCommitsDoNotNotify(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	idle := make(chan int64, 1000)
-	relay.SetOnIdle(r, func(listens int64) {
-		select {
-		case idle <- listens:
-		default:
-		}
-	})
+	idle := idleEvents(r)
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(rctx) }()

@@ -40,13 +40,7 @@ func TestLateCommitIsDrainedWithoutNotifyOrPoll(t *testing.T) {
 		t.Fatal(err)
 	}
 	held, unblock := h.holdAwake(r)
-	idle := make(chan int64, 1000)
-	relay.SetOnIdle(r, func(listens int64) {
-		select {
-		case idle <- listens:
-		default:
-		}
-	})
+	idle := idleEvents(r)
 	ts := httptest.NewServer(r.MetricsHandler())
 	t.Cleanup(ts.Close)
 	h.run(r)
