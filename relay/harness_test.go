@@ -122,20 +122,7 @@ func (h *harness) start(cfg relay.Config) *relay.Relay {
 }
 
 func (h *harness) run(r *relay.Relay) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	h.t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				h.t.Errorf("Run returned %v, want nil after cancel", err)
-			}
-		case <-time.After(15 * time.Second):
-			h.t.Errorf("Run did not return within 15s of cancel")
-		}
-	})
+	testenv.RunUntilCleanup(h.t, r.Run)
 }
 
 // waitLog waits until a log line with message msg has been written n times.

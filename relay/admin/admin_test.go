@@ -50,20 +50,7 @@ func (h *harness) start() {
 	if err != nil {
 		h.t.Fatalf("relay.New: %v", err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	h.t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				h.t.Errorf("Run returned %v, want nil after cancel", err)
-			}
-		case <-time.After(15 * time.Second):
-			h.t.Errorf("Run did not return within 15s of cancel")
-		}
-	})
+	testenv.RunUntilCleanup(h.t, r.Run)
 }
 
 // staged counts the rows of the schema's staged_jobs.

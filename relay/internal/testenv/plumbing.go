@@ -147,3 +147,23 @@ func RoleIn(t testing.TB, databaseURL, prefix string) (role, roleURL string) {
 	u.User = url.User(role)
 	return role, u.String()
 }
+
+// RunUntilCleanup runs run (a relay's Run) in a goroutine until the test
+// ends, then cancels its context and checks that it returned nil within
+// 15s.
+func RunUntilCleanup(t testing.TB, run func(context.Context) error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run returned %v, want nil after cancel", err)
+			}
+		case <-time.After(15 * time.Second):
+			t.Errorf("Run did not return within 15s of cancel")
+		}
+	})
+}
