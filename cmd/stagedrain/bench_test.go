@@ -433,6 +433,8 @@ func TestBenchQuickSchemas(t *testing.T) {
 }
 
 // benchCPURE matches the relay's CPU in an app-cost row's note.
+var benchPairRE = regexp.MustCompile(`^bench: app cost: .*, run [12] \(group 1: twin, triggers disabled; group 2: triggers enabled\), group [12]: [0-9]+ TPS`)
+
 var benchCPURE = regexp.MustCompile(`relay CPU ([0-9.]+) ms per 1,000 jobs \(([0-9.]+) with the triggers disabled\)`)
 
 // benchRatioRE matches the start of an app-cost row's note: the TPS with
@@ -540,6 +542,29 @@ func TestBenchQuickAppCost(t *testing.T) {
 		if note := rows[w.name][8]; !strings.Contains(note, "--quick: fewer schemas than a full run's 20 and 200") {
 			t.Errorf("row %q: note %q does not say that --quick runs fewer schemas", w.name, note)
 		}
+	}
+	// The two sides of a state ran at the same time: each of a state's
+	// runs reports both groups of writers (the twin tables', triggers
+	// disabled, and the state's), and each state whose relay drains had a
+	// twin relay: polling, relay and trigger, and the two fleets, 4 more
+	// than the 5 relays of the states.
+	groups, relays := 0, 0
+	for _, l := range p.stderr.snapshot() {
+		if benchPairRE.MatchString(l.raw) {
+			groups++
+		}
+		if benchRelayRE.MatchString(l.raw) {
+			relays++
+		}
+	}
+	if wantGroups := len(want) * 2 * 2; groups != wantGroups {
+		t.Errorf("%d reports of a group's TPS in a run with the twin, want %d (%d states, 2 runs, 2 groups)", groups, wantGroups, len(want))
+	}
+	if relays != 9 {
+		t.Errorf("%d relays started, want 9 (5 states' and 4 twins')", relays)
+	}
+	if note := rows["app cost: no relay"][8]; !strings.Contains(note, "on each side at the same time") {
+		t.Errorf("no relay row: note %q does not say the sides ran at the same time", note)
 	}
 	checkBenchQuickRows(t, p)
 	// The README's table: the same rows, with a full run's schemas.

@@ -117,6 +117,7 @@ type bench struct {
 	pollOnly    bool       // run --help lists --poll-only
 	metricsAddr bool       // run --help lists --metrics-addr
 	relay       *relayProc // the running relay, if any
+	twin        *relayProc // app-cost's relay of the twin tables, if running
 	created     bool       // the scratch schema (or database) may exist
 	tenants     []string   // the scratch schemas of the schemas, scale and app-cost scenarios, which may exist
 	hungRedis   *hungRedis // the app-cost scenario's Redis that hangs, while it listens
@@ -315,6 +316,11 @@ func (b *bench) cleanup(parent context.Context) error {
 			errs = append(errs, err)
 		}
 	}
+	if b.twin != nil {
+		if _, err := b.stopTwin(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if b.created {
 		if err := b.dropScratch(ctx); err != nil {
 			errs = append(errs, err)
@@ -377,6 +383,25 @@ func (b *bench) startRelayOn(pollOnly bool, schemaArgs ...string) (*relayProc, e
 
 // startRelayWith is startRelayOn with the relay's Redis at redisURL.
 func (b *bench) startRelayWith(redisURL string, pollOnly bool, schemaArgs ...string) (*relayProc, error) {
+	p, err := b.launchRelay(redisURL, pollOnly, schemaArgs...)
+	if err == nil {
+		b.relay = p
+	}
+	return p, err
+}
+
+// startTwin starts app-cost's second relay, of the twin tables, beside the
+// running one (startRelayOn).
+func (b *bench) startTwin(pollOnly bool, schemaArgs ...string) (*relayProc, error) {
+	p, err := b.launchRelay(b.redisURL, pollOnly, schemaArgs...)
+	if err == nil {
+		b.twin = p
+	}
+	return p, err
+}
+
+// launchRelay starts a relay process (startRelayWith).
+func (b *bench) launchRelay(redisURL string, pollOnly bool, schemaArgs ...string) (*relayProc, error) {
 	args := append([]string{"run"}, schemaArgs...)
 	args = append(args, "--target", string(b.cfg.Target), "--redis-namespace", b.ns, "--log-level", "warn")
 	if pollOnly && b.pollOnly {
@@ -408,7 +433,6 @@ func (b *bench) startRelayWith(redisURL string, pollOnly bool, schemaArgs ...str
 		p.err = cmd.Wait()
 		close(p.done)
 	}()
-	b.relay = p
 	b.progress("relay started (pid %d)", cmd.Process.Pid)
 	return p, nil
 }
@@ -483,6 +507,18 @@ func (p *relayProc) cpu() (time.Duration, error) {
 func (b *bench) stopRelay() (int64, error) {
 	p := b.relay
 	b.relay = nil
+	return b.stopProc(p)
+}
+
+// stopTwin stops the twin relay, as stopRelay the relay.
+func (b *bench) stopTwin() (int64, error) {
+	p := b.twin
+	b.twin = nil
+	return b.stopProc(p)
+}
+
+// stopProc stops p (stopRelay).
+func (b *bench) stopProc(p *relayProc) (int64, error) {
 	var rss int64
 	var rssErr error
 	// It may have stopped already: a Ctrl-C in a terminal signals the

@@ -152,44 +152,105 @@ func (b *bench) appTPS(ctx context.Context, label string, d time.Duration) (floa
 // appTPSOn is appTPS with each transaction's row in one of tables (quoted),
 // picked at random; it returns the commits too.
 func (b *bench) appTPSOn(ctx context.Context, label string, d time.Duration, tables []string) (float64, int64, error) {
-	inserts := make([]string, len(tables))
-	for i, t := range tables {
-		inserts[i] = "INSERT INTO " + t + " (job_name, job_args) VALUES ('BenchTPSJob', jsonb_build_array($1::bigint))"
-	}
-	conns, err := b.writerConns(ctx, b.cfg.Writers, inserts...)
+	tps, commits, err := b.appTPSGroups(ctx, label, d, writerGroup{tables: tables, writers: b.cfg.Writers})
 	if err != nil {
 		return 0, 0, err
 	}
-	defer closeAll(ctx, conns)
-	b.progress("%s: %d writers, %s ...", label, len(conns), d)
-	var total atomic.Int64
+	return tps[0], commits[0], nil
+}
+
+// writerGroup is a set of writers, each transaction staging one row in
+// one of tables (quoted), picked at random, in queue ("": the column's
+// default).
+type writerGroup struct {
+	tables  []string
+	queue   string
+	writers int
+}
+
+// appTPSGroups is appTPS of several groups of writers at the same time:
+// all start together and stop together, after d and once every group has
+// minCommits. It returns each group's commits per second and commits.
+func (b *bench) appTPSGroups(ctx context.Context, label string, d time.Duration, groups ...writerGroup) ([]float64, []int64, error) {
+	type writer struct {
+		conn    *pgx.Conn
+		inserts []string
+		queue   string
+		total   *atomic.Int64
+	}
+	var writers []writer
+	defer func() {
+		for _, w := range writers {
+			w.conn.Close(context.WithoutCancel(ctx))
+		}
+	}()
+	totals := make([]atomic.Int64, len(groups))
+	for i, g := range groups {
+		inserts := make([]string, len(g.tables))
+		for j, t := range g.tables {
+			inserts[j] = "INSERT INTO " + t + " (job_name, job_args) VALUES ('BenchTPSJob', jsonb_build_array($1::bigint))"
+			if g.queue != "" {
+				inserts[j] = "INSERT INTO " + t + " (job_name, job_args, queue) VALUES ('BenchTPSJob', jsonb_build_array($1::bigint), $2)"
+			}
+		}
+		conns, err := b.writerConns(ctx, g.writers, inserts...)
+		if err != nil {
+			return nil, nil, err
+		}
+		for _, c := range conns {
+			writers = append(writers, writer{conn: c, inserts: inserts, queue: g.queue, total: &totals[i]})
+		}
+	}
+	b.progress("%s: %d writers, %s ...", label, len(writers), d)
+	enough := func() bool {
+		for i := range totals {
+			if totals[i].Load() < minCommits {
+				return false
+			}
+		}
+		return true
+	}
 	start := time.Now()
 	end := start.Add(d)
 	g, gctx := errgroup.WithContext(ctx)
-	for _, conn := range conns {
+	for _, w := range writers {
 		g.Go(func() error {
-			for n := int64(0); time.Now().Before(end) || total.Load() < minCommits; n++ {
-				insert := inserts[0]
-				if len(inserts) > 1 {
-					insert = inserts[rand.IntN(len(inserts))]
+			args := []any{int64(0)}
+			if w.queue != "" {
+				args = append(args, w.queue)
+			}
+			for n := int64(0); time.Now().Before(end) || !enough(); n++ {
+				insert := w.inserts[0]
+				if len(w.inserts) > 1 {
+					insert = w.inserts[rand.IntN(len(w.inserts))]
 				}
-				if _, err := conn.Exec(gctx, insert, n); err != nil {
+				args[0] = n
+				if _, err := w.conn.Exec(gctx, insert, args...); err != nil {
 					return fmt.Errorf("stage: %w", err)
 				}
-				total.Add(1)
+				w.total.Add(1)
 			}
 			return nil
 		})
 	}
 	if err := g.Wait(); err != nil {
-		return 0, 0, err
+		return nil, nil, err
 	}
-	// Every writer's last commit returned by now: the rate is over the
+	// Every writer's last commit returned by now: the rates are over the
 	// time they all took, d or more.
 	took := time.Since(start)
-	tps := float64(total.Load()) / took.Seconds()
-	b.progress("%s: %.0f TPS (%d commits in %s)", label, tps, total.Load(), took.Round(time.Millisecond))
-	return tps, total.Load(), nil
+	tps := make([]float64, len(groups))
+	commits := make([]int64, len(groups))
+	for i := range groups {
+		commits[i] = totals[i].Load()
+		tps[i] = float64(commits[i]) / took.Seconds()
+		name := label
+		if len(groups) > 1 {
+			name = fmt.Sprintf("%s, group %d", label, i+1)
+		}
+		b.progress("%s: %.0f TPS (%d commits in %s)", name, tps[i], commits[i], took.Round(time.Millisecond))
+	}
+	return tps, commits, nil
 }
 
 // writerConns opens n connections to the scratch database, each with every
