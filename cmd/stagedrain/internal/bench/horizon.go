@@ -31,10 +31,10 @@ import (
 // database's dead rows too.
 
 const (
-	horizonWindow  = 10 * time.Second
-	horizonBefore  = 3 * horizonWindow
-	horizonAfter   = 3 * horizonWindow
-	horizonMargin  = 1.5 // a held window's p50 and p99 against the windows before
+	horizonWindow = 10 * time.Second
+	horizonBefore = 3 * horizonWindow
+	horizonAfter  = 3 * horizonWindow
+	horizonMargin = 1.5 // a held window's p50 and p99 against the windows before
 )
 
 // horizonWriters is the writers the horizon scenario stages rate jobs a
