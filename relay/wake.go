@@ -67,7 +67,10 @@ func (r *Relay) armDue(ctx context.Context, pool *pgxpool.Pool, due *time.Timer,
 // commits do not notify: the relay finds their rows by itself,
 // or the next leader's drain at start does. Notifying commits are
 // serialized by PostgreSQL's notify lock; a relay that is not idle keeps
-// that cost off the app.
+// that cost off the app, and while it is idle one commit of the schema
+// notifies at a time (sql/012_wake_one_notifier.sql): the others see
+// another's notification on its way, and this gate's next idle check
+// covers them, as it covers a commit that saw the relay awake.
 //
 // Going idle, the relay takes "idle" and, in the same round trip, reads the
 // ids of the transactions in progress: a commit that saw it awake has ended

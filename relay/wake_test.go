@@ -3,6 +3,7 @@ package relay_test
 import (
 	"context"
 	"net/http/httptest"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -247,6 +248,97 @@ func TestGateNotifiesOnlyWhileIdle(t *testing.T) {
 	releaseIdleLock(t, relayConn, idleName)
 	h.stage(relay.Job{Name: "AwakeAgain"})
 	checkDidNotNotify(t, listener, h.schema, "the commit with the idle lock given back")
+}
+
+// One commit of a schema notifies at a time (sql/012_wake_one_notifier.sql):
+// while a transaction N holds the schema's "notifying" lock (its deferred
+// trigger ran, it notifies when it commits), another commit T that sees
+// the relay idle does not notify, and waits on nobody; N's notification
+// is the one that arrives, although T committed first (notifications
+// arrive in commit order, so T's would have come before it). Once N has
+// ended, a commit notifies again.
+func TestOneCommitNotifiesAtATime(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ctx := context.Background()
+	listener := listen(t, testenv.DatabaseURL(), h.schema)
+	holdIdleLock(t, testenv.Conn(t, testenv.DatabaseURL()), relay.IdleLockName(h.schema))
+
+	n := notifierInCommit(t, h, "Notifier")
+	app := testenv.Conn(t, testenv.DatabaseURL())
+	stageOn(t, h, app, "WhileAnotherNotifies")
+	checkDidNotNotify(t, listener, h.schema, "the commit while another transaction held the notifying lock")
+	if err := n.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if pid := nextNotifier(t, listener); pid != n.Conn().PgConn().PID() {
+		t.Fatalf("notification from backend %d, want the notifier's (%d)", pid, n.Conn().PgConn().PID())
+	}
+
+	// N has ended: the next commit notifies.
+	stageOn(t, h, app, "AfterTheNotifier")
+	if pid := nextNotifier(t, listener); pid != app.PgConn().PID() {
+		t.Fatalf("notification from backend %d, want the commit after the notifier ended (%d)", pid, app.PgConn().PID())
+	}
+}
+
+// notifierInCommit begins a transaction that stages a job and runs its
+// deferred wake trigger at once (SET CONSTRAINTS ALL IMMEDIATE), as a
+// commit does just before it commits: with a relay idle, it holds the
+// schema's notifying lock and has queued its notification, sent when it
+// commits. The caller commits it; the test's end rolls it back otherwise.
+func notifierInCommit(t *testing.T, h *harness, name string) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := testenv.Conn(t, testenv.DatabaseURL()).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	if _, err := h.stager.Stage(ctx, tx, relay.Job{Name: name}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "SET CONSTRAINTS ALL IMMEDIATE"); err != nil {
+		t.Fatal(err)
+	}
+	var held bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()
+		AND objsubid = 2 AND objid = 0 AND classid::bigint = (hashtext($1)::bigint + 4294967296) % 4294967296)`,
+		"stagedrain-notifying:"+h.schema).Scan(&held); err != nil {
+		t.Fatal(err)
+	}
+	if !held {
+		t.Fatal("the notifier's trigger took no notifying lock (is the relay idle?)")
+	}
+	return tx
+}
+
+// The relay delivers the job of a commit that did not notify because
+// another was notifying (TestOneCommitNotifiesAtATime), on that other's
+// notification, without waiting for the poll (a minute away): 012's proof.
+func TestCommitBehindANotifierIsDrained(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ctx := context.Background()
+	cfg := h.config()
+	cfg.PollInterval = time.Minute
+	r, err := relay.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	idle := idleEvents(r)
+	h.run(r)
+	h.waitIdleAfterListen(idle)
+
+	n := notifierInCommit(t, h, "Notifier")
+	behind := stageOn(t, h, testenv.Conn(t, testenv.DatabaseURL()), "BehindTheNotifier")
+	if err := n.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	h.waitQueueLen("default", 2, 15*time.Second)
+	if got := h.queueJIDs("default"); !slices.Contains(got, behind) {
+		t.Fatalf("delivered %v, want the job behind the notifier (%s) among them", got, behind)
+	}
 }
 
 // In poll-only mode the relay opens no listener and never goes idle: while
