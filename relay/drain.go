@@ -255,6 +255,9 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 		}
 		lastFound = time.Now()
 		rate.found(len(cur.jobs), lastFound)
+		if r.found != nil {
+			r.found.Add(int64(len(cur.jobs)))
+		}
 		if i > 1 || lastFound.Sub(g.idleAt) < lingerFor {
 			if err := g.wake(ctx); err != nil {
 				cur.rollback(ctx)

@@ -62,9 +62,11 @@ type fleet struct {
 
 	// hot is true while the fleet runs hot: it holds every schema it
 	// leads awake and polls them all at once (fleetHot). noted counts the
-	// commits' notifications, for the session loop to decide.
+	// commits' notifications, and found the jobs the schemas' drains find,
+	// for the session loop to decide.
 	hot   atomic.Bool
 	noted atomic.Int64
+	found atomic.Int64
 	// The thresholds, hotEnter and hotLeave (tests change them).
 	hotEnter, hotLeave float64
 
@@ -153,7 +155,7 @@ func (f *fleet) tenantConfig(schema string) Config {
 // (which tests may have changed before Run), and its heat.
 func (f *fleet) tenantSettings() settings {
 	s := f.r.settings
-	s.hot = &f.hot
+	s.hot, s.found = &f.hot, &f.found
 	return s
 }
 

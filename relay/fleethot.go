@@ -15,8 +15,11 @@ import (
 // pace.go); a fleet cannot linger on every schema at once without a claim
 // per schema each step.
 //
-// So a fleet whose schemas' notifications come at hotEnter a second or
-// more runs hot: it holds every schema it leads awake (no idle lock is
+// So a fleet whose schemas' commits come at hotEnter a second or more runs
+// hot (counted as their notifications, or the jobs their drains find if
+// those are more: a commit does not notify while another commit of its
+// schema is notifying, sql/012_wake_one_notifier.sql, so notifications
+// alone undercount the commits the more they overlap): it holds every schema it leads awake (no idle lock is
 // held: no commit notifies) and polls them all in one statement every
 // hotStep, waking the drains of those with rows staged, which drain and
 // return without going idle. When its polls (and any notifications) find
@@ -29,7 +32,7 @@ import (
 // until each schema's idle lock is released.
 const (
 	hotWindow     = 100 * time.Millisecond
-	hotEnter      = 200 // notifications a second
+	hotEnter      = 200 // commits a second: notifications, or jobs found
 	hotLeave      = 100 // schemas found with rows a second
 	hotLeaveAfter = time.Second
 
@@ -90,16 +93,17 @@ func hotStep(n int) time.Duration {
 // weigh, every hotWindow, makes the fleet run hot or cool (see fleetHeat).
 func (s *fleetSession) weigh(h *fleetHeat) {
 	noted := int(s.f.noted.Swap(0))
+	found := int(s.f.found.Swap(0))
 	now := time.Now()
 	if !h.hot {
-		if float64(noted) < s.f.hotEnter*hotWindow.Seconds() {
+		if float64(max(noted, found)) < s.f.hotEnter*hotWindow.Seconds() {
 			return
 		}
 		h.hot, h.since, h.hits = true, now, 0
 		s.f.hot.Store(true)
 		s.wakeLed() // each drain releases its schema's idle lock
 		h.pollAgain(len(s.led()))
-		s.f.r.log.Debug("fleet runs hot: polling every schema led", zap.Int("notifications", noted), zap.Duration("window", hotWindow))
+		s.f.r.log.Debug("fleet runs hot: polling every schema led", zap.Int("notifications", noted), zap.Int("jobs", found), zap.Duration("window", hotWindow))
 		return
 	}
 	h.hits += noted

@@ -120,6 +120,9 @@ type settings struct {
 	// hot, for a fleet's schema, is the fleet's fleetHot: true while it
 	// polls its schemas and holds them awake. nil otherwise.
 	hot *atomic.Bool
+	// found, for a fleet's schema, is the fleet's: it counts the jobs the
+	// schema's drains find (fleetHot). nil otherwise.
+	found *atomic.Int64
 }
 
 // defaultSettings are the settings of a relay New returns.

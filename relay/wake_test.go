@@ -411,7 +411,9 @@ func TestPollOnlyNeitherListensNorIsNotified(t *testing.T) {
 // The trigger (migration 010, one-expression looks since 009) holds no
 // gate lock after it ran, whether it notified (a relay idle) or not
 // (nobody idle): a commit never makes the relay wait, going idle, and
-// pays for no lock it keeps. Checked on the trigger itself, fired at
+// pays for no lock it keeps. A commit that notifies holds the schema's
+// notifying lock (012), a transaction-level one, until it ends, and
+// nothing after. Checked on the trigger itself, fired at
 // INSERT with SET CONSTRAINTS ALL IMMEDIATE, through pg_locks; which
 // commit notified is told by the backend of the first notification.
 func TestTriggerHoldsNoGateLock(t *testing.T) {
@@ -439,9 +441,9 @@ func TestTriggerHoldsNoGateLock(t *testing.T) {
 			}
 			// Two-key advisory locks show their first key as classid.
 			rows, err := tx.Query(ctx, `SELECT CASE classid
-					WHEN hashtext($1)::oid THEN 'idle' ELSE 'other' END || ' ' || mode
+					WHEN hashtext($1)::oid THEN 'idle' WHEN hashtext($2)::oid THEN 'notifying' ELSE 'other' END || ' ' || mode
 				FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() ORDER BY 1`,
-				relay.IdleLockName(schema))
+				relay.IdleLockName(schema), "stagedrain-notifying:"+schema)
 			if err != nil {
 				return err
 			}
@@ -465,8 +467,11 @@ func TestTriggerHoldsNoGateLock(t *testing.T) {
 	// Idle: another session (the relay) holds every shard of 'idle'.
 	relayConn := testenv.Conn(t, url)
 	holdIdleLock(t, relayConn, relay.IdleLockName(schema))
-	if held := fire(idleApp); len(held) != 0 {
-		t.Fatalf("a commit that found the relay idle holds %v, want no gate lock", held)
+	if held := fire(idleApp); !slices.Equal(held, []string{"notifying ExclusiveLock"}) {
+		t.Fatalf("a commit that found the relay idle holds %v, want the notifying lock only (no gate lock)", held)
+	}
+	if held := appLocks(t, idleApp); len(held) != 0 {
+		t.Fatalf("after a commit that notified, the app's session holds %v, want no advisory lock", held)
 	}
 	if pid := nextNotifier(t, listener); pid != idleApp.PgConn().PID() {
 		t.Fatalf("first notification from backend %d, want the commit that found the relay idle (%d); the one that found nobody idle is %d",
