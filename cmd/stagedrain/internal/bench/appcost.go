@@ -23,9 +23,10 @@ import (
 // (sql/010_wake_when_idle.sql), and every notifying commit takes
 // PostgreSQL's notify lock, which serializes them database-wide. So the
 // app should pay nothing when no relay is idle: none running, one polling,
-// one whose Redis hangs; and little beside a relay kept awake by the
-// commits. A fleet's tenants each see a trickle: each is idle between its
-// commits, and each commit notifies.
+// one whose Redis hangs; and little beside a relay, where one commit of
+// a schema notifies at a time (sql/012_wake_one_notifier.sql). A fleet's
+// tenants each see a trickle: each is idle between its commits, until
+// the fleet runs hot.
 
 // The two sides of a state run at the same time, not one after the
 // other: half the writers stage in the state's tables, triggers enabled,
