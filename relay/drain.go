@@ -255,7 +255,10 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 		}
 		lastFound = time.Now()
 		rate.found(len(cur.jobs), lastFound)
-		if r.found != nil {
+		if r.found != nil && len(cur.jobs) < r.cfg.BatchSize {
+			// A fleet's commits, for its heat (fleethot.go): a short
+			// batch's jobs. A backlog's full batches are not a flow of
+			// commits, and make no fleet run hot.
 			r.found.Add(int64(len(cur.jobs)))
 		}
 		if i > 1 || lastFound.Sub(g.idleAt) < lingerFor {

@@ -16,8 +16,8 @@ import (
 // per schema each step.
 //
 // So a fleet whose schemas' commits come at hotEnter a second or more runs
-// hot (counted as their notifications, or the jobs their drains find if
-// those are more: a commit does not notify while another commit of its
+// hot (counted as their notifications, or the jobs their drains find in
+// short batches if those are more: a commit does not notify while another commit of its
 // schema is notifying, sql/012_wake_one_notifier.sql, so notifications
 // alone undercount the commits the more they overlap): it holds every schema it leads awake (no idle lock is
 // held: no commit notifies) and polls them all in one statement every

@@ -121,7 +121,7 @@ type settings struct {
 	// polls its schemas and holds them awake. nil otherwise.
 	hot *atomic.Bool
 	// found, for a fleet's schema, is the fleet's: it counts the jobs the
-	// schema's drains find (fleetHot). nil otherwise.
+	// schema's drains find in short batches (fleetHot). nil otherwise.
 	found *atomic.Int64
 }
 
