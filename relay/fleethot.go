@@ -17,12 +17,13 @@ import (
 //
 // So a fleet whose schemas' commits come at hotEnter a second or more runs
 // hot (counted as their notifications, or the jobs their drains find in
-// short batches if those are more: a commit does not notify while another commit of its
-// schema is notifying, sql/012_wake_one_notifier.sql, so notifications
-// alone undercount the commits the more they overlap): it holds every schema it leads awake (no idle lock is
-// held: no commit notifies) and polls them all in one statement every
-// hotStep, waking the drains of those with rows staged, which drain and
-// return without going idle. When its polls (and any notifications) find
+// short batches if those are more: a commit does not notify while another
+// commit of its schema is notifying, sql/012_wake_one_notifier.sql, so
+// notifications alone undercount the commits the more they overlap): it
+// holds every schema it leads awake (no idle lock is held: no commit
+// notifies) and polls them all in one statement every hotStep, waking the
+// drains of those with rows staged, which drain and return without going
+// idle. When its polls (and any notifications) find
 // fewer than hotLeave schemas with rows a second, over hotLeaveAfter, it
 // cools: every schema's drain runs once more and goes idle as a relay of
 // one schema does (gate.sleep takes the idle lock and reads the
