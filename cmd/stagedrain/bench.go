@@ -51,7 +51,7 @@ func newBenchFlags() (*flagSet, *benchFlags) {
 	f.env("duration", "STAGEDRAIN_BENCH_DURATION")
 	f.fs.IntVar(&c.backlog, "backlog", 1_000_000, "jobs staged before the backlog drain")
 	f.env("backlog", "STAGEDRAIN_BENCH_BACKLOG")
-	f.fs.IntVar(&c.writers, "writers", 16, "concurrent app writers of the TPS and 5,000 jobs/s scenarios")
+	f.fs.IntVar(&c.writers, "writers", 16, "concurrent app writers of the TPS, app-cost (half on each side) and 5,000 jobs/s scenarios")
 	f.env("writers", "STAGEDRAIN_BENCH_WRITERS")
 	f.fs.StringVar(&c.scenarios, "scenarios", strings.Join(bench.DefaultScenarios(), ","), "comma-separated `list` of scenarios to run: "+bench.ScenariosHelp())
 	f.env("scenarios", "STAGEDRAIN_BENCH_SCENARIOS")

@@ -44,6 +44,9 @@ import (
 // appCostRounds is how many runs each state has, the two sides together.
 const appCostRounds = 2
 
+// appCostWriters is the writers of each side: half of --writers.
+func (b *bench) appCostWriters() int { return max(1, b.cfg.Writers/2) }
+
 // appSide is one side of a state: the tables its writers stage in, the
 // queue of their jobs, and what its relay is started on.
 type appSide struct {
@@ -111,7 +114,7 @@ func (b *bench) benchAppCost(ctx context.Context) error {
 	if b.pollOnly {
 		polling += " (--poll-only)"
 	}
-	half := max(1, b.cfg.Writers/2)
+	half := b.appCostWriters()
 	cases := []appCostCase{
 		{label: "app cost: no relay", target: 0.95, side: one, twin: twin,
 			note: fmt.Sprintf("%d writers on each side at the same time, one job per transaction: the state's tables with their triggers, and twin tables with their triggers disabled (beside a twin relay where the state's relay drains); %d runs of %s", half, appCostRounds, b.cfg.TPSDuration)},
@@ -243,7 +246,7 @@ func (b *bench) appCost(ctx context.Context, conn *pgx.Conn, c appCostCase) (ben
 	// misses make the row MISS whatever its TPS; unsure make it not
 	// judged.
 	var misses, unsure []string
-	half := max(1, b.cfg.Writers/2)
+	half := b.appCostWriters()
 	for round := range appCostRounds {
 		// Between runs a side's tables are emptied while no relay runs,
 		// and have been by a relay that drains. A relay whose Redis hangs
