@@ -257,12 +257,29 @@ func TestGateNotifiesOnlyWhileIdle(t *testing.T) {
 // is the one that arrives, although T committed first (notifications
 // arrive in commit order, so T's would have come before it). Once N has
 // ended, a commit notifies again.
+//
+// The same holds for a group's relay (--queues), idle on its queue's lock.
 func TestOneCommitNotifiesAtATime(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t)
+	t.Run("all queues", func(t *testing.T) {
+		t.Parallel()
+		h := newHarness(t)
+		testOneNotifier(t, h, relay.IdleLockName(h.schema))
+	})
+	t.Run("a group of queues", func(t *testing.T) {
+		t.Parallel()
+		h := newHarness(t)
+		// The jobs' queue is "default" (relay.Job's zero Queue).
+		testOneNotifier(t, h, relay.IdleLockName(h.schema)+":default")
+	})
+}
+
+// testOneNotifier is TestOneCommitNotifiesAtATime with a relay idle on
+// the gate lock idleName.
+func testOneNotifier(t *testing.T, h *harness, idleName string) {
 	ctx := context.Background()
 	listener := listen(t, testenv.DatabaseURL(), h.schema)
-	holdIdleLock(t, testenv.Conn(t, testenv.DatabaseURL()), relay.IdleLockName(h.schema))
+	holdIdleLock(t, testenv.Conn(t, testenv.DatabaseURL()), idleName)
 
 	n := notifierInCommit(t, h, "Notifier")
 	app := testenv.Conn(t, testenv.DatabaseURL())
