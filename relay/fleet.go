@@ -639,7 +639,12 @@ func (s *fleetSession) letAllGo() {
 	}
 }
 
-// led are the tenants the session leads.
+// led are the tenants the session leads, in the order of their schemas'
+// names: the poll's statement is built again whenever the list changes
+// (pollSQL), and a map's order changes at every range. Unsorted, a hot
+// fleet of 200 schemas prepared and planned a new poll statement nearly
+// every poll (20-60 ms of PostgreSQL's time each, against 1.4 ms to run
+// it).
 func (s *fleetSession) led() []*tenant {
 	var led []*tenant
 	for _, t := range s.f.tenants {
@@ -647,6 +652,7 @@ func (s *fleetSession) led() []*tenant {
 			led = append(led, t)
 		}
 	}
+	slices.SortFunc(led, func(a, b *tenant) int { return strings.Compare(a.schema, b.schema) })
 	return led
 }
 
