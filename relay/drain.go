@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 )
 
@@ -19,6 +20,27 @@ import (
 func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan struct{}, g *gate) error {
 	log := r.log.Named("drain")
 	var bufs [2][]stagedJob
+	// The drain holds drainMu while it works, and lets it go while it
+	// waits to be woken: a hot fleet's shared drain (fleetdrain.go) takes
+	// the schema's batches meanwhile. When the loop ends it waits for a
+	// shared drain in flight to finish this schema's batch, as finish
+	// does its own.
+	r.drainMu.Lock()
+	r.drainOpen = true
+	r.drainMu.Unlock()
+	defer func() {
+		r.drainMu.Lock()
+		r.drainOpen = false
+		r.drainMu.Unlock()
+	}()
+	locked := false
+	unlock := func() {
+		if locked {
+			r.drainMu.Unlock()
+			locked = false
+		}
+	}
+	defer unlock()
 	// Commits made while no relay was idle (none leading, or a leader
 	// that died or stepped down) did not notify: the drain at start sees
 	// those that ended, and the checks of g.late the rest.
@@ -57,11 +79,14 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 	defer tidy.Stop()
 	var tidyC <-chan time.Time
 	for {
+		unlock()
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-tidyC:
 			tidyC = nil
+			r.drainMu.Lock()
+			locked = true
 			r.tidy(ctx, pool, log)
 			continue
 		case <-wake:
@@ -79,6 +104,8 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 			}
 			r.metrics.wakeLate.Inc()
 		}
+		r.drainMu.Lock()
+		locked = true
 		if over, _ := r.bp.memory(ctx, r); over {
 			// Backpressure: claim nothing while Redis is nearly full, and
 			// stay awake meanwhile, so that commits do not notify a relay
@@ -447,70 +474,20 @@ func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (left []
 		}
 	}()
 
-	var res pushResult
-	buried := 0
-	span := r.tracer.start(bctx, b) // nil: tracing off
-	if span != nil {
-		defer func() { r.tracer.end(span, &res, buried, err) }()
+	l := &landing{b: b, span: r.tracer.start(bctx, b)} // span nil: tracing off
+	if l.span != nil {
+		defer func() { r.tracer.end(l.span, &l.res, l.buried, err) }()
 	}
 	if err := r.awaitStandby(bctx, b.conn, log); err != nil {
 		return nil, err
 	}
-	pushedAt := time.Now()
-	res, err = r.push(bctx, b.jobs, pushedAt)
-	if err != nil {
-		return nil, targetError{err}
-	}
-	r.tracer.event(span, "pushed")
-	logDroppedTraces(log, b.jobs)
-	defer func() {
-		if err != nil {
-			// The push delivered these rows; the delete may not have
-			// committed. Claimed again, they are deleted, not pushed.
-			r.handoff.Uncommitted(res.field, res.pushed)
-		}
-	}()
-	var held []int64
-	for _, rj := range res.deferred {
-		left = append(left, rj.id)
-		if rj.held {
-			held = append(held, rj.id) // logged once, by the pause (backpressure.go)
-			continue
-		}
-		log.Warn("job refused by Redis, left staged", zap.Int64("id", rj.id), zap.String("reason", rj.reason), traceIDOf(b.jobs, rj.id))
-	}
-	r.bp.batchHeld(len(held), len(b.jobs))
-	poison := slices.Concat(res.rejected, res.refused)
-	var dead []stagedJob
-	var reasons []string
-	if len(poison) > 0 {
-		dead, reasons = poisoned(b.jobs, poison)
-	}
-	if r.hooks.afterPush != nil {
-		if err := r.hooks.afterPush(bctx); err != nil {
-			return nil, fmt.Errorf("after push: %w", err)
-		}
-	}
-	// A source that does not bury poison (the gem's table, which has no
-	// dead-letter table) puts it back with the deferred rows; this
-	// leadership skips it from now on.
-	var kept []int64
-	if len(dead) > 0 && !r.src.buries() {
-		for _, j := range dead {
-			kept = append(kept, j.id)
-		}
-		left = append(left, kept...)
+	if err := r.pushLanding(bctx, l, log); err != nil {
+		return nil, err
 	}
 	// Put back what Redis deferred, bury the poison and commit, in one
 	// round trip.
 	batch := &pgx.Batch{}
-	if len(left) > 0 {
-		sql, args := r.src.reinsert(unpushed(b.jobs, left))
-		batch.Queue(sql, args...)
-	}
-	if len(dead) > 0 && kept == nil {
-		batch.Queue(r.sql.bury, buryArgs(dead, reasons)...)
-	}
+	r.queueLanding(batch, l)
 	if r.cfg.WaitForStandby || r.syncStandby {
 		// The next batch waits for the standbys to have this commit:
 		// flush it now, not when the WAL writer next wakes (standby.go).
@@ -527,45 +504,126 @@ func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (left []
 		return err
 	})
 	if err := b.conn.SendBatch(bctx, batch).Close(); err != nil {
+		// The push delivered these rows; the delete may not have
+		// committed. Claimed again, they are deleted, not pushed.
+		r.handoff.Uncommitted(l.res.field, l.res.pushed)
 		return nil, fmt.Errorf("commit: %w", err)
 	}
 	b.conn.Release()
-	r.tracer.event(span, "committed")
+	r.landed(l, wal, flush, log)
+	return l.left, nil
+}
+
+// landing is a claimed batch from its push to the end of its commit: what
+// the push did with each row, and what the commit is to put back and bury.
+type landing struct {
+	b        claimed
+	span     trace.Span // nil: tracing off
+	res      pushResult
+	pushedAt time.Time
+	left     []int64     // rows put back: deferred by Redis, and poison a source does not bury
+	held     []int64     // of left, those backpressure held back
+	dead     []stagedJob // poison rows, with their reasons
+	reasons  []string
+	kept     []int64 // poison rows put back (a source that does not bury), not buried
+	buried   int
+}
+
+// pushLanding pushes l's batch and sorts its rows (see finish). An error
+// after the push has told the handoff record that the pushed rows may not
+// be deleted.
+func (r *Relay) pushLanding(ctx context.Context, l *landing, log *zap.Logger) error {
+	b := l.b
+	l.pushedAt = time.Now()
+	res, err := r.push(ctx, b.jobs, l.pushedAt)
+	l.res = res
+	if err != nil {
+		return targetError{err}
+	}
+	r.tracer.event(l.span, "pushed")
+	logDroppedTraces(log, b.jobs)
+	for _, rj := range res.deferred {
+		l.left = append(l.left, rj.id)
+		if rj.held {
+			l.held = append(l.held, rj.id) // logged once, by the pause (backpressure.go)
+			continue
+		}
+		log.Warn("job refused by Redis, left staged", zap.Int64("id", rj.id), zap.String("reason", rj.reason), traceIDOf(b.jobs, rj.id))
+	}
+	r.bp.batchHeld(len(l.held), len(b.jobs))
+	if poison := slices.Concat(res.rejected, res.refused); len(poison) > 0 {
+		l.dead, l.reasons = poisoned(b.jobs, poison)
+	}
+	if r.hooks.afterPush != nil {
+		if err := r.hooks.afterPush(ctx); err != nil {
+			r.handoff.Uncommitted(res.field, res.pushed)
+			return fmt.Errorf("after push: %w", err)
+		}
+	}
+	// A source that does not bury poison (the gem's table, which has no
+	// dead-letter table) puts it back with the deferred rows; this
+	// leadership skips it from now on.
+	if len(l.dead) > 0 && !r.src.buries() {
+		for _, j := range l.dead {
+			l.kept = append(l.kept, j.id)
+		}
+		l.left = append(l.left, l.kept...)
+	}
+	return nil
+}
+
+// queueLanding queues, in the batch that commits l, the statements that
+// put back its rows left staged and bury its poison.
+func (r *Relay) queueLanding(batch *pgx.Batch, l *landing) {
+	if len(l.left) > 0 {
+		sql, args := r.src.reinsert(unpushed(l.b.jobs, l.left))
+		batch.Queue(sql, args...)
+	}
+	if len(l.dead) > 0 && l.kept == nil {
+		batch.Queue(r.sql.bury, buryArgs(l.dead, l.reasons)...)
+	}
+}
+
+// landed records l once its transaction has committed, at WAL position
+// wal with the WAL flushed to flush: the handoff record, the holds of
+// backpressure, the summary, and the poison's log lines.
+func (r *Relay) landed(l *landing, wal, flush uint64, log *zap.Logger) {
+	b, res := l.b, l.res
+	r.tracer.event(l.span, "committed")
 	r.handoff.Committed(res.field, res.redelivered, wal, flush)
-	r.bp.hold(held) // once put back: a rolled-back batch's rows are not held
-	buried = len(dead)
-	if kept != nil {
-		buried = 0
-		r.poisoned = append(r.poisoned, kept...)
-		r.summary.poisonKept(len(kept), len(r.poisoned))
+	r.bp.hold(l.held) // once put back: a rolled-back batch's rows are not held
+	l.buried = len(l.dead)
+	if l.kept != nil {
+		l.buried = 0
+		r.poisoned = append(r.poisoned, l.kept...)
+		r.summary.poisonKept(len(l.kept), len(r.poisoned))
 	}
 	r.summary.batch(b.jobs, func(id int64) bool {
-		return slices.Contains(left, id) || slices.ContainsFunc(dead, func(j stagedJob) bool { return j.id == id })
-	}, b.start, pushedAt, buried)
-	for i := range dead {
-		j := &dead[i]
-		if kept != nil {
+		return slices.Contains(l.left, id) || slices.ContainsFunc(l.dead, func(j stagedJob) bool { return j.id == id })
+	}, b.start, l.pushedAt, l.buried)
+	for i := range l.dead {
+		j := &l.dead[i]
+		if l.kept != nil {
 			log.Error("poison job left staged, skipped until the relay's next leadership", zap.Int64("id", j.id),
-				zap.String("jid", j.jid), zap.String("queue", j.queue), zap.String("reason", reasons[i]), traceIDField(j))
+				zap.String("jid", j.jid), zap.String("queue", j.queue), zap.String("reason", l.reasons[i]), traceIDField(j))
 			continue
 		}
 		log.Error("job dead-lettered", zap.Int64("id", j.id), zap.String("jid", j.jid),
-			zap.String("queue", j.queue), zap.String("reason", reasons[i]), traceIDField(j))
+			zap.String("queue", j.queue), zap.String("reason", l.reasons[i]), traceIDField(j))
 	}
 	if ce := log.Check(zap.DebugLevel, "batch drained"); ce != nil {
 		ce.Write(
 			zap.Int("count", len(res.pushed)),
 			zap.Int("already_pushed", len(res.redelivered)),
 			zap.Int("left_staged", len(res.deferred)),
-			zap.Int("dead_lettered", buried),
-			zap.Int("poison_left_staged", len(kept)),
+			zap.Int("dead_lettered", l.buried),
+			zap.Int("poison_left_staged", len(l.kept)),
 			zap.Strings("queues", res.queues),
 			zap.Int("scheduled", res.scheduled),
 			zap.Int("skipped", res.skipped),
 			zap.Duration("duration", time.Since(b.start)),
 		)
 	}
-	return left, nil
 }
 
 // poisoned returns the jobs named in poison, in batch order, each with its

@@ -70,6 +70,9 @@ type fleet struct {
 	// The thresholds, hotEnter and hotLeave (tests change them).
 	hotEnter, hotLeave float64
 
+	// The shared drains' counters (fleetdrain.go), of the process.
+	sharedCommits, sharedBatches prometheus.Counter
+
 	memberKey string // the fleet's lock name (fleetLockName)
 	system    string // PostgreSQL's system_identifier, for every fence
 	missing   map[string]bool
@@ -83,7 +86,8 @@ type tenant struct {
 
 	// The session loop's alone.
 	leading  bool
-	joined   bool // took its group locks on this session's lock connection
+	joined   bool            // took its group locks on this session's lock connection
+	ctx      context.Context // its lead's, while it leads
 	cancel   context.CancelFunc
 	done     chan struct{} // closed when its lead has returned
 	err      error         // lead's, once done
@@ -139,6 +143,15 @@ func newFleet(cfg Config) (*Relay, error) {
 	if cfg.Source == SourceSidekiqStagedPush {
 		f.table = "sidekiq_staged_push_jobs"
 	}
+	f.sharedCommits = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "stagedrain_fleet_shared_commits_total",
+		Help: "Transactions of a hot fleet that drained the batches of several schemas together (one claim round trip, one commit).",
+	})
+	f.sharedBatches = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "stagedrain_fleet_shared_batches_total",
+		Help: "Schemas' batches drained by those transactions, one per schema with rows.",
+	})
+	r.metrics.reg.MustRegister(f.sharedCommits, f.sharedBatches)
 	r.fleet = f
 	return r, nil
 }
@@ -183,6 +196,10 @@ func (f *fleet) session(ctx context.Context, pool *pgxpool.Pool) (connected time
 	defer s.letAllGo()
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	if !r.cfg.PollOnly { // only a fleet that runs hot drains schemas together
+		s.drainer = f.startSharedDrainer(sctx, pool)
+		defer func() { cancel(); s.drainer.wait() }()
+	}
 	for _, t := range f.tenants {
 		t.joined = false
 	}
@@ -248,6 +265,10 @@ type fleetSession struct {
 
 	listenStop context.CancelFunc
 	listenDone chan struct{}
+
+	// drainer drains together the schemas a hot poll finds (nil with
+	// PollOnly).
+	drainer *sharedDrainer
 
 	// pollFor and pollSQL: the poll's statement for the schemas pollFor
 	// (session loop only).
@@ -517,7 +538,7 @@ func (s *fleetSession) launch(ctx context.Context, t *tenant) {
 	c.becomeLeader(s.conn, s.mu)
 	s.f.r.state.setRole(RoleLeader)
 	tctx, cancel := context.WithCancel(ctx)
-	t.leading, t.released, t.cancel, t.done = true, false, cancel, make(chan struct{})
+	t.leading, t.released, t.ctx, t.cancel, t.done = true, false, tctx, cancel, make(chan struct{})
 	go func() {
 		t.err = c.leadWith(tctx, s.conn, s.mu, s.pool, t.wake)
 		c.backlog.detach()
@@ -683,13 +704,25 @@ func (s *fleetSession) poll(ctx context.Context, led []*tenant, hot bool) (found
 		if err != nil {
 			return err
 		}
+		var shared []hotFound
 		for _, i := range staged {
+			t := led[i]
 			if hot {
-				led[i].r.metrics.wakeHot.Inc()
+				t.r.metrics.wakeHot.Inc()
+				if s.drainer != nil {
+					shared = append(shared, hotFound{t: t, ctx: t.ctx})
+					continue
+				}
 			} else {
-				led[i].r.metrics.wakePoll.Inc()
+				t.r.metrics.wakePoll.Inc()
 			}
-			trySendWakeup(led[i].wake)
+			trySendWakeup(t.wake)
+		}
+		if len(shared) > 0 && !s.drainer.offer(shared) {
+			// A shared drain is still in flight: each drains on its own.
+			for _, h := range shared {
+				trySendWakeup(h.t.wake)
+			}
 		}
 		found = len(staged)
 		return nil

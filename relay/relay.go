@@ -67,6 +67,13 @@ type Relay struct {
 	// for a hot fleet's poll, which leaves such a schema to its own
 	// retries and notifications.
 	heldBack atomic.Bool
+	// drainMu is held by the drain loop while it drains, and by a hot
+	// fleet's shared drain while it drains this schema (fleetdrain.go):
+	// one of them at a time works on the schema's batches and state.
+	drainMu sync.Mutex
+	// drainOpen is true while the drain loop runs (under drainMu): a
+	// shared drain takes no batch of a schema whose leadership is ending.
+	drainOpen bool
 	// deaf is true while no listener session has LISTENed on the schema's
 	// channel (at start, and from a listener's failure until it LISTENs
 	// again): the relay does not go idle then, since a commit's

@@ -70,16 +70,34 @@ FROM (SELECT CASE WHEN pg_has_role('pg_read_all_stats', 'USAGE') THEN min(coales
 // the handoff keeps record fields past that (Config.StandbyRetention, when
 // positions cannot be read) and whether replication is synchronous.
 func (r *Relay) readWAL(row pgx.Row) (insert, flush uint64, err error) {
-	var unknown, sync bool
-	if err := row.Scan(&insert, &flush, &unknown, &sync); err != nil {
+	w, err := scanWAL(row)
+	if err != nil {
 		return 0, 0, err
 	}
+	r.noteWAL(w)
+	return w.insert, w.flush, nil
+}
+
+// walRead is a row of walPositionsSQL.
+type walRead struct {
+	insert, flush   uint64
+	unknown, syncOn bool
+}
+
+func scanWAL(row pgx.Row) (w walRead, err error) {
+	err = row.Scan(&w.insert, &w.flush, &w.unknown, &w.syncOn)
+	return w, err
+}
+
+// noteWAL keeps what w says of the standbys: whether the handoff record
+// must hold batches for StandbyRetention (positions the role cannot read),
+// and whether replication is synchronous.
+func (r *Relay) noteWAL(w walRead) {
 	r.handoff.Hold = 0
-	if unknown {
+	if w.unknown {
 		r.handoff.Hold = r.cfg.StandbyRetention
 	}
-	r.syncStandby, r.syncKnown = sync, true
-	return insert, flush, nil
+	r.syncStandby, r.syncKnown = w.syncOn, true
 }
 
 // walPositions reads the WAL positions on a connection of pool

@@ -1,0 +1,310 @@
+package relay
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+)
+
+// A hot fleet's shared drain. A fleet runs hot when its schemas' commits
+// come often (fleethot.go), and then each commit's schema sees a trickle:
+// over 200 schemas at 1,000 jobs/s, a hot poll every few milliseconds
+// finds about ten schemas with a job each. Each schema drained on its own
+// costs a transaction per job (a round trip that claims, the push, a
+// round trip that commits), and at 200 schemas those transactions cost
+// PostgreSQL and the relay more CPU than the app's own (issue 23).
+//
+// So the schemas a hot poll finds are drained together, in one
+// transaction on one connection of the pool: one round trip claims a
+// batch from each (each schema's own claim statement, in one pgx batch),
+// each batch is pushed through its own schema's handoff record and fence,
+// exactly as its own drain pushes it, and one round trip puts back what
+// Redis deferred, buries the poison, and commits them all. The handoff
+// records make the shared commit as safe as a schema's own: a push that
+// fails, or a commit that fails, rolls the whole transaction back, and
+// each batch already pushed is marked delivered (handoff Uncommitted), so
+// that when claimed again its rows are deleted, not pushed again.
+//
+// A schema drains on its own instead (the poll wakes its drain, as
+// before) when its own drain is running (drainMu: never both at once),
+// when backpressure holds one of its queues back or Redis is nearly full,
+// for a target with no scheduler (streams: its drain arms the wake-up for
+// the next due run_at), and while a commit must wait for the standbys
+// (WaitForStandby, synchronous replication). A batch that comes back full
+// (a backlog) wakes the schema's own drain too, which claims batch after
+// batch from a cursor.
+
+// hotFound is a schema a hot poll found with rows, and its lead's context.
+type hotFound struct {
+	t   *tenant
+	ctx context.Context
+}
+
+// sharedPart is one schema's batch in a shared drain.
+type sharedPart struct {
+	t    *tenant
+	r    *Relay
+	jobs []stagedJob
+	l    *landing // once pushed
+}
+
+// sharedDrainer runs the shared drains of a hot fleet's session, one at a
+// time, until ctx ends. The poll hands it the schemas it found (offer).
+type sharedDrainer struct {
+	f    *fleet
+	pool *pgxpool.Pool
+	in   chan []hotFound
+	done chan struct{}
+}
+
+func (f *fleet) startSharedDrainer(ctx context.Context, pool *pgxpool.Pool) *sharedDrainer {
+	d := &sharedDrainer{f: f, pool: pool, in: make(chan []hotFound), done: make(chan struct{})}
+	go func() {
+		defer close(d.done)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case found := <-d.in:
+				d.f.drainShared(ctx, d.pool, found)
+			}
+		}
+	}()
+	return d
+}
+
+// offer hands found to the drainer; false when a shared drain is still in
+// flight (the caller wakes each schema's own drain instead).
+func (d *sharedDrainer) offer(found []hotFound) bool {
+	select {
+	case d.in <- found:
+		return true
+	default:
+		return false
+	}
+}
+
+func (d *sharedDrainer) wait() { <-d.done }
+
+// sharable reports whether the shared drain may take r's batches (see the
+// top of this file): its drain loop runs (its lead goes on), and nothing
+// needs the schema's own drain. r.drainMu is held.
+func (r *Relay) sharable(ctx context.Context) bool {
+	if !r.drainOpen || r.dueOnly || r.cfg.WaitForStandby || !r.syncKnown || r.syncStandby {
+		return false
+	}
+	if over, _ := r.bp.memory(ctx, r); over || r.bp.any() {
+		return false
+	}
+	return true
+}
+
+// drainShared drains the schemas of found together (see the top of this
+// file); those it cannot take are woken to drain on their own.
+func (f *fleet) drainShared(ctx context.Context, pool *pgxpool.Pool, found []hotFound) {
+	var parts []*sharedPart
+	for _, h := range found {
+		c := h.t.r
+		if h.ctx.Err() != nil {
+			continue // its lead has ended
+		}
+		if !c.drainMu.TryLock() {
+			trySendWakeup(h.t.wake) // draining: again once it is done
+			continue
+		}
+		if !c.sharable(ctx) {
+			c.drainMu.Unlock()
+			trySendWakeup(h.t.wake)
+			continue
+		}
+		parts = append(parts, &sharedPart{t: h.t, r: c})
+	}
+	if len(parts) == 0 {
+		return
+	}
+	err := f.sharedBatch(ctx, pool, parts)
+	for _, p := range parts {
+		c := p.r
+		switch {
+		case err != nil:
+			// Its own drain claims again, and retries with backoff and a
+			// log line if the failure lasts.
+			trySendWakeup(p.t.wake)
+		default:
+			c.state.drained()
+			c.bp.drainEnded()
+			if len(p.jobs) == c.cfg.BatchSize || c.bp.any() || c.handoff.TidyDue(time.Now()) {
+				// A backlog, a pause to keep, or the handoff record to
+				// tidy: the schema's own drain does those.
+				trySendWakeup(p.t.wake)
+			}
+		}
+		c.drainMu.Unlock()
+	}
+	if err != nil && ctx.Err() == nil {
+		f.r.log.Debug("a shared drain failed: each of its schemas drains on its own", zap.Int("schemas", len(parts)), zap.Error(err))
+	}
+}
+
+// sharedBatch claims, pushes and commits a batch of each part, in one
+// transaction (see the top of this file).
+func (f *fleet) sharedBatch(ctx context.Context, pool *pgxpool.Pool, parts []*sharedPart) (err error) {
+	// Once claimed, the batches are not cut short by ctx: they get
+	// ShutdownTimeout to finish, as finish gives a schema's own.
+	bctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	stop := context.AfterFunc(ctx, func() {
+		t := time.NewTimer(f.r.cfg.ShutdownTimeout)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancel()
+		case <-bctx.Done():
+		}
+	})
+	defer stop()
+
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("shared claim: %w", err)
+	}
+	start := time.Now()
+	if err := f.sharedClaim(ctx, conn.Conn(), parts); err != nil {
+		claimed{conn: conn}.rollback(ctx)
+		return err
+	}
+	var pushed []*sharedPart
+	defer func() {
+		if err == nil {
+			return
+		}
+		claimed{conn: conn}.rollback(ctx)
+		for _, p := range pushed {
+			// The push delivered these rows; the delete did not commit.
+			// Claimed again, they are deleted, not pushed.
+			p.r.handoff.Uncommitted(p.l.res.field, p.l.res.pushed)
+		}
+		for _, p := range parts {
+			if p.l != nil && p.l.span != nil {
+				p.r.tracer.end(p.l.span, &p.l.res, 0, err)
+			}
+		}
+	}()
+	batch := &pgx.Batch{}
+	for _, p := range parts {
+		if len(p.jobs) == 0 {
+			continue
+		}
+		c := p.r
+		b := claimed{jobs: p.jobs, start: start}
+		p.l = &landing{b: b, span: c.tracer.start(bctx, b)}
+		if err := c.pushLanding(bctx, p.l, c.log.Named("drain")); err != nil {
+			// pushLanding has marked the rows its push delivered, if any.
+			return fmt.Errorf("schema %q: %w", c.cfg.Schema, err)
+		}
+		pushed = append(pushed, p)
+		c.queueLanding(batch, p.l)
+	}
+	if len(pushed) == 0 {
+		// Nothing claimed: end the transaction (the deferred rollback
+		// does, should the COMMIT fail).
+		if _, err := conn.Exec(bctx, "COMMIT"); err != nil {
+			return fmt.Errorf("shared claim: commit: %w", err)
+		}
+		conn.Release()
+		return nil
+	}
+	batch.Queue("COMMIT")
+	var wal walRead
+	batch.Queue(walPositionsSQL).QueryRow(func(row pgx.Row) (err error) {
+		wal, err = scanWAL(row)
+		return err
+	})
+	if err := conn.SendBatch(bctx, batch).Close(); err != nil {
+		return fmt.Errorf("shared commit: %w", err)
+	}
+	conn.Release()
+	f.sharedCommits.Inc()
+	for _, p := range pushed {
+		c := p.r
+		c.noteWAL(wal)
+		c.landed(p.l, wal.insert, wal.flush, c.log.Named("drain"))
+		for _, id := range p.l.left {
+			c.mark.Load().lower(id) // put back: claims start below it
+		}
+		if c.found != nil && len(p.jobs) < c.cfg.BatchSize {
+			c.found.Add(int64(len(p.jobs))) // the fleet's heat (fleethot.go)
+		}
+		if p.l.span != nil {
+			c.tracer.end(p.l.span, &p.l.res, p.l.buried, nil)
+		}
+	}
+	f.sharedBatches.Add(float64(len(pushed)))
+	return nil
+}
+
+// sharedClaim begins a transaction on conn and claims a batch from each
+// part's schema, in one round trip: each schema's own claim statement,
+// from its low-water mark, skipping the poison its source leaves staged.
+func (f *fleet) sharedClaim(ctx context.Context, conn *pgx.Conn, parts []*sharedPart) error {
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	for _, p := range parts {
+		c := p.r
+		from := fromStart
+		if w := c.mark.Load(); w != nil {
+			from, _ = w.from()
+		}
+		skip := c.poisoned
+		if skip == nil {
+			skip = []int64{} // NULL would make "id <> ALL" NULL
+		}
+		args := append([]any{c.cfg.BatchSize, skip, from}, c.claimArgs...)
+		args = append(args, []string{}) // no queue left out: none is paused (sharable)
+		b.Queue(c.sql.claim, args...)
+	}
+	br := conn.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close()
+		return fmt.Errorf("begin: %w", err)
+	}
+	for _, p := range parts {
+		c := p.r
+		rows, err := br.Query()
+		if err != nil {
+			_ = br.Close()
+			return fmt.Errorf("shared claim, schema %q: %w", c.cfg.Schema, err)
+		}
+		scan := c.src.scanner()
+		if scan == nil {
+			scan = stagedJobScan()
+		}
+		var jobs []stagedJob
+		for rows.Next() {
+			jobs = append(jobs, stagedJob{})
+			if err := scan(rows, &jobs[len(jobs)-1]); err != nil {
+				rows.Close()
+				_ = br.Close()
+				return fmt.Errorf("shared claim, schema %q: scan row: %w", c.cfg.Schema, err)
+			}
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			_ = br.Close()
+			return fmt.Errorf("shared claim, schema %q: %w", c.cfg.Schema, err)
+		}
+		// RETURNING follows no order; jobs of a queue are pushed in id order.
+		slices.SortFunc(jobs, func(a, b stagedJob) int { return cmp.Compare(a.id, b.id) })
+		p.jobs = jobs
+	}
+	if err := br.Close(); err != nil {
+		return fmt.Errorf("shared claim: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,98 @@
+package relay_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/stagedrain/stagedrain/relay"
+	"github.com/stagedrain/stagedrain/relay/internal/testenv"
+)
+
+// A hot fleet drains the schemas one poll finds together: one transaction
+// claims a batch from each, pushes each through its own schema's handoff
+// record, and commits them all (fleetdrain.go). Checked by the fleet's
+// counters of shared commits and of the batches in them, and by every job
+// delivered exactly once: those of the commits that made the fleet run hot,
+// and three staged in three schemas by one app transaction, which the next
+// poll finds at once.
+func TestFleetHotDrainsSchemasTogether(t *testing.T) {
+	t.Parallel()
+	fh := newFleetHarness(t, 4)
+	cfg := fh.fleetConfig()
+	cfg.PollInterval = time.Hour // only the hot poll finds what does not notify
+	r, err := relay.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay.SetFleetHotLeave(r, 0) // hot for good once hot
+	fh.run(r)
+	testenv.WaitFor(t, 10*time.Second, "the relay leads every schema", func() (bool, string) {
+		got := leads(r)
+		return len(got) == len(fh.schemas), fmt.Sprintf("leads %q", got)
+	})
+	bc := commitBusy(t, fh.schemas)
+	testenv.WaitFor(t, 30*time.Second, "the fleet runs hot", func() (bool, string) {
+		return relay.FleetHot(r), "not hot"
+	})
+	testenv.WaitFor(t, 30*time.Second, "a shared commit of the busy schemas' jobs", func() (bool, string) {
+		c, _ := sharedCounters(t, r)
+		return c > 0, fmt.Sprintf("%v shared commits", c)
+	})
+	fh.waitJIDs("busy", bc.stop())
+
+	commits, batches := sharedCounters(t, r)
+	var jids []string
+	err = pgx.BeginFunc(context.Background(), fh.conn, func(tx pgx.Tx) error {
+		for _, schema := range fh.schemas[:3] {
+			jid, err := relay.NewStager(schema).Stage(context.Background(), tx, relay.Job{Name: "W", Queue: "together", Args: []any{schema}})
+			if err != nil {
+				return err
+			}
+			jids = append(jids, jid)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fh.waitJIDs("together", jids)
+	c, b := sharedCounters(t, r)
+	if c-commits < 1 || b-batches <= c-commits {
+		t.Fatalf("the three schemas' jobs took %v shared commits of %v batches; want one commit of more than one schema's batch", c-commits, b-batches)
+	}
+	if !relay.FleetHot(r) {
+		t.Fatal("the fleet cooled: its schemas' drains, not the hot poll's, may have delivered")
+	}
+	for _, schema := range fh.schemas {
+		var n int
+		if err := fh.conn.QueryRow(context.Background(), fmt.Sprintf(`SELECT count(*) FROM %q.staged_jobs`, schema)).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n != 0 {
+			t.Fatalf("%s still stages %d rows, all delivered", schema, n)
+		}
+	}
+}
+
+// sharedCounters reads the fleet r's counters of shared commits and of the
+// schemas' batches in them.
+func sharedCounters(t *testing.T, r *relay.Relay) (commits, batches float64) {
+	t.Helper()
+	fams, err := r.MetricsGatherer().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		switch f.GetName() {
+		case "stagedrain_fleet_shared_commits_total":
+			commits = f.GetMetric()[0].GetCounter().GetValue()
+		case "stagedrain_fleet_shared_batches_total":
+			batches = f.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	return commits, batches
+}
