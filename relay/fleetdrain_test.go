@@ -3,6 +3,7 @@ package relay_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -95,4 +96,75 @@ func sharedCounters(t *testing.T, r *relay.Relay) (commits, batches float64) {
 		}
 	}
 	return commits, batches
+}
+
+// A shared drain whose push fails for one schema rolls back every batch it
+// claimed, the pushed ones too: their rows stay staged, and their handoff
+// records say they were delivered, so that each schema's own drain, woken,
+// deletes them without pushing them again. Here the third schema's fence
+// is taken by another relay (as a new leader does) just before one app
+// transaction stages a job in each of three schemas: the first two are
+// pushed, the third is refused, the shared transaction rolls back, and
+// still every job reaches Redis exactly once (the third once its relay has
+// stepped down and led again).
+func TestFleetSharedDrainRollsBackAsOne(t *testing.T) {
+	t.Parallel()
+	fh := newFleetHarness(t, 4)
+	ctx := context.Background()
+	cfg := fh.fleetConfig()
+	cfg.PollInterval = time.Hour
+	r, err := relay.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay.SetFleetHotLeave(r, 0) // hot for good once hot
+	fh.run(r)
+	testenv.WaitFor(t, 10*time.Second, "the relay leads every schema", func() (bool, string) {
+		got := leads(r)
+		return len(got) == len(fh.schemas), fmt.Sprintf("leads %q", got)
+	})
+	bc := commitBusy(t, fh.schemas)
+	testenv.WaitFor(t, 30*time.Second, "a shared commit of the busy schemas' jobs", func() (bool, string) {
+		c, _ := sharedCounters(t, r)
+		return relay.FleetHot(r) && c > 0, fmt.Sprintf("hot %v, %v shared commits", relay.FleetHot(r), c)
+	})
+	fh.waitJIDs("busy", bc.stop())
+
+	fence, _ := relay.HandoffKeys(fh.ns, fh.conn.Config().Database, fh.schemas[2])
+	if err := fh.rdb.HSet(ctx, fence, "token", "another-leader").Err(); err != nil {
+		t.Fatal(err)
+	}
+	var jids []string
+	err = pgx.BeginFunc(ctx, fh.conn, func(tx pgx.Tx) error {
+		for _, schema := range fh.schemas[:3] {
+			jid, err := relay.NewStager(schema).Stage(ctx, tx, relay.Job{Name: "W", Queue: "together", Args: []any{schema}})
+			if err != nil {
+				return err
+			}
+			jids = append(jids, jid)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fh.waitLog("a shared drain failed: each of its schemas drains on its own", 1)
+	fh.waitJIDs("together", jids)
+	for _, schema := range fh.schemas {
+		testenv.WaitFor(t, 15*time.Second, schema+" drained", func() (bool, string) {
+			var n int
+			if err := fh.conn.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %q.staged_jobs`, schema)).Scan(&n); err != nil {
+				return false, err.Error()
+			}
+			return n == 0, fmt.Sprintf("%d rows staged", n)
+		})
+	}
+	// Nothing came twice, late: the queue holds each job once.
+	if got := fh.queueJIDs("together"); len(got) != len(jids) {
+		t.Fatalf("queue together holds %d jobs %v, want %v once each", len(got), got, jids)
+	}
+	failed := fh.logs.FilterMessage("a shared drain failed: each of its schemas drains on its own").All()[0]
+	if msg := fmt.Sprint(failed.ContextMap()["error"]); !strings.Contains(msg, fh.schemas[2]) || !strings.Contains(msg, "fenced off") {
+		t.Fatalf("the shared drain failed with %q, want %s's fence's refusal", msg, fh.schemas[2])
+	}
 }
