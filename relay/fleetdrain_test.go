@@ -168,3 +168,79 @@ func TestFleetSharedDrainRollsBackAsOne(t *testing.T) {
 		t.Fatalf("the shared drain failed with %q, want %s's fence's refusal", msg, fh.schemas[2])
 	}
 }
+
+// The shared drain crossed with a group of queues and a poison row: each
+// schema's batch is claimed by its own claim, of the group's queues only,
+// and the poison of one schema is buried in its own dead-letter table by
+// the shared commit, while the other schemas' jobs are delivered. One app
+// transaction stages a job of the group in a first schema, an oversized
+// one in a second, and a job of a queue outside the group in a third.
+func TestFleetSharedDrainWithQueuesAndPoison(t *testing.T) {
+	t.Parallel()
+	fh := newFleetHarness(t, 3)
+	ctx := context.Background()
+	cfg := fh.fleetConfig()
+	cfg.PollInterval = time.Hour
+	cfg.Queues = []string{"busy", "together"}
+	cfg.MaxPayloadBytes = 500
+	r, err := relay.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay.SetFleetHotLeave(r, 0) // hot for good once hot
+	fh.run(r)
+	testenv.WaitFor(t, 10*time.Second, "the relay leads every schema", func() (bool, string) {
+		got := leads(r)
+		return len(got) == len(fh.schemas), fmt.Sprintf("leads %q", got)
+	})
+	bc := commitBusy(t, fh.schemas)
+	testenv.WaitFor(t, 30*time.Second, "a shared commit of the busy schemas' jobs", func() (bool, string) {
+		c, _ := sharedCounters(t, r)
+		return relay.FleetHot(r) && c > 0, fmt.Sprintf("hot %v, %v shared commits", relay.FleetHot(r), c)
+	})
+	fh.waitJIDs("busy", bc.stop())
+
+	commits, batches := sharedCounters(t, r)
+	var good, huge, other string
+	err = pgx.BeginFunc(ctx, fh.conn, func(tx pgx.Tx) error {
+		var err error
+		if good, err = relay.NewStager(fh.schemas[0]).Stage(ctx, tx, relay.Job{Name: "W", Queue: "together"}); err != nil {
+			return err
+		}
+		if huge, err = relay.NewStager(fh.schemas[1]).Stage(ctx, tx, relay.Job{Name: "Huge", Queue: "together", Args: []any{strings.Repeat("x", 600)}}); err != nil {
+			return err
+		}
+		other, err = relay.NewStager(fh.schemas[2]).Stage(ctx, tx, relay.Job{Name: "W", Queue: "other"})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fh.waitJIDs("together", []string{good})
+	testenv.WaitFor(t, 15*time.Second, "the oversized job dead-lettered", func() (bool, string) {
+		var reason string
+		err := fh.conn.QueryRow(ctx, fmt.Sprintf(`SELECT reason FROM %q.staged_jobs_dead WHERE jid = $1`, fh.schemas[1]), huge).Scan(&reason)
+		if err != nil {
+			return false, err.Error()
+		}
+		return strings.Contains(reason, "over the limit of 500"), reason
+	})
+	c, b := sharedCounters(t, r)
+	if c-commits < 1 || b-batches <= c-commits {
+		t.Fatalf("the jobs took %v shared commits of %v batches; want one commit of more than one schema's batch", c-commits, b-batches)
+	}
+	var staged []string
+	rows, err := fh.conn.Query(ctx, fmt.Sprintf(`SELECT jid FROM %q.staged_jobs`, fh.schemas[2]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if staged, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+		t.Fatal(err)
+	}
+	if len(staged) != 1 || staged[0] != other {
+		t.Fatalf("%s stages %v, want the other queue's job %s, left to its own group", fh.schemas[2], staged, other)
+	}
+	if got := fh.queueJIDs("other"); len(got) != 0 {
+		t.Fatalf("queue other holds %v: the group's relay pushed a queue outside it", got)
+	}
+}
