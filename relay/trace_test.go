@@ -329,3 +329,67 @@ func TestTraceRefusedJobLogsTraceID(t *testing.T) {
 		t.Errorf("queue:ok job %v: want the staging span's traceparent", got)
 	}
 }
+
+// A hot fleet's shared drain traces each schema's batch as a schema's own
+// drain does: a span per batch, linked to the spans that staged its jobs,
+// with its pushed and committed events (fleetdrain.go). One app span stages
+// a job in each of two schemas, which the next hot poll finds together.
+func TestTraceFleetSharedDrain(t *testing.T) {
+	t.Parallel()
+	rec, tp := recorder(t)
+	fh := newFleetHarness(t, 2)
+	ctx := context.Background()
+	cfg := fh.fleetConfig()
+	cfg.PollInterval = time.Hour
+	cfg.TracerProvider = tp
+	r, err := relay.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay.SetFleetHotLeave(r, 0) // hot for good once hot
+	fh.run(r)
+	testenv.WaitFor(t, 10*time.Second, "the relay leads every schema", func() (bool, string) {
+		got := leads(r)
+		return len(got) == len(fh.schemas), fmt.Sprintf("leads %q", got)
+	})
+	bc := commitBusy(t, fh.schemas)
+	testenv.WaitFor(t, 30*time.Second, "a shared commit of the busy schemas' jobs", func() (bool, string) {
+		c, _ := sharedCounters(t, r)
+		return relay.FleetHot(r) && c > 0, fmt.Sprintf("hot %v, %v shared commits", relay.FleetHot(r), c)
+	})
+	fh.waitJIDs("busy", bc.stop())
+
+	var app trace.SpanContext
+	var dest string // the last run's queue
+	untilShared(t, r, func(run int) {
+		dest = fmt.Sprintf("together%d", run)
+		sctx, span := tp.Tracer("app").Start(ctx, "signup")
+		defer span.End()
+		app = span.SpanContext()
+		var jids []string
+		err := pgx.BeginFunc(sctx, fh.conn, func(tx pgx.Tx) error {
+			for _, schema := range fh.schemas {
+				jid, err := relay.NewStager(schema).Stage(sctx, tx, relay.Job{Name: "W", Queue: dest})
+				if err != nil {
+					return err
+				}
+				jids = append(jids, jid)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fh.waitJIDs(dest, jids)
+	})
+	checkBatchSpan(t, rec, app, "sidekiq", dest)
+	testenv.WaitFor(t, 10*time.Second, "a batch span per schema, linked to the app's", func() (bool, string) {
+		n := 0
+		for _, e := range rec.Ended() {
+			if slices.ContainsFunc(e.Links(), func(l sdktrace.Link) bool { return l.SpanContext.SpanID() == app.SpanID() }) {
+				n++
+			}
+		}
+		return n == 2, fmt.Sprintf("%d linked spans: %v", n, spanNames(rec))
+	})
+}
