@@ -25,8 +25,9 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 	// the schema's batches meanwhile. When the loop ends it waits for a
 	// shared drain in flight to finish this schema's batch, as finish
 	// does its own.
+	tidyLater := make(chan struct{}, 1)
 	r.drainMu.Lock()
-	r.drainOpen = true
+	r.drainOpen, r.tidyLater = true, tidyLater
 	r.drainMu.Unlock()
 	defer func() {
 		r.drainMu.Lock()
@@ -88,6 +89,13 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 			r.drainMu.Lock()
 			locked = true
 			r.tidy(ctx, pool, log)
+			continue
+		case <-tidyLater:
+			// A shared drain left the handoff record to tidy later.
+			if tidyC == nil {
+				tidy.Reset(tidyEvery)
+				tidyC = tidy.C
+			}
 			continue
 		case <-wake:
 		case <-probeFound:

@@ -129,8 +129,8 @@ func FleetTenant(r *Relay, schema string) *Relay {
 	return nil
 }
 
-// FleetPollQuery returns the fleet r's poll over all its schemas, from
-// their low-water marks, and its arguments.
+// FleetPollQuery returns the fleet r's poll over its first 16 schemas
+// (pollChunk), from their low-water marks, and its arguments.
 func FleetPollQuery(r *Relay) (string, []any) {
 	f := r.fleet
 	f.mu.Lock()
@@ -139,5 +139,5 @@ func FleetPollQuery(r *Relay) (string, []any) {
 		led = append(led, f.tenants[name])
 	}
 	f.mu.Unlock()
-	return pollSQL(led, f.table), pollArgs(led, r.cfg.Queues)
+	return pollSQL(led, f.table)[0], pollArgs(led, r.cfg.Queues)
 }

@@ -139,9 +139,16 @@ func (f *fleet) drainShared(ctx context.Context, pool *pgxpool.Pool, found []hot
 		default:
 			c.state.drained()
 			c.bp.drainEnded()
-			if len(p.jobs) == c.cfg.BatchSize || c.bp.any() || c.handoff.TidyDue(time.Now()) {
-				// A backlog, a pause to keep, or the handoff record to
-				// tidy: the schema's own drain does those.
+			if c.handoff.TidyDue(time.Now()) {
+				// As a schema's own drain does after its drain: a claim of
+				// its own each second would cost as much again.
+				c.tidy(ctx, pool, c.log.Named("drain"))
+			} else {
+				trySendWakeup(c.tidyLater) // its drain loop's timer
+			}
+			if len(p.jobs) == c.cfg.BatchSize || c.bp.any() {
+				// A backlog, or a pause to keep: the schema's own drain
+				// does those.
 				trySendWakeup(p.t.wake)
 			}
 		}

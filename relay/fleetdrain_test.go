@@ -75,6 +75,16 @@ func TestFleetHotDrainsSchemasTogether(t *testing.T) {
 		if n != 0 {
 			t.Fatalf("%s still stages %d rows, all delivered", schema, n)
 		}
+		// Each schema's handoff record ends empty: tidied after the
+		// shared drains (at once, or by its drain loop's timer).
+		_, record := relay.HandoffKeys(fh.ns, fh.conn.Config().Database, schema)
+		testenv.WaitFor(t, 15*time.Second, schema+"'s handoff record empty", func() (bool, string) {
+			m, err := fh.rdb.HGetAll(context.Background(), record).Result()
+			if err != nil {
+				return false, err.Error()
+			}
+			return len(m) == 0, fmt.Sprintf("%d fields", len(m))
+		})
 	}
 }
 

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 
@@ -69,12 +70,12 @@ func TestFleetPollIsPrepared(t *testing.T) {
 			t.Fatalf("the poll woke %v, want %s only", got, led[1].schema)
 		}
 	}
-	first := s.pollSQL
+	first := s.pollSQL[0]
 	s.poll(ctx, led[:2], true)
-	if s.pollSQL == first {
+	if s.pollSQL[0] == first {
 		t.Fatal("the poll's statement was not rebuilt for other schemas led")
 	}
-	second := s.pollSQL
+	second := s.pollSQL[0]
 	woken()
 
 	// The session's own list of the schemas it leads, as its hot polls
@@ -88,7 +89,7 @@ func TestFleetPollIsPrepared(t *testing.T) {
 		s.poll(ctx, s.led(), true)
 		woken()
 	}
-	if s.pollSQL != first {
+	if len(s.pollSQL) != 1 || s.pollSQL[0] != first {
 		t.Fatalf("the poll over every schema led is %q, want %q (the schemas in order)", s.pollSQL, first)
 	}
 
@@ -109,5 +110,59 @@ func TestFleetPollIsPrepared(t *testing.T) {
 	// polls.
 	if !slices.Contains(prepared, first) || !slices.Contains(prepared, second) || len(prepared) != 2 {
 		t.Fatalf("prepared on the poll's session: %q; want the statements of both sets of schemas led, once each", prepared)
+	}
+}
+
+// The poll over more schemas than a statement holds (pollChunk) sends a
+// statement per chunk in one round trip, each planned again alone when one
+// of its tables changes, and finds the rows of every chunk: here of the
+// first schema and of two past the first chunk.
+func TestFleetPollChunks(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testenv.DatabaseURL()
+	base := testenv.Name("fchunk")
+	conn := testenv.Conn(t, url)
+	rdb, ns := testenv.Redis(t)
+	r, err := New(Config{DatabaseURL: url, Redis: rdb, RedisNamespace: ns, Schemas: []string{base + "_*"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var led []*tenant
+	for i := range 2*pollChunk + 3 {
+		schema := testenv.SchemaNamedIn(t, url, fmt.Sprintf("%s_%02d", base, i))
+		if _, err := Migrate(ctx, conn, schema); err != nil {
+			t.Fatal(err)
+		}
+		led = append(led, &tenant{schema: schema, r: r, wake: make(chan struct{}, 1)})
+	}
+	want := []string{led[0].schema, led[pollChunk+1].schema, led[2*pollChunk+2].schema}
+	for _, schema := range want {
+		if _, err := NewStager(schema).Stage(ctx, conn, Job{Name: "W"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	s := &fleetSession{f: r.fleet, pool: pool}
+	if n := s.poll(ctx, led, false); n != len(want) {
+		t.Fatalf("the poll found %d schemas with rows, want %d (%v)", n, len(want), want)
+	}
+	if len(s.pollSQL) != 3 {
+		t.Fatalf("the poll over %d schemas is %d statements, want 3 of %d at most", len(led), len(s.pollSQL), pollChunk)
+	}
+	var woken []string
+	for _, l := range led {
+		select {
+		case <-l.wake:
+			woken = append(woken, l.schema)
+		default:
+		}
+	}
+	if !slices.Equal(woken, want) {
+		t.Fatalf("the poll woke %v, want %v", woken, want)
 	}
 }

@@ -74,6 +74,9 @@ type Relay struct {
 	// drainOpen is true while the drain loop runs (under drainMu): a
 	// shared drain takes no batch of a schema whose leadership is ending.
 	drainOpen bool
+	// tidyLater asks the drain loop to tidy the handoff record in a while
+	// (under drainMu, while drainOpen): a shared drain's batch left it.
+	tidyLater chan struct{}
 	// deaf is true while no listener session has LISTENed on the schema's
 	// channel (at start, and from a listener's failure until it LISTENs
 	// again): the relay does not go idle then, since a commit's
