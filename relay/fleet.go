@@ -733,11 +733,8 @@ func (s *fleetSession) poll(ctx context.Context, led []*tenant, hot bool) (found
 			}
 			trySendWakeup(t.wake)
 		}
-		if len(shared) > 0 && !s.drainer.offer(shared) {
-			// A shared drain is still in flight: each drains on its own.
-			for _, h := range shared {
-				trySendWakeup(h.t.wake)
-			}
+		if len(shared) > 0 {
+			s.drainer.offer(shared)
 		}
 		found = len(staged)
 		return nil

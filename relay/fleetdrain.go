@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -40,6 +41,9 @@ import (
 // (a backlog) wakes the schema's own drain too, which claims batch after
 // batch from a cursor.
 
+// sharedPushes bounds the pushes of a shared drain in flight at once.
+const sharedPushes = 8
+
 // hotFound is a schema a hot poll found with rows, and its lead's context.
 type hotFound struct {
 	t   *tenant
@@ -55,39 +59,48 @@ type sharedPart struct {
 }
 
 // sharedDrainer runs the shared drains of a hot fleet's session, one at a
-// time, until ctx ends. The poll hands it the schemas it found (offer).
+// time, until ctx ends. The polls hand it the schemas they found (offer):
+// those found while a shared drain is in flight wait for the next one,
+// which takes them all.
 type sharedDrainer struct {
 	f    *fleet
 	pool *pgxpool.Pool
-	in   chan []hotFound
+	mu   sync.Mutex
+	next []hotFound // found since the last shared drain began
+	ping chan struct{}
 	done chan struct{}
 }
 
 func (f *fleet) startSharedDrainer(ctx context.Context, pool *pgxpool.Pool) *sharedDrainer {
-	d := &sharedDrainer{f: f, pool: pool, in: make(chan []hotFound), done: make(chan struct{})}
+	d := &sharedDrainer{f: f, pool: pool, ping: make(chan struct{}, 1), done: make(chan struct{})}
 	go func() {
 		defer close(d.done)
 		for {
 			select {
 			case <-ctx.Done():
 				return
-			case found := <-d.in:
-				d.f.drainShared(ctx, d.pool, found)
+			case <-d.ping:
 			}
+			d.mu.Lock()
+			found := d.next
+			d.next = nil
+			d.mu.Unlock()
+			d.f.drainShared(ctx, d.pool, found)
 		}
 	}()
 	return d
 }
 
-// offer hands found to the drainer; false when a shared drain is still in
-// flight (the caller wakes each schema's own drain instead).
-func (d *sharedDrainer) offer(found []hotFound) bool {
-	select {
-	case d.in <- found:
-		return true
-	default:
-		return false
+// offer adds found to the next shared drain's schemas.
+func (d *sharedDrainer) offer(found []hotFound) {
+	d.mu.Lock()
+	for _, h := range found {
+		if !slices.ContainsFunc(d.next, func(n hotFound) bool { return n.t == h.t }) {
+			d.next = append(d.next, h)
+		}
 	}
+	d.mu.Unlock()
+	trySendWakeup(d.ping)
 }
 
 func (d *sharedDrainer) wait() { <-d.done }
@@ -203,20 +216,42 @@ func (f *fleet) sharedBatch(ctx context.Context, pool *pgxpool.Pool, parts []*sh
 			}
 		}
 	}()
-	batch := &pgx.Batch{}
-	for _, p := range parts {
+	// The pushes go at the same time, sharedPushes at most: each
+	// touches its own schema's relay only, and its own Redis keys.
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, sharedPushes)
+	errs := make([]error, len(parts))
+	for i, p := range parts {
 		if len(p.jobs) == 0 {
 			continue
 		}
 		c := p.r
 		b := claimed{jobs: p.jobs, start: start}
 		p.l = &landing{b: b, span: c.tracer.start(bctx, b)}
-		if err := c.pushLanding(bctx, p.l, c.log.Named("drain")); err != nil {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			errs[i] = c.pushLanding(bctx, p.l, c.log.Named("drain"))
+		})
+	}
+	wg.Wait()
+	batch := &pgx.Batch{}
+	var failed error
+	for i, p := range parts {
+		switch {
+		case p.l == nil:
+		case errs[i] != nil:
 			// pushLanding has marked the rows its push delivered, if any.
-			return fmt.Errorf("schema %q: %w", c.cfg.Schema, err)
+			if failed == nil {
+				failed = fmt.Errorf("schema %q: %w", p.r.cfg.Schema, errs[i])
+			}
+		default:
+			pushed = append(pushed, p)
+			p.r.queueLanding(batch, p.l)
 		}
-		pushed = append(pushed, p)
-		c.queueLanding(batch, p.l)
+	}
+	if failed != nil {
+		return failed
 	}
 	if len(pushed) == 0 {
 		// Nothing claimed: end the transaction (the deferred rollback
