@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -56,6 +57,13 @@ type sharedPart struct {
 	r    *Relay
 	jobs []stagedJob
 	l    *landing // once pushed
+
+	// The schema's low-water mark (nil: off), and what its claim read for
+	// it (see sharedClaim).
+	w       *lowWater
+	lowered uint64
+	clean   bool // no row skipped
+	mark    markRead
 }
 
 // sharedDrainer runs the shared drains of a hot fleet's session, one at a
@@ -260,6 +268,7 @@ func (f *fleet) sharedBatch(ctx context.Context, pool *pgxpool.Pool, parts []*sh
 			return fmt.Errorf("shared claim: commit: %w", err)
 		}
 		conn.Release()
+		confirmMarks(parts)
 		return nil
 	}
 	batch.Queue("COMMIT")
@@ -287,6 +296,7 @@ func (f *fleet) sharedBatch(ctx context.Context, pool *pgxpool.Pool, parts []*sh
 			c.tracer.end(p.l.span, &p.l.res, p.l.buried, nil)
 		}
 	}
+	confirmMarks(parts)
 	f.sharedBatches.Add(float64(len(pushed)))
 	return nil
 }
@@ -297,24 +307,65 @@ func (f *fleet) sharedBatch(ctx context.Context, pool *pgxpool.Pool, parts []*sh
 func (f *fleet) sharedClaim(ctx context.Context, conn *pgx.Conn, parts []*sharedPart) error {
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
+	// The low-water marks' reads (lowwater.go), each schema's before any
+	// claim: its snapshot's xmin and S, its sequence's last value. The
+	// transaction takes its id X at the first row any claim locks, after
+	// every S was read, as a schema's own claim takes it after its S: so
+	// (S, X) is a candidate of each schema's mark, by the same proof. An
+	// xmin read before the claims is one they could have read: at most
+	// theirs.
+	for _, p := range parts {
+		if p.w = p.r.mark.Load(); p.w != nil {
+			b.Queue(`SELECT pg_snapshot_xmin(pg_current_snapshot())::text, ` +
+				pgx.Identifier{p.r.cfg.Schema, "stagedrain_last_id"}.Sanitize() + `()::text`)
+		}
+	}
 	for _, p := range parts {
 		c := p.r
 		from := fromStart
-		if w := c.mark.Load(); w != nil {
-			from, _ = w.from()
+		if p.w != nil {
+			from, p.lowered = p.w.from()
+			p.w.lastFrom.Store(from)
 		}
 		skip := c.poisoned
 		if skip == nil {
 			skip = []int64{} // NULL would make "id <> ALL" NULL
 		}
+		p.clean = len(skip) == 0
 		args := append([]any{c.cfg.BatchSize, skip, from}, c.claimArgs...)
 		args = append(args, []string{}) // no queue left out: none is paused (sharable)
 		b.Queue(c.sql.claim, args...)
 	}
+	b.Queue(`SELECT pg_current_xact_id_if_assigned()::text`)
 	br := conn.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
 		_ = br.Close()
 		return fmt.Errorf("begin: %w", err)
+	}
+	for _, p := range parts {
+		if p.w == nil {
+			continue
+		}
+		var xmin string
+		var last *string
+		if err := br.QueryRow().Scan(&xmin, &last); err != nil {
+			_ = br.Close()
+			return fmt.Errorf("shared claim, schema %q: read the mark: %w", p.r.cfg.Schema, err)
+		}
+		m := markRead{present: true}
+		var err error
+		if m.xmin, err = strconv.ParseUint(xmin, 10, 64); err != nil {
+			_ = br.Close()
+			return fmt.Errorf("shared claim, schema %q: xmin %q: %w", p.r.cfg.Schema, xmin, err)
+		}
+		if last != nil {
+			if m.last, err = strconv.ParseInt(*last, 10, 64); err != nil {
+				_ = br.Close()
+				return fmt.Errorf("shared claim, schema %q: last id %q: %w", p.r.cfg.Schema, *last, err)
+			}
+			m.lastOK = true
+		}
+		p.mark = m
 	}
 	for _, p := range parts {
 		c := p.r
@@ -345,8 +396,40 @@ func (f *fleet) sharedClaim(ctx context.Context, conn *pgx.Conn, parts []*shared
 		slices.SortFunc(jobs, func(a, b stagedJob) int { return cmp.Compare(a.id, b.id) })
 		p.jobs = jobs
 	}
+	var xid *string
+	if err := br.QueryRow().Scan(&xid); err != nil {
+		_ = br.Close()
+		return fmt.Errorf("shared claim: read its transaction id: %w", err)
+	}
 	if err := br.Close(); err != nil {
 		return fmt.Errorf("shared claim: %w", err)
 	}
+	for _, p := range parts {
+		if p.w == nil {
+			continue
+		}
+		if xid != nil {
+			x, err := strconv.ParseUint(*xid, 10, 64)
+			if err != nil {
+				return fmt.Errorf("shared claim: xid %q: %w", *xid, err)
+			}
+			p.mark.xid, p.mark.xidOK = x, true
+		}
+		p.w.noted(p.mark)
+	}
 	return nil
+}
+
+// confirmMarks advances the parts' marks after their shared transaction
+// committed (lowwater.go): a claim qualifies when it started from its mark
+// (the shared claims all do), skipped nothing, came back short, and its
+// batch put nothing back; the schema had no other batch in flight
+// (drainMu).
+func confirmMarks(parts []*sharedPart) {
+	for _, p := range parts {
+		if p.w == nil || !p.clean || len(p.jobs) >= p.r.cfg.BatchSize || p.l != nil && len(p.l.left) > 0 {
+			continue
+		}
+		p.w.confirm(p.mark.xmin, p.lowered)
+	}
 }

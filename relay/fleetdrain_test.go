@@ -273,3 +273,68 @@ func untilShared(t *testing.T, r *relay.Relay, stage func(run int)) {
 	}
 	t.Fatalf("the last run's jobs took %v shared commits of %v batches; want a commit of more than one schema's batch", c, b)
 }
+
+// A shared drain moves each schema's low-water mark (lowwater.go) as the
+// schema's own drain does, and never past an id whose transaction is still
+// open: here one transaction holds a low id in a schema while the hot
+// fleet drains later jobs of every schema together; the mark stays below
+// that id until it commits, then the row is drained and the mark passes
+// it.
+func TestFleetSharedDrainKeepsTheMarkBelowAnOpenID(t *testing.T) {
+	t.Parallel()
+	fh := newFleetHarness(t, 3)
+	ctx := context.Background()
+	cfg := fh.fleetConfig()
+	cfg.PollInterval = time.Hour
+	r, err := relay.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay.SetFleetHotLeave(r, 0) // hot for good once hot
+	fh.run(r)
+	testenv.WaitFor(t, 10*time.Second, "the relay leads every schema", func() (bool, string) {
+		got := leads(r)
+		return len(got) == len(fh.schemas), fmt.Sprintf("leads %q", got)
+	})
+	bc := commitBusy(t, fh.schemas)
+	defer bc.stop()
+	testenv.WaitFor(t, 30*time.Second, "a shared commit of the busy schemas' jobs", func() (bool, string) {
+		c, _ := sharedCounters(t, r)
+		return relay.FleetHot(r) && c > 0, fmt.Sprintf("hot %v, %v shared commits", relay.FleetHot(r), c)
+	})
+	schema := fh.schemas[1]
+	tenant := relay.FleetTenant(r, schema)
+
+	late := testenv.Conn(t, testenv.DatabaseURL())
+	tx, err := late.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	var lateID int64
+	var lateJID string
+	if err := tx.QueryRow(ctx, `INSERT INTO `+pgx.Identifier{schema, "staged_jobs"}.Sanitize()+
+		` (job_name, job_args, queue) VALUES ('Late', '[]', 'late') RETURNING id, jid`).Scan(&lateID, &lateJID); err != nil {
+		t.Fatal(err)
+	}
+	// Later ids of the schema, drained by shared drains, with the other
+	// schemas' busy jobs.
+	commits, _ := sharedCounters(t, r)
+	testenv.WaitFor(t, 30*time.Second, "shared drains of the schema's later ids", func() (bool, string) {
+		var top int64
+		if err := fh.conn.QueryRow(ctx, `SELECT last_value FROM `+pgx.Identifier{schema, "staged_jobs_id_seq"}.Sanitize()).Scan(&top); err != nil {
+			return false, err.Error()
+		}
+		c, _ := sharedCounters(t, r)
+		return top > lateID+20 && c > commits+20, fmt.Sprintf("last id %d (late %d), %v shared commits since", top, lateID, c-commits)
+	})
+	if l, _ := relay.LowWater(tenant); l >= lateID {
+		t.Fatalf("low-water mark %d passed id %d, whose transaction is still open", l, lateID)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	fh.waitJIDs("late", []string{lateJID})
+	waitMark(t, tenant, lateID)
+	fh.waitJIDs("busy", bc.stop())
+}
