@@ -36,8 +36,12 @@ import (
 //     one pushed while the next is claimed), so a schema with a long
 //     backlog holds at most two and the others' claims wait for at most
 //     one batch;
-//   - one fallback poll: a statement that asks which led schemas have rows
-//     staged, and wakes only those.
+//   - one fallback poll: statements of 16 schemas each (pollChunk), in one
+//     round trip, that ask which led schemas have rows staged, and wake only
+//     those;
+//   - while the fleet runs hot (fleethot.go), one shared drain: the schemas
+//     a hot poll finds are claimed, pushed and committed together, in one
+//     transaction (fleetdrain.go).
 //
 // Relays with the same Schemas and Queues are members of one fleet: each
 // holds a shared advisory lock on the fleet's name, and counts the
