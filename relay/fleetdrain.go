@@ -36,8 +36,8 @@ import (
 // A schema drains on its own instead (the poll wakes its drain, as
 // before) when its own drain is running (drainMu: never both at once),
 // when backpressure holds one of its queues back or Redis is nearly full,
-// for a target with no scheduler (streams: its drain arms the wake-up for
-// the next due run_at), and while a commit must wait for the standbys
+// for a target with no scheduler (streams, celery: its drain arms the
+// wake-up for the next due run_at), and while a commit must wait for the standbys
 // (WaitForStandby, synchronous replication). A batch that comes back full
 // (a backlog) wakes the schema's own drain too, which claims batch after
 // batch from a cursor.
