@@ -464,18 +464,8 @@ func (c claimed) rollback(ctx context.Context) {
 // ShutdownTimeout to finish, so a stop between push and delete does not
 // leave work for the next leader.
 func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (left []int64, err error) {
-	bctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	bctx, cancel := batchContext(ctx, r.cfg.ShutdownTimeout)
 	defer cancel()
-	stop := context.AfterFunc(ctx, func() {
-		t := time.NewTimer(r.cfg.ShutdownTimeout)
-		defer t.Stop()
-		select {
-		case <-t.C:
-			cancel()
-		case <-bctx.Done():
-		}
-	})
-	defer stop()
 	defer func() {
 		if err != nil {
 			b.rollback(ctx)
@@ -520,6 +510,24 @@ func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (left []
 	b.conn.Release()
 	r.landed(l, wal, flush, log)
 	return l.left, nil
+}
+
+// batchContext is the context of a claimed batch's push and commit: not
+// cancelled with ctx, but grace after ctx ends (ShutdownTimeout), so that
+// a stop between push and delete does not leave work for the next leader.
+// cancel releases it.
+func batchContext(ctx context.Context, grace time.Duration) (bctx context.Context, cancel func()) {
+	bctx, cancelB := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, func() {
+		t := time.NewTimer(grace)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancelB()
+		case <-bctx.Done():
+		}
+	})
+	return bctx, func() { stop(); cancelB() }
 }
 
 // landing is a claimed batch from its push to the end of its commit: what

@@ -185,18 +185,8 @@ func (f *fleet) drainShared(ctx context.Context, pool *pgxpool.Pool, found []hot
 func (f *fleet) sharedBatch(ctx context.Context, pool *pgxpool.Pool, parts []*sharedPart) (err error) {
 	// Once claimed, the batches are not cut short by ctx: they get
 	// ShutdownTimeout to finish, as finish gives a schema's own.
-	bctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	bctx, cancel := batchContext(ctx, f.r.cfg.ShutdownTimeout)
 	defer cancel()
-	stop := context.AfterFunc(ctx, func() {
-		t := time.NewTimer(f.r.cfg.ShutdownTimeout)
-		defer t.Stop()
-		select {
-		case <-t.C:
-			cancel()
-		case <-bctx.Done():
-		}
-	})
-	defer stop()
 
 	conn, err := pool.Acquire(ctx)
 	if err != nil {

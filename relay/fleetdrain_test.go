@@ -25,25 +25,7 @@ func TestFleetHotDrainsSchemasTogether(t *testing.T) {
 	t.Parallel()
 	fh := newFleetHarness(t, 4)
 	cfg := fh.fleetConfig()
-	cfg.PollInterval = time.Hour // only the hot poll finds what does not notify
-	r, err := relay.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	relay.SetFleetHotLeave(r, 0) // hot for good once hot
-	fh.run(r)
-	testenv.WaitFor(t, 10*time.Second, "the relay leads every schema", func() (bool, string) {
-		got := leads(r)
-		return len(got) == len(fh.schemas), fmt.Sprintf("leads %q", got)
-	})
-	bc := commitBusy(t, fh.schemas)
-	testenv.WaitFor(t, 30*time.Second, "the fleet runs hot", func() (bool, string) {
-		return relay.FleetHot(r), "not hot"
-	})
-	testenv.WaitFor(t, 30*time.Second, "a shared commit of the busy schemas' jobs", func() (bool, string) {
-		c, _ := sharedCounters(t, r)
-		return c > 0, fmt.Sprintf("%v shared commits", c)
-	})
+	r, bc := startHotFleet(t, fh, cfg)
 	fh.waitJIDs("busy", bc.stop())
 
 	untilShared(t, r, func(run int) {
@@ -121,22 +103,7 @@ func TestFleetSharedDrainRollsBackAsOne(t *testing.T) {
 	fh := newFleetHarness(t, 4)
 	ctx := context.Background()
 	cfg := fh.fleetConfig()
-	cfg.PollInterval = time.Hour
-	r, err := relay.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	relay.SetFleetHotLeave(r, 0) // hot for good once hot
-	fh.run(r)
-	testenv.WaitFor(t, 10*time.Second, "the relay leads every schema", func() (bool, string) {
-		got := leads(r)
-		return len(got) == len(fh.schemas), fmt.Sprintf("leads %q", got)
-	})
-	bc := commitBusy(t, fh.schemas)
-	testenv.WaitFor(t, 30*time.Second, "a shared commit of the busy schemas' jobs", func() (bool, string) {
-		c, _ := sharedCounters(t, r)
-		return relay.FleetHot(r) && c > 0, fmt.Sprintf("hot %v, %v shared commits", relay.FleetHot(r), c)
-	})
+	_, bc := startHotFleet(t, fh, cfg)
 	fh.waitJIDs("busy", bc.stop())
 
 	fence, _ := relay.HandoffKeys(fh.ns, fh.conn.Config().Database, fh.schemas[2])
@@ -144,7 +111,7 @@ func TestFleetSharedDrainRollsBackAsOne(t *testing.T) {
 		t.Fatal(err)
 	}
 	var jids []string
-	err = pgx.BeginFunc(ctx, fh.conn, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, fh.conn, func(tx pgx.Tx) error {
 		for _, schema := range fh.schemas[:3] {
 			jid, err := relay.NewStager(schema).Stage(ctx, tx, relay.Job{Name: "W", Queue: "together", Args: []any{schema}})
 			if err != nil {
@@ -189,24 +156,9 @@ func TestFleetSharedDrainWithQueuesAndPoison(t *testing.T) {
 	fh := newFleetHarness(t, 3)
 	ctx := context.Background()
 	cfg := fh.fleetConfig()
-	cfg.PollInterval = time.Hour
 	cfg.Queues = []string{"busy", "together"}
 	cfg.MaxPayloadBytes = 500
-	r, err := relay.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	relay.SetFleetHotLeave(r, 0) // hot for good once hot
-	fh.run(r)
-	testenv.WaitFor(t, 10*time.Second, "the relay leads every schema", func() (bool, string) {
-		got := leads(r)
-		return len(got) == len(fh.schemas), fmt.Sprintf("leads %q", got)
-	})
-	bc := commitBusy(t, fh.schemas)
-	testenv.WaitFor(t, 30*time.Second, "a shared commit of the busy schemas' jobs", func() (bool, string) {
-		c, _ := sharedCounters(t, r)
-		return relay.FleetHot(r) && c > 0, fmt.Sprintf("hot %v, %v shared commits", relay.FleetHot(r), c)
-	})
+	r, bc := startHotFleet(t, fh, cfg)
 	fh.waitJIDs("busy", bc.stop())
 
 	var goods, others []string
@@ -285,23 +237,8 @@ func TestFleetSharedDrainKeepsTheMarkBelowAnOpenID(t *testing.T) {
 	fh := newFleetHarness(t, 3)
 	ctx := context.Background()
 	cfg := fh.fleetConfig()
-	cfg.PollInterval = time.Hour
-	r, err := relay.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	relay.SetFleetHotLeave(r, 0) // hot for good once hot
-	fh.run(r)
-	testenv.WaitFor(t, 10*time.Second, "the relay leads every schema", func() (bool, string) {
-		got := leads(r)
-		return len(got) == len(fh.schemas), fmt.Sprintf("leads %q", got)
-	})
-	bc := commitBusy(t, fh.schemas)
+	r, bc := startHotFleet(t, fh, cfg)
 	defer bc.stop()
-	testenv.WaitFor(t, 30*time.Second, "a shared commit of the busy schemas' jobs", func() (bool, string) {
-		c, _ := sharedCounters(t, r)
-		return relay.FleetHot(r) && c > 0, fmt.Sprintf("hot %v, %v shared commits", relay.FleetHot(r), c)
-	})
 	schema := fh.schemas[1]
 	tenant := relay.FleetTenant(r, schema)
 
@@ -337,4 +274,30 @@ func TestFleetSharedDrainKeepsTheMarkBelowAnOpenID(t *testing.T) {
 	fh.waitJIDs("late", []string{lateJID})
 	waitMark(t, tenant, lateID)
 	fh.waitJIDs("busy", bc.stop())
+}
+
+// startHotFleet runs a fleet relay of cfg whose fallback poll is an hour
+// away (only the hot poll finds what does not notify), hot for good once
+// hot, and returns it once it leads every schema and a shared drain has
+// committed jobs of the busy commits it starts in every schema (stop them
+// with bc.stop).
+func startHotFleet(t *testing.T, fh *fleetHarness, cfg relay.Config) (*relay.Relay, *busyCommits) {
+	t.Helper()
+	cfg.PollInterval = time.Hour
+	r, err := relay.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay.SetFleetHotLeave(r, 0)
+	fh.run(r)
+	testenv.WaitFor(t, 10*time.Second, "the relay leads every schema", func() (bool, string) {
+		got := leads(r)
+		return len(got) == len(fh.schemas), fmt.Sprintf("leads %q", got)
+	})
+	bc := commitBusy(t, fh.schemas)
+	testenv.WaitFor(t, 30*time.Second, "a shared commit of the busy schemas' jobs", func() (bool, string) {
+		c, _ := sharedCounters(t, r)
+		return relay.FleetHot(r) && c > 0, fmt.Sprintf("hot %v, %v shared commits", relay.FleetHot(r), c)
+	})
+	return r, bc
 }

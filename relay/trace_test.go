@@ -340,23 +340,8 @@ func TestTraceFleetSharedDrain(t *testing.T) {
 	fh := newFleetHarness(t, 2)
 	ctx := context.Background()
 	cfg := fh.fleetConfig()
-	cfg.PollInterval = time.Hour
 	cfg.TracerProvider = tp
-	r, err := relay.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	relay.SetFleetHotLeave(r, 0) // hot for good once hot
-	fh.run(r)
-	testenv.WaitFor(t, 10*time.Second, "the relay leads every schema", func() (bool, string) {
-		got := leads(r)
-		return len(got) == len(fh.schemas), fmt.Sprintf("leads %q", got)
-	})
-	bc := commitBusy(t, fh.schemas)
-	testenv.WaitFor(t, 30*time.Second, "a shared commit of the busy schemas' jobs", func() (bool, string) {
-		c, _ := sharedCounters(t, r)
-		return relay.FleetHot(r) && c > 0, fmt.Sprintf("hot %v, %v shared commits", relay.FleetHot(r), c)
-	})
+	r, bc := startHotFleet(t, fh, cfg)
 	fh.waitJIDs("busy", bc.stop())
 
 	var app trace.SpanContext
