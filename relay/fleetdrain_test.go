@@ -30,21 +30,7 @@ func TestFleetHotDrainsSchemasTogether(t *testing.T) {
 
 	untilShared(t, r, func(run int) {
 		q := fmt.Sprintf("together%d", run)
-		var jids []string
-		err := pgx.BeginFunc(context.Background(), fh.conn, func(tx pgx.Tx) error {
-			for _, schema := range fh.schemas[:3] {
-				jid, err := relay.NewStager(schema).Stage(context.Background(), tx, relay.Job{Name: "W", Queue: q})
-				if err != nil {
-					return err
-				}
-				jids = append(jids, jid)
-			}
-			return nil
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		fh.waitJIDs(q, jids)
+		fh.waitJIDs(q, fh.stageAcross(context.Background(), fh.schemas[:3], q))
 	})
 	if !relay.FleetHot(r) {
 		t.Fatal("the fleet cooled: its schemas' drains, not the hot poll's, may have delivered")
@@ -110,20 +96,7 @@ func TestFleetSharedDrainRollsBackAsOne(t *testing.T) {
 	if err := fh.rdb.HSet(ctx, fence, "token", "another-leader").Err(); err != nil {
 		t.Fatal(err)
 	}
-	var jids []string
-	err := pgx.BeginFunc(ctx, fh.conn, func(tx pgx.Tx) error {
-		for _, schema := range fh.schemas[:3] {
-			jid, err := relay.NewStager(schema).Stage(ctx, tx, relay.Job{Name: "W", Queue: "together", Args: []any{schema}})
-			if err != nil {
-				return err
-			}
-			jids = append(jids, jid)
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	jids := fh.stageAcross(ctx, fh.schemas[:3], "together")
 	fh.waitLog("a shared drain failed: each of its schemas drains on its own", 1)
 	fh.waitJIDs("together", jids)
 	for _, schema := range fh.schemas {
@@ -300,4 +273,25 @@ func startHotFleet(t *testing.T, fh *fleetHarness, cfg relay.Config) (*relay.Rel
 		return relay.FleetHot(r) && c > 0, fmt.Sprintf("hot %v, %v shared commits", relay.FleetHot(r), c)
 	})
 	return r, bc
+}
+
+// stageAcross commits, in one transaction (in ctx, for its trace), a job
+// of queue q in each of schemas, and returns their jids.
+func (fh *fleetHarness) stageAcross(ctx context.Context, schemas []string, q string) []string {
+	fh.t.Helper()
+	var jids []string
+	err := pgx.BeginFunc(ctx, fh.conn, func(tx pgx.Tx) error {
+		for _, schema := range schemas {
+			jid, err := relay.NewStager(schema).Stage(ctx, tx, relay.Job{Name: "W", Queue: q, Args: []any{schema}})
+			if err != nil {
+				return err
+			}
+			jids = append(jids, jid)
+		}
+		return nil
+	})
+	if err != nil {
+		fh.t.Fatalf("stage across %v: %v", schemas, err)
+	}
+	return jids
 }

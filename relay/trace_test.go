@@ -351,21 +351,7 @@ func TestTraceFleetSharedDrain(t *testing.T) {
 		sctx, span := tp.Tracer("app").Start(ctx, "signup")
 		defer span.End()
 		app = span.SpanContext()
-		var jids []string
-		err := pgx.BeginFunc(sctx, fh.conn, func(tx pgx.Tx) error {
-			for _, schema := range fh.schemas {
-				jid, err := relay.NewStager(schema).Stage(sctx, tx, relay.Job{Name: "W", Queue: dest})
-				if err != nil {
-					return err
-				}
-				jids = append(jids, jid)
-			}
-			return nil
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		fh.waitJIDs(dest, jids)
+		fh.waitJIDs(dest, fh.stageAcross(sctx, fh.schemas, dest))
 	})
 	checkBatchSpan(t, rec, app, "sidekiq", dest)
 	testenv.WaitFor(t, 10*time.Second, "a batch span per schema, linked to the app's", func() (bool, string) {
