@@ -231,9 +231,6 @@ func claimBatch(ctx context.Context, conn *pgx.Conn, sql string, scan rowScan, l
 // claimBatchMark is claimBatch; with mark non-nil, sql is a tableSQL's
 // claimMark, and mark gets what it read (lowwater.go).
 func claimBatchMark(ctx context.Context, conn *pgx.Conn, sql string, scan rowScan, limit int, skip []int64, from int64, dst []stagedJob, mark *markRead, extra ...any) ([]stagedJob, error) {
-	if scan == nil {
-		scan = stagedJobScan()
-	}
 	if skip == nil {
 		skip = []int64{} // an empty array: NULL would make "id <> ALL" NULL
 	}
@@ -244,26 +241,12 @@ func claimBatchMark(ctx context.Context, conn *pgx.Conn, sql string, scan rowSca
 		b.Queue(claimMarkSQL)
 	}
 	br := conn.SendBatch(ctx, b)
-	dst = dst[:0]
 	if _, err := br.Exec(); err != nil {
 		_ = br.Close()
-		return dst, fmt.Errorf("begin: %w", err)
+		return dst[:0], fmt.Errorf("begin: %w", err)
 	}
-	rows, err := br.Query()
+	dst, err := readClaimed(br, scan, dst)
 	if err != nil {
-		_ = br.Close()
-		return dst, fmt.Errorf("claim batch: %w", err)
-	}
-	for rows.Next() {
-		dst = append(dst, stagedJob{})
-		if err := scan(rows, &dst[len(dst)-1]); err != nil {
-			rows.Close()
-			_ = br.Close()
-			return dst, fmt.Errorf("claim batch: scan row: %w", err)
-		}
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
 		_ = br.Close()
 		return dst, fmt.Errorf("claim batch: %w", err)
 	}
@@ -276,7 +259,33 @@ func claimBatchMark(ctx context.Context, conn *pgx.Conn, sql string, scan rowSca
 	if err := br.Close(); err != nil {
 		return dst, fmt.Errorf("claim batch: %w", err)
 	}
-	// RETURNING follows no order; jobs of a queue are pushed in id order.
+	return dst, nil
+}
+
+// readClaimed reads the rows of the batch's next statement, a claim, into
+// dst[:0], each by scan (nil: staged_jobs' columns, stagedJobScan), sorted
+// by id: RETURNING follows no order, and jobs of a queue are pushed in id
+// order.
+func readClaimed(br pgx.BatchResults, scan rowScan, dst []stagedJob) ([]stagedJob, error) {
+	if scan == nil {
+		scan = stagedJobScan()
+	}
+	dst = dst[:0]
+	rows, err := br.Query()
+	if err != nil {
+		return dst, err
+	}
+	for rows.Next() {
+		dst = append(dst, stagedJob{})
+		if err := scan(rows, &dst[len(dst)-1]); err != nil {
+			rows.Close()
+			return dst, fmt.Errorf("scan row: %w", err)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return dst, err
+	}
 	slices.SortFunc(dst, func(a, b stagedJob) int { return cmp.Compare(a.id, b.id) })
 	return dst, nil
 }

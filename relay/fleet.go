@@ -90,8 +90,7 @@ type tenant struct {
 
 	// The session loop's alone.
 	leading  bool
-	joined   bool            // took its group locks on this session's lock connection
-	ctx      context.Context // its lead's, while it leads
+	joined   bool // took its group locks on this session's lock connection
 	cancel   context.CancelFunc
 	done     chan struct{} // closed when its lead has returned
 	err      error         // lead's, once done
@@ -542,7 +541,7 @@ func (s *fleetSession) launch(ctx context.Context, t *tenant) {
 	c.becomeLeader(s.conn, s.mu)
 	s.f.r.state.setRole(RoleLeader)
 	tctx, cancel := context.WithCancel(ctx)
-	t.leading, t.released, t.ctx, t.cancel, t.done = true, false, tctx, cancel, make(chan struct{})
+	t.leading, t.released, t.cancel, t.done = true, false, cancel, make(chan struct{})
 	go func() {
 		t.err = c.leadWith(tctx, s.conn, s.mu, s.pool, t.wake)
 		c.backlog.detach()
@@ -723,13 +722,13 @@ func (s *fleetSession) poll(ctx context.Context, led []*tenant, hot bool) (found
 		if err := br.Close(); err != nil {
 			return err
 		}
-		var shared []hotFound
+		var shared []*tenant
 		for _, i := range staged {
 			t := led[i]
 			if hot {
 				t.r.metrics.wakeHot.Inc()
 				if s.drainer != nil {
-					shared = append(shared, hotFound{t: t, ctx: t.ctx})
+					shared = append(shared, t)
 					continue
 				}
 			} else {

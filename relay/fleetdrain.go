@@ -1,7 +1,6 @@
 package relay
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -45,12 +44,6 @@ import (
 // sharedPushes bounds the pushes of a shared drain in flight at once.
 const sharedPushes = 8
 
-// hotFound is a schema a hot poll found with rows, and its lead's context.
-type hotFound struct {
-	t   *tenant
-	ctx context.Context
-}
-
 // sharedPart is one schema's batch in a shared drain.
 type sharedPart struct {
 	t    *tenant
@@ -74,7 +67,7 @@ type sharedDrainer struct {
 	f    *fleet
 	pool *pgxpool.Pool
 	mu   sync.Mutex
-	next []hotFound // found since the last shared drain began
+	next []*tenant // found since the last shared drain began
 	ping chan struct{}
 	done chan struct{}
 }
@@ -100,11 +93,11 @@ func (f *fleet) startSharedDrainer(ctx context.Context, pool *pgxpool.Pool) *sha
 }
 
 // offer adds found to the next shared drain's schemas.
-func (d *sharedDrainer) offer(found []hotFound) {
+func (d *sharedDrainer) offer(found []*tenant) {
 	d.mu.Lock()
-	for _, h := range found {
-		if !slices.ContainsFunc(d.next, func(n hotFound) bool { return n.t == h.t }) {
-			d.next = append(d.next, h)
+	for _, t := range found {
+		if !slices.Contains(d.next, t) {
+			d.next = append(d.next, t)
 		}
 	}
 	d.mu.Unlock()
@@ -128,23 +121,20 @@ func (r *Relay) sharable(ctx context.Context) bool {
 
 // drainShared drains the schemas of found together (see the top of this
 // file); those it cannot take are woken to drain on their own.
-func (f *fleet) drainShared(ctx context.Context, pool *pgxpool.Pool, found []hotFound) {
+func (f *fleet) drainShared(ctx context.Context, pool *pgxpool.Pool, found []*tenant) {
 	var parts []*sharedPart
-	for _, h := range found {
-		c := h.t.r
-		if h.ctx.Err() != nil {
-			continue // its lead has ended
-		}
+	for _, t := range found {
+		c := t.r
 		if !c.drainMu.TryLock() {
-			trySendWakeup(h.t.wake) // draining: again once it is done
+			trySendWakeup(t.wake) // draining: again once it is done
 			continue
 		}
 		if !c.sharable(ctx) {
 			c.drainMu.Unlock()
-			trySendWakeup(h.t.wake)
+			trySendWakeup(t.wake) // its lead has ended, or its own drain is needed
 			continue
 		}
-		parts = append(parts, &sharedPart{t: h.t, r: c})
+		parts = append(parts, &sharedPart{t: t, r: c})
 	}
 	if len(parts) == 0 {
 		return
@@ -209,7 +199,7 @@ func (f *fleet) sharedBatch(ctx context.Context, pool *pgxpool.Pool, parts []*sh
 			p.r.handoff.Uncommitted(p.l.res.field, p.l.res.pushed)
 		}
 		for _, p := range parts {
-			if p.l != nil && p.l.span != nil {
+			if p.l != nil {
 				p.r.tracer.end(p.l.span, &p.l.res, 0, err)
 			}
 		}
@@ -277,14 +267,12 @@ func (f *fleet) sharedBatch(ctx context.Context, pool *pgxpool.Pool, parts []*sh
 		c.noteWAL(wal)
 		c.landed(p.l, wal.insert, wal.flush, c.log.Named("drain"))
 		for _, id := range p.l.left {
-			c.mark.Load().lower(id) // put back: claims start below it
+			p.w.lower(id) // put back: claims start below it
 		}
 		if c.found != nil && len(p.jobs) < c.cfg.BatchSize {
 			c.found.Add(int64(len(p.jobs))) // the fleet's heat (fleethot.go)
 		}
-		if p.l.span != nil {
-			c.tracer.end(p.l.span, &p.l.res, p.l.buried, nil)
-		}
+		c.tracer.end(p.l.span, &p.l.res, p.l.buried, nil)
 	}
 	confirmMarks(parts)
 	f.sharedBatches.Add(float64(len(pushed)))
@@ -306,8 +294,9 @@ func (f *fleet) sharedClaim(ctx context.Context, conn *pgx.Conn, parts []*shared
 	// theirs.
 	for _, p := range parts {
 		if p.w = p.r.mark.Load(); p.w != nil {
-			b.Queue(`SELECT pg_snapshot_xmin(pg_current_snapshot())::text, ` +
-				pgx.Identifier{p.r.cfg.Schema, "stagedrain_last_id"}.Sanitize() + `()::text`)
+			// claimMarkSQL's row, with no transaction id yet (read below).
+			b.Queue(`SELECT pg_snapshot_xmin(pg_current_snapshot())::text || ' ' || coalesce(` +
+				pgx.Identifier{p.r.cfg.Schema, "stagedrain_last_id"}.Sanitize() + `()::text, ''), NULL::text`)
 		}
 	}
 	for _, p := range parts {
@@ -336,54 +325,18 @@ func (f *fleet) sharedClaim(ctx context.Context, conn *pgx.Conn, parts []*shared
 		if p.w == nil {
 			continue
 		}
-		var xmin string
-		var last *string
-		if err := br.QueryRow().Scan(&xmin, &last); err != nil {
+		if err := p.mark.scan(br.QueryRow()); err != nil {
 			_ = br.Close()
 			return fmt.Errorf("shared claim, schema %q: read the mark: %w", p.r.cfg.Schema, err)
 		}
-		m := markRead{present: true}
-		var err error
-		if m.xmin, err = strconv.ParseUint(xmin, 10, 64); err != nil {
-			_ = br.Close()
-			return fmt.Errorf("shared claim, schema %q: xmin %q: %w", p.r.cfg.Schema, xmin, err)
-		}
-		if last != nil {
-			if m.last, err = strconv.ParseInt(*last, 10, 64); err != nil {
-				_ = br.Close()
-				return fmt.Errorf("shared claim, schema %q: last id %q: %w", p.r.cfg.Schema, *last, err)
-			}
-			m.lastOK = true
-		}
-		p.mark = m
 	}
 	for _, p := range parts {
 		c := p.r
-		rows, err := br.Query()
+		jobs, err := readClaimed(br, c.src.scanner(), nil)
 		if err != nil {
 			_ = br.Close()
 			return fmt.Errorf("shared claim, schema %q: %w", c.cfg.Schema, err)
 		}
-		scan := c.src.scanner()
-		if scan == nil {
-			scan = stagedJobScan()
-		}
-		var jobs []stagedJob
-		for rows.Next() {
-			jobs = append(jobs, stagedJob{})
-			if err := scan(rows, &jobs[len(jobs)-1]); err != nil {
-				rows.Close()
-				_ = br.Close()
-				return fmt.Errorf("shared claim, schema %q: scan row: %w", c.cfg.Schema, err)
-			}
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			_ = br.Close()
-			return fmt.Errorf("shared claim, schema %q: %w", c.cfg.Schema, err)
-		}
-		// RETURNING follows no order; jobs of a queue are pushed in id order.
-		slices.SortFunc(jobs, func(a, b stagedJob) int { return cmp.Compare(a.id, b.id) })
 		p.jobs = jobs
 	}
 	var xid *string
