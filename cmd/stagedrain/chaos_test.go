@@ -68,7 +68,29 @@ func testChaos(t *testing.T, schemas int) {
 		plan.name += fmt.Sprintf(" schemas=%d", schemas)
 	}
 	seed := time.Now().UnixNano()
-	c := newChaos(t, plan, seed, schemas)
+	// Registered first, so it runs last, after the relays' output: a
+	// failing run's log ends with what failed (CI shows the end of it).
+	var c *chaos
+	var f *chaosFigures
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		var b strings.Builder
+		fmt.Fprintf(&b, "chaos %s FAILED, seed %d", plan.name, seed)
+		if f != nil {
+			fmt.Fprintf(&b, "\n%s", f.summary())
+			for _, p := range f.problems {
+				fmt.Fprintf(&b, "\n- %s", p)
+			}
+		}
+		if c != nil {
+			tl := strings.Split(strings.TrimRight(c.timelineText(), "\n"), "\n")
+			fmt.Fprintf(&b, "\ntimeline, the last %d lines:\n%s", min(len(tl), 15), strings.Join(tl[max(0, len(tl)-15):], "\n"))
+		}
+		t.Log(b.String())
+	})
+	c = newChaos(t, plan, seed, schemas)
 	plan = c.plan // with redisStallFor
 	if *chaosLogs != "" {
 		// Registered before any relay starts: runs after their cleanups,
@@ -80,7 +102,7 @@ func testChaos(t *testing.T, schemas int) {
 		plan.pauseFor, plan.redisStallFor)
 	defer func() { t.Logf("timeline:\n%s", c.timelineText()) }() // also when a wait fails the test
 	c.run()
-	f := c.verdict()
+	f = c.verdict()
 	f.log(t)
 	f.check(t)
 }

@@ -440,6 +440,7 @@ type chaosFigures struct {
 	ledgerWrong []string // a transaction whose outcome the ledger contradicts
 	foreign     []string // entries in Redis that are no chaos job, or keys of the wrong type
 	samples     map[string][]string
+	problems    []string // what check found wrong
 }
 
 func (f *chaosFigures) sample(kind, s string) {
@@ -474,7 +475,7 @@ func (c *chaos) verdict() *chaosFigures {
 	}
 	for _, p := range c.live {
 		if code := p.wait(20 * time.Second); code != 0 {
-			t.Errorf("%s exited with code %d after SIGTERM, want 0", p.name, code)
+			f.fail(t, "%s exited with code %d after SIGTERM, want 0", p.name, code)
 		}
 	}
 	f.elapsed = time.Since(c.start)
@@ -692,33 +693,34 @@ func (f *chaosFigures) log(t *testing.T) {
 // check fails the test for whatever the figures show went wrong.
 func (f *chaosFigures) check(t *testing.T) {
 	t.Helper()
+	fail := func(format string, args ...any) { f.fail(t, format, args...) }
 	if f.lost != 0 {
-		t.Errorf("%d committed jobs never reached Redis, want none; some: %v", f.lost, f.samples["lost"])
+		fail("%d committed jobs never reached Redis, want none; some: %v", f.lost, f.samples["lost"])
 	}
 	checkExactlyOnce(t, f)
 	if f.rolledBackDelivered != 0 {
-		t.Errorf("%d entries in Redis of jobs that never committed, want none; some: %v", f.rolledBackDelivered, f.samples["rolled back delivered"])
+		fail("%d entries in Redis of jobs that never committed, want none; some: %v", f.rolledBackDelivered, f.samples["rolled back delivered"])
 	}
 	if f.misplaced != 0 {
-		t.Errorf("%d jobs in the wrong queue or schedule; some: %v", f.misplaced, f.samples["misplaced"])
+		fail("%d jobs in the wrong queue or schedule; some: %v", f.misplaced, f.samples["misplaced"])
 	}
 	if len(f.foreign) != 0 {
-		t.Errorf("%d entries in Redis that no producer staged (or keys of the wrong type), want none; some: %v", len(f.foreign), f.foreign[:min(10, len(f.foreign))])
+		fail("%d entries in Redis that no producer staged (or keys of the wrong type), want none; some: %v", len(f.foreign), f.foreign[:min(10, len(f.foreign))])
 	}
 	if f.stagedLeft != 0 {
-		t.Errorf("%d rows left in staged_jobs, want none", f.stagedLeft)
+		fail("%d rows left in staged_jobs, want none", f.stagedLeft)
 	}
 	if (f.faults["poison"] > 0 && f.planted == 0) || f.dead != f.planted || len(f.deadWrong) != 0 {
-		t.Errorf("staged_jobs_dead holds %d rows, want exactly the %d planted (and some planted); wrong: %v", f.dead, f.planted, f.deadWrong)
+		fail("staged_jobs_dead holds %d rows, want exactly the %d planted (and some planted); wrong: %v", f.dead, f.planted, f.deadWrong)
 	}
 	if len(f.ledgerWrong) != 0 {
-		t.Errorf("the ledger contradicts what the producers saw: %v", f.ledgerWrong)
+		fail("the ledger contradicts what the producers saw: %v", f.ledgerWrong)
 	}
 	// Faults stall delivery for their whole hold (a SIGSTOP of every
 	// relay, Redis stopped), and a plan may line several up; outside them,
 	// a relay that stays stuck this long is not recovering on its own.
 	if f.unplanned > 30*time.Second {
-		t.Errorf("delivery stood still for %s outside the faults' windows (longest gap %s), want under 30s", f.unplanned, f.gap.longest)
+		fail("delivery stood still for %s outside the faults' windows (longest gap %s), want under 30s", f.unplanned, f.gap.longest)
 	}
 }
 
@@ -729,8 +731,17 @@ func (f *chaosFigures) check(t *testing.T) {
 func checkExactlyOnce(t *testing.T, f *chaosFigures) {
 	t.Helper()
 	if f.duplicates != 0 {
-		t.Errorf("%d duplicate entries of committed jobs in Redis, want none (exactly once); some: %v", f.duplicates, f.samples["duplicate"])
+		f.fail(t, "%d duplicate entries of committed jobs in Redis, want none (exactly once); some: %v", f.duplicates, f.samples["duplicate"])
 	}
+}
+
+// fail fails the test with the message, and keeps it in f.problems for
+// the verdict repeated after the relays' output (testChaos).
+func (f *chaosFigures) fail(t *testing.T, format string, args ...any) {
+	t.Helper()
+	msg := fmt.Sprintf(format, args...)
+	f.problems = append(f.problems, msg)
+	t.Error(msg)
 }
 
 // The chaos verdict bounds how long delivery stood still outside the
