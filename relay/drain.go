@@ -25,13 +25,17 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 	// the schema's batches meanwhile. When the loop ends it waits for a
 	// shared drain in flight to finish this schema's batch, as finish
 	// does its own.
+	//
+	// The shared drain and the fleet's poll read the schema's mark
+	// (r.mark): it is this leadership's from before the shared drain may
+	// take a batch (drainOpen) until after it no longer can, and nil (the
+	// index's start) between leaderships. A mark left from the last
+	// leadership would be older than what another leader did since.
 	tidyLater := make(chan struct{}, 1)
-	r.drainMu.Lock()
-	r.drainOpen, r.tidyLater = true, tidyLater
-	r.drainMu.Unlock()
 	defer func() {
 		r.drainMu.Lock()
 		r.drainOpen = false
+		r.mark.Store(nil)
 		r.drainMu.Unlock()
 	}()
 	locked := false
@@ -51,10 +55,13 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 	defer g.late.stop()
 	// Where claims start (lowwater.go), and its probe, for this leadership.
 	mark, err := r.newLowWater(ctx, pool)
-	if err != nil {
+	if err != nil && ctx.Err() == nil {
 		log.Warn("claims start at the id index's start", zap.Error(err))
 	}
+	r.drainMu.Lock()
 	r.mark.Store(mark)
+	r.drainOpen, r.tidyLater = true, tidyLater
+	r.drainMu.Unlock()
 	var probeFound chan struct{} // nil, never ready, without the mark
 	if mark != nil {
 		probeFound = make(chan struct{}, 1)
