@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -63,8 +64,17 @@ type tableSQL struct {
 	// claimMark is claim, reading what the low-water mark needs
 	// (lowwater.go); "" for a table that cannot have the mark.
 	claimMark string
-	probe     string // the lowest id <= $1 still staged (lowwater.go)
-	nextDue   string
+	// claimDueMark is claimDue with the mark's reads: a target with no
+	// scheduler (dueOnly) claims from the mark, and nextDueLook finds the
+	// future rows it left below the mark once they are due (lowwater.go);
+	// "" for a table that cannot have the mark that way.
+	claimDueMark string
+	probe        string // the lowest id <= $1 still staged (lowwater.go)
+	probeDue     string // probe, of rows claimDue would take
+	nextDue      string
+	// nextDueLook is nextDue, and the look below the mark ($1) for rows
+	// whose run_at came due since $2 (lowwater.go), and now().
+	nextDueLook string
 	reinsert  string
 	backlog   string
 	// backlogMark is backlog of the rows above the low-water mark ($2; the
@@ -91,6 +101,23 @@ func newTableSQL(schema string, byQueue bool) tableSQL {
 		probeWhere = ` AND queue = ANY($2::text[])`
 		backlogMarkWhere = ` AND queue = ANY($3::text[])`
 	}
+	markClaim := claim
+	markClaim.mark = pgx.Identifier{schema, "stagedrain_last_id"}.Sanitize()
+	// The rows a claim for a target with no scheduler takes: those whose
+	// run_at is not in the future. A run_at of infinity (a table without
+	// 008's CHECK) is never due: such rows are claimed too, to be
+	// dead-lettered.
+	const due = `(run_at IS NULL OR run_at <= now() OR NOT isfinite(run_at))`
+	// Microseconds until the earliest future run_at, NULL if none: when to
+	// wake for it. Through 013's index of the scheduled rows' run_at, from
+	// now() to the first future one; a scan of the table without it.
+	// Finite ones only: infinity minus now() is out of an interval's range.
+	nextDue := `SELECT ceil(extract(epoch FROM min(run_at) - now()) * 1e6)::bigint FROM ` + table +
+		` WHERE run_at > now() AND isfinite(run_at)`
+	lookWhere := ""
+	if byQueue {
+		lookWhere = ` AND queue = ANY($3::text[])`
+	}
 	dead := pgx.Identifier{schema, "staged_jobs_dead"}.Sanitize()
 	migrations := pgx.Identifier{schema, "stagedrain_migrations"}.Sanitize()
 	return tableSQL{
@@ -109,27 +136,29 @@ func newTableSQL(schema string, byQueue bool) tableSQL {
 		// each row up in the index again. RETURNING gives exactly what it
 		// deleted, and only that is pushed.
 		claim: claim.sql(""),
-		claimMark: func() string {
-			c := claim
-			c.mark = pgx.Identifier{schema, "stagedrain_last_id"}.Sanitize()
-			return c.sql("")
-		}(),
+		claimMark: markClaim.sql(""),
 		// Lock-free: rows a batch holds count as staged (lowwater.go).
 		// Of the queues in $2 only, for a relay with Config.Queues: the
 		// other groups' rows below its mark are theirs.
 		probe: `SELECT id FROM ` + table + ` WHERE id <= $1` + probeWhere + ` ORDER BY id LIMIT 1`,
-		// For a target with no scheduler (streams): rows whose run_at is
-		// not in the future only. The scan by id steps over the future
-		// rows below the batch's last id, each a heap fetch (see README).
-		// A run_at of infinity (a table without 008's CHECK) is never due:
-		// such rows are claimed too, to be dead-lettered.
-		claimDue: claim.sql(` AND (t.run_at IS NULL OR t.run_at <= now() OR NOT isfinite(t.run_at))`),
-		// Microseconds until the earliest future run_at, NULL if none: when
-		// to wake for it. A scan of the table, which holds the backlog and
-		// the future rows (see README). Finite ones only: infinity minus
-		// now() is out of an interval's range.
-		nextDue: `SELECT ceil(extract(epoch FROM min(run_at) - now()) * 1e6)::bigint FROM ` + table +
-			` WHERE run_at > now() AND isfinite(run_at)`,
+		// For a target with no scheduler: the future rows below the mark
+		// are expected there (lowwater.go), and nextDueLook finds them
+		// when due.
+		probeDue: `SELECT id FROM ` + table + ` WHERE id <= $1` + probeWhere + ` AND ` + due + ` ORDER BY id LIMIT 1`,
+		// For a target with no scheduler (streams, celery): rows whose
+		// run_at is not in the future only. The scan by id steps over the
+		// future rows above where it starts, each a heap fetch (see
+		// README).
+		claimDue:     claim.sql(` AND ` + strings.ReplaceAll(due, "run_at", "t.run_at")),
+		claimDueMark: markClaim.sql(` AND ` + strings.ReplaceAll(due, "run_at", "t.run_at")),
+		nextDue:      nextDue,
+		// One round trip after each drain: nextDue, and the lowest id at
+		// or below the mark ($1) of the rows whose run_at came due after
+		// $2 (the last look's now(), less a margin), through 013's index:
+		// the future rows a claim from the mark left below it, now due
+		// (lowwater.go). Of the queues in $3 only, with Config.Queues.
+		nextDueLook: `SELECT (` + nextDue + `), (SELECT min(id) FROM ` + table +
+			` WHERE run_at > $2 AND run_at <= now() AND isfinite(run_at) AND id <= $1` + lookWhere + `), now()`,
 		// For the summary line: staged rows, counted up to $1, and the
 		// oldest created_at among the 100 lowest ids (finite ones: an
 		// infinite one, of a row about to be dead-lettered, would fail the

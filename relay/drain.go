@@ -177,7 +177,10 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 			tidyC = tidy.C
 		}
 		if r.dueOnly {
-			dueC = r.armDue(ctx, pool, due, log)
+			var again bool
+			if dueC, again = r.armDue(ctx, pool, due, mark, log); again {
+				trySendWakeup(probeFound) // a row below the mark came due
+			}
 		}
 		if r.bp.any() {
 			paused.Reset(pausedRetry)

@@ -141,3 +141,8 @@ func FleetPollQuery(r *Relay) (string, []any) {
 	f.mu.Unlock()
 	return pollSQL(led, f.table)[0], pollArgs(led, r.cfg.Queues)
 }
+
+// NextDueLookSQL is the relay's statement after each drain of a target
+// with no scheduler: the next run_at, and the look below the mark for rows
+// that came due ($1 the mark, $2 since when).
+func NextDueLookSQL(r *Relay) string { return r.sql.nextDueLook }

@@ -56,7 +56,8 @@ import (
 // to q unless already deleted, or has aborted, and its rows never will be.
 // q qualifies when it started from L (id > L), came back short of the
 // batch size (so it took every visible row above L that it could lock),
-// left nothing out (no ids skipped, no queue excluded, no run_at filter),
+// left nothing out (no ids skipped, no queue excluded; for the run_at
+// filter of a target with no scheduler, see below),
 // and no other batch of this relay was in flight (whose
 // locked rows it would have skipped, and whose rollback would put them
 // back). When q's batch commits, with nothing put back, every row with an
@@ -87,14 +88,33 @@ import (
 // A fleet's schema has a mark of its own, as a relay of one schema, and
 // the fleet's poll looks for rows above each schema's mark only.
 //
+// A target with no scheduler (streams, celery: dueOnly) claims the rows
+// whose run_at is due only: a claim q leaves staged each row with a finite
+// run_at > now(q), its transaction's start. Its L then says: every row
+// with an id <= L has been drained, will never appear, or had a run_at
+// after now(q) of the claim that confirmed it. Those rows are found when
+// due by a look that runs after every drain, in the round trip that reads
+// the next run_at (armDue): the lowest id <= L of the rows whose run_at is
+// in (since, now()], through 013's index of the scheduled rows' run_at (a
+// range of it, not a walk of the id index). since is the last look's now(),
+// or the mark's making, less lookMargin. Found, L is lowered below it and
+// the drain claims again at once. Why none is missed: a drain's claims and
+// confirms run between two looks of the drain loop, so a look L1 before
+// q's transaction began has now(L1) <= now(q) < run_at; the first look
+// after the row's run_at passes, and after q confirmed, covers it, as the
+// looks' ranges meet (each starts where the last ended, less the margin).
+// The drain loop runs a look after every drain, and wakes for the earliest
+// run_at (armDue), so it runs one within the poll interval of the row
+// coming due, and the probe (below) looks for due rows only.
+//
 // A relay with Config.Queues claims its group's queues only, every time:
 // its mark speaks of its group's rows only (every row of those queues with
 // an id <= L was drained or never will be), and its probe looks for its
 // group's rows only; the other groups' rows below L are theirs to claim.
 //
 // Off (claims start at the index's start, as before 011) for the gem's
-// table (SourceSidekiqStagedPush), a target without a scheduler (streams, celery: their
-// claims leave out future rows), and a table whose id default is not
+// table (SourceSidekiqStagedPush: its ids are the gem's, its run_at a
+// field of the payload), and a table whose id default is not
 // stagedrain_next_id() or whose sequence caches values (CACHE > 1: a
 // session hands out a cached value long after the sequence moved past it).
 type lowWater struct {
@@ -104,6 +124,10 @@ type lowWater struct {
 	cands   []markCandidate
 	// lastFrom is where the last claim from the mark started (tests).
 	lastFrom atomic.Int64
+	// looked is PostgreSQL's now() at the last look for future rows below
+	// L that came due (a target with no scheduler: see lowWater), or when
+	// the mark was made; drain loop only.
+	looked time.Time
 }
 
 // markCandidate is a claim's (S, X): see lowWater.
@@ -253,17 +277,18 @@ const markCheckSQL = `SELECT coalesce((
 		AND (SELECT s.seqcache = 1 FROM pg_sequence s WHERE s.seqrelid = pg_get_serial_sequence($1, 'id')::regclass)
 		AND to_regprocedure($2) IS NOT NULL
 	FROM pg_attrdef d JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
-	WHERE d.adrelid = $1::regclass AND a.attname = 'id'), false)`
+	WHERE d.adrelid = $1::regclass AND a.attname = 'id'), false), now()`
 
 // newLowWater returns the mark for this leadership, nil when it is off
 // (see lowWater).
 func (r *Relay) newLowWater(ctx context.Context, pool *pgxpool.Pool) (*lowWater, error) {
-	if r.sql.claimMark == "" || r.dueOnly {
+	if r.sql.claimMark == "" || r.dueOnly && r.sql.nextDueLook == "" {
 		return nil, nil
 	}
 	var ok bool
+	var now time.Time
 	err := pool.QueryRow(ctx, markCheckSQL, pgx.Identifier{r.cfg.Schema, "staged_jobs"}.Sanitize(),
-		pgx.Identifier{r.cfg.Schema, "stagedrain_last_id"}.Sanitize()+"()").Scan(&ok)
+		pgx.Identifier{r.cfg.Schema, "stagedrain_last_id"}.Sanitize()+"()").Scan(&ok, &now)
 	if err != nil {
 		return nil, fmt.Errorf("low-water mark check: %w", err)
 	}
@@ -271,8 +296,19 @@ func (r *Relay) newLowWater(ctx context.Context, pool *pgxpool.Pool) (*lowWater,
 		r.log.Named("drain").Info("claims start at the id index's start: staged_jobs.id's default is not stagedrain_next_id() of a sequence with CACHE 1 (sql/011_id_after_xid.sql)")
 		return nil, nil
 	}
-	return &lowWater{mark: fromStart}, nil
+	// Every claim of this leadership begins after now: the rows they
+	// leave below the mark as not yet due are due after it.
+	return &lowWater{mark: fromStart, looked: now}, nil
 }
+
+// lookMargin widens each look for future rows below the mark that came
+// due (see lowWater) back from the last look's now(): now() is each
+// transaction's start on PostgreSQL's clock, which a clock step may move
+// back. A row in the overlap is looked at twice, and claimed once.
+const lookMargin = 5 * time.Second
+
+// lookSince is where the next look for rows that came due starts.
+func (w *lowWater) lookSince() time.Time { return w.looked.Add(-lookMargin) }
 
 // probe looks below L every probeEvery, until ctx ends, for a row the mark
 // cannot see (see lowWater); it lowers L below the lowest one it finds and

@@ -260,6 +260,9 @@ func newRelay(cfg Config, s settings, ten *tenancy) (*Relay, error) {
 	r.target = newTarget(cfg, tenant)
 	if cfg.Target.spec().DueOnly { // no scheduler the relay can write to (internal/target)
 		r.sql.claim, r.dueOnly = r.sql.claimDue, true
+		// From the mark too: the future rows a claim leaves below it are
+		// found when due (lowwater.go).
+		r.sql.claimMark, r.sql.probe = r.sql.claimDueMark, r.sql.probeDue
 	}
 	r.tracer = newBatchTracer(cfg.TracerProvider, cfg.Target)
 	r.backlog.sql, r.backlog.ttl = r.sql.backlog, backlogTTL

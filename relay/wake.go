@@ -43,19 +43,39 @@ func poll(ctx context.Context, interval time.Duration, wake chan<- struct{}, pol
 // scheduler, whose claim skips rows not yet due: without it, a job due in
 // 200ms would wait for the next poll. PostgreSQL computes the wait from
 // its own clock, the one the claim's run_at <= now() reads.
-func (r *Relay) armDue(ctx context.Context, pool *pgxpool.Pool, due *time.Timer, log *zap.Logger) <-chan time.Time {
-	var us *int64
-	if err := pool.QueryRow(ctx, r.sql.nextDue).Scan(&us); err != nil {
+//
+// With the low-water mark w, the same round trip looks below the mark for
+// rows that came due since the last look (lowwater.go): found, it lowers
+// the mark below the lowest and returns again, and the drain claims once
+// more at once.
+func (r *Relay) armDue(ctx context.Context, pool *pgxpool.Pool, due *time.Timer, w *lowWater, log *zap.Logger) (dueC <-chan time.Time, again bool) {
+	var us, below *int64
+	var err error
+	if w == nil {
+		err = pool.QueryRow(ctx, r.sql.nextDue).Scan(&us)
+	} else {
+		var now time.Time
+		mark, _ := w.from()
+		args := append([]any{mark, w.lookSince()}, r.claimArgs...)
+		if err = pool.QueryRow(ctx, r.sql.nextDueLook, args...).Scan(&us, &below, &now); err == nil {
+			w.looked = now
+		}
+	}
+	if err != nil {
 		if ctx.Err() == nil {
 			log.Warn("could not read the next run_at; the poll wakes for it", zap.Error(err))
 		}
-		return nil
+		return nil, false
+	}
+	if below != nil {
+		w.lower(*below)
+		again = true
 	}
 	if us == nil {
-		return nil
+		return nil, again
 	}
 	due.Reset(min(time.Duration(*us)*time.Microsecond, r.cfg.PollInterval))
-	return due.C
+	return due.C, again
 }
 
 // gate tells committing transactions whether to NOTIFY (see

@@ -1,0 +1,29 @@
+-- An index of the scheduled rows' run_at.
+--
+-- A relay whose target has no scheduler of its own (streams, celery)
+-- leaves a row staged until its run_at is due. After every drain it reads
+-- the earliest future run_at, to wake when it is due; without an index
+-- that read is a scan of the whole table, and while a long transaction
+-- elsewhere holds the xmin horizon back (pg_dump's snapshot, a report, an
+-- idle REPEATABLE READ session) the table keeps every row the relay
+-- deleted, so each read cost more than the one before (issue 24).
+--
+-- With this index the read starts at now() and stops at the first future
+-- row. It also lets such a relay claim from its low-water mark
+-- (relay/lowwater.go): a claim from the mark leaves the future rows below
+-- it staged, and the relay finds those that came due since its last look
+-- through this index (a range of run_at, not a walk of the id index).
+--
+-- Partial: rows with no run_at (most jobs, which run at once) are not in
+-- it, and cost the app's INSERTs nothing more.
+--
+-- CREATE INDEX takes a SHARE lock on staged_jobs while it builds: the
+-- app's INSERTs wait for it. staged_jobs holds what is staged and not yet
+-- drained, so the build takes milliseconds; a table holding a large backlog
+-- can have the index built without that lock first, by hand:
+--
+--   CREATE INDEX CONCURRENTLY IF NOT EXISTS staged_jobs_run_at
+--       ON <schema>.staged_jobs (run_at) WHERE run_at IS NOT NULL;
+--
+-- after which this migration finds it and builds nothing.
+CREATE INDEX IF NOT EXISTS staged_jobs_run_at ON staged_jobs (run_at) WHERE run_at IS NOT NULL;
