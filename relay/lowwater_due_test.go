@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/stagedrain/stagedrain/relay"
 	"github.com/stagedrain/stagedrain/relay/internal/testenv"
 )
@@ -72,6 +74,49 @@ func testStreamsDueRowBelowTheMark(t *testing.T, queues []string) {
 		t.Errorf("scheduled job added at %s ms, before its run_at %d", ms, runAt.UnixMilli())
 	}
 	h.waitStaged(0)
+}
+
+// A fleet's schema with the streams target: its drain loop looks below its
+// own mark after each drain, as a relay of one schema does.
+func TestFleetStreamsDueRowBelowTheMarkIsAdded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	fh := newFleetHarness(t, 2)
+	cfg := fh.fleetConfig()
+	cfg.Target = relay.TargetStreams
+	cfg.PollInterval = time.Minute
+	r, err := relay.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay.SetProbeEvery(r, time.Hour)
+	fh.run(r)
+	testenv.WaitFor(t, 15*time.Second, "the relay leads both schemas", func() (bool, string) {
+		got := leads(r)
+		return len(got) == 2, fmt.Sprintf("leads %q", got)
+	})
+	schema := fh.schemas[0]
+	runAt := time.Now().Add(20 * time.Second)
+	if _, err := relay.NewStager(schema).Stage(ctx, fh.conn, relay.Job{Name: "Later", RunAt: runAt}); err != nil {
+		t.Fatal(err)
+	}
+	var laterID int64
+	if err := fh.conn.QueryRow(ctx, `SELECT max(id) FROM `+pgx.Identifier{schema, "staged_jobs"}.Sanitize()).Scan(&laterID); err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		fh.stageIn(schema, "default")
+	}
+	stream := fh.key("stream:default")
+	testenv.WaitFor(t, 15*time.Second, "the five immediate jobs added", func() (bool, string) {
+		n, _ := fh.rdb.XLen(ctx, stream).Result()
+		return n == 5, fmt.Sprintf("%d entries", n)
+	})
+	waitMark(t, relay.FleetTenant(r, schema), laterID)
+	testenv.WaitFor(t, time.Until(runAt)+15*time.Second, "the scheduled job added", func() (bool, string) {
+		n, _ := fh.rdb.XLen(ctx, stream).Result()
+		return n == 6, fmt.Sprintf("%d entries", n)
+	})
 }
 
 // With the horizon held, a streams relay's claim from the mark and the
