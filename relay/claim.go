@@ -83,7 +83,11 @@ type tableSQL struct {
 	// while a long transaction elsewhere holds the horizon their dead
 	// index entries would make each sample walk them all.
 	backlogMark string
-	bury        string
+	// backlogDueMark is backlogMark for a target with no scheduler: the
+	// future rows a claim from the mark left below it count too (013's
+	// index of the scheduled rows' run_at: a range from now()).
+	backlogDueMark string
+	bury           string
 	version     string
 	staged      string
 }
@@ -167,6 +171,10 @@ func newTableSQL(schema string, byQueue bool) tableSQL {
 			(SELECT min(created_at) FROM (SELECT created_at FROM ` + table + backlogWhere + ` ORDER BY id LIMIT 100) o
 				WHERE isfinite(created_at))`,
 		backlogMark: `SELECT (SELECT count(*) FROM (SELECT FROM ` + table + ` WHERE id > $2` + backlogMarkWhere + ` ORDER BY id LIMIT $1) c),
+			(SELECT min(created_at) FROM (SELECT created_at FROM ` + table + ` WHERE id > $2` + backlogMarkWhere + ` ORDER BY id LIMIT 100) o
+				WHERE isfinite(created_at))`,
+		backlogDueMark: `SELECT least($1, (SELECT count(*) FROM (SELECT FROM ` + table + ` WHERE id > $2` + backlogMarkWhere + ` ORDER BY id LIMIT $1) c)
+				+ (SELECT count(*) FROM (SELECT FROM ` + table + ` WHERE run_at > now() AND id <= $2` + backlogMarkWhere + ` LIMIT $1) f)),
 			(SELECT min(created_at) FROM (SELECT created_at FROM ` + table + ` WHERE id > $2` + backlogMarkWhere + ` ORDER BY id LIMIT 100) o
 				WHERE isfinite(created_at))`,
 		// Puts back, unchanged, the rows of a batch that were not pushed.

@@ -61,6 +61,16 @@ func testStreamsDueRowBelowTheMark(t *testing.T, queues []string) {
 	if n := h.staged(); n != 1 {
 		t.Fatalf("%d rows staged once the mark passed the scheduled one, want it alone", n)
 	}
+	// The backlog, counted from the mark, still counts it.
+	sql, args, fromMark := relay.BacklogQuery(r)
+	var backlog int
+	var oldest *time.Time
+	if err := h.conn.QueryRow(ctx, sql, args...).Scan(&backlog, &oldest); err != nil {
+		t.Fatal(err)
+	}
+	if !fromMark || backlog != 1 {
+		t.Errorf("the backlog sample counts %d rows (from the mark: %v), want the scheduled one", backlog, fromMark)
+	}
 	testenv.WaitFor(t, time.Until(runAt)+15*time.Second, "the scheduled job added", func() (bool, string) {
 		n, _ := h.rdb.XLen(ctx, stream).Result()
 		return n == 6, fmt.Sprintf("%d entries", n)
@@ -135,6 +145,7 @@ func TestStreamsClaimCostDoesNotGrowWithDeadRows(t *testing.T) {
 
 	ctx := context.Background()
 	var total int64
+	var backlog []int64 // the summary's backlog sample's buffers, per phase
 	phase := func(n int) (claim, look, fromStart int64) {
 		t.Helper()
 		h.stageRows(n)
@@ -147,14 +158,16 @@ func TestStreamsClaimCostDoesNotGrowWithDeadRows(t *testing.T) {
 		top := h.maxStagedID()
 		waitMark(t, r, top)
 		from, _ := relay.LowWater(r)
+		backlog = append(backlog, h.backlogBuffers(r))
 		since := time.Now().Add(-time.Minute)
 		return h.claimBuffers(r, from), h.drainBuffers(relay.NextDueLookSQL(r), from, since),
 			h.claimBuffers(r, math.MinInt64)
 	}
 	earlyClaim, earlyLook, earlyStart := phase(2000)
 	lateClaim, lateLook, lateStart := phase(20000)
-	t.Logf("claim buffers from the mark %d -> %d, from the index's start %d -> %d; next run_at and look %d -> %d",
-		earlyClaim, lateClaim, earlyStart, lateStart, earlyLook, lateLook)
+	t.Logf("claim buffers from the mark %d -> %d, from the index's start %d -> %d; next run_at and look %d -> %d; backlog sample %d -> %d",
+		earlyClaim, lateClaim, earlyStart, lateStart, earlyLook, lateLook, backlog[0], backlog[1])
+	costFlat(t, "the backlog sample", backlog[0], backlog[1])
 	horizonHeld(t, earlyStart, lateStart)
 	costFlat(t, "the relay's claim", earlyClaim, lateClaim)
 	costFlat(t, "the next run_at and the look below the mark", earlyLook, lateLook)

@@ -263,6 +263,7 @@ func newRelay(cfg Config, s settings, ten *tenancy) (*Relay, error) {
 		// From the mark too: the future rows a claim leaves below it are
 		// found when due (lowwater.go).
 		r.sql.claimMark, r.sql.probe = r.sql.claimDueMark, r.sql.probeDue
+		r.sql.backlogMark = r.sql.backlogDueMark // the backlog counts them
 	}
 	r.tracer = newBatchTracer(cfg.TracerProvider, cfg.Target)
 	r.backlog.sql, r.backlog.ttl = r.sql.backlog, backlogTTL
