@@ -75,8 +75,8 @@ type tableSQL struct {
 	// nextDueLook is nextDue, and the look below the mark ($1) for rows
 	// whose run_at came due since $2 (lowwater.go), and now().
 	nextDueLook string
-	reinsert  string
-	backlog   string
+	reinsert    string
+	backlog     string
 	// backlogMark is backlog of the rows above the low-water mark ($2; the
 	// queues are $3):
 	// with the mark on, the rows below it were drained (lowwater.go), and
@@ -88,8 +88,8 @@ type tableSQL struct {
 	// index of the scheduled rows' run_at: a range from now()).
 	backlogDueMark string
 	bury           string
-	version     string
-	staged      string
+	version        string
+	staged         string
 }
 
 // byQueue makes the claims take rows of the queues in $4 only (a relay with
@@ -122,6 +122,12 @@ func newTableSQL(schema string, byQueue bool) tableSQL {
 	if byQueue {
 		lookWhere = ` AND queue = ANY($3::text[])`
 	}
+	claimDue := ` AND ` + strings.ReplaceAll(due, "run_at", "t.run_at") // the claim's row is t
+	// The backlog sample from the mark ($2): the rows above it, counted up
+	// to $1, and the oldest created_at of the 100 lowest.
+	countAbove := `(SELECT count(*) FROM (SELECT FROM ` + table + ` WHERE id > $2` + backlogMarkWhere + ` ORDER BY id LIMIT $1) c)`
+	oldestAbove := `(SELECT min(created_at) FROM (SELECT created_at FROM ` + table + ` WHERE id > $2` + backlogMarkWhere + ` ORDER BY id LIMIT 100) o
+				WHERE isfinite(created_at))`
 	dead := pgx.Identifier{schema, "staged_jobs_dead"}.Sanitize()
 	migrations := pgx.Identifier{schema, "stagedrain_migrations"}.Sanitize()
 	return tableSQL{
@@ -139,7 +145,7 @@ func newTableSQL(schema string, byQueue bool) tableSQL {
 		// and the drain's deletes left, each claim) and "id = ANY" looked
 		// each row up in the index again. RETURNING gives exactly what it
 		// deleted, and only that is pushed.
-		claim: claim.sql(""),
+		claim:     claim.sql(""),
 		claimMark: markClaim.sql(""),
 		// Lock-free: rows a batch holds count as staged (lowwater.go).
 		// Of the queues in $2 only, for a relay with Config.Queues: the
@@ -153,8 +159,8 @@ func newTableSQL(schema string, byQueue bool) tableSQL {
 		// run_at is not in the future only. The scan by id steps over the
 		// future rows above where it starts, each a heap fetch (see
 		// README).
-		claimDue:     claim.sql(` AND ` + strings.ReplaceAll(due, "run_at", "t.run_at")),
-		claimDueMark: markClaim.sql(` AND ` + strings.ReplaceAll(due, "run_at", "t.run_at")),
+		claimDue:     claim.sql(claimDue),
+		claimDueMark: markClaim.sql(claimDue),
 		nextDue:      nextDue,
 		// One round trip after each drain: nextDue, and the lowest id at
 		// or below the mark ($1) of the rows whose run_at came due after
@@ -170,13 +176,9 @@ func newTableSQL(schema string, byQueue bool) tableSQL {
 		backlog: `SELECT (SELECT count(*) FROM (SELECT FROM ` + table + backlogWhere + ` LIMIT $1) c),
 			(SELECT min(created_at) FROM (SELECT created_at FROM ` + table + backlogWhere + ` ORDER BY id LIMIT 100) o
 				WHERE isfinite(created_at))`,
-		backlogMark: `SELECT (SELECT count(*) FROM (SELECT FROM ` + table + ` WHERE id > $2` + backlogMarkWhere + ` ORDER BY id LIMIT $1) c),
-			(SELECT min(created_at) FROM (SELECT created_at FROM ` + table + ` WHERE id > $2` + backlogMarkWhere + ` ORDER BY id LIMIT 100) o
-				WHERE isfinite(created_at))`,
-		backlogDueMark: `SELECT least($1, (SELECT count(*) FROM (SELECT FROM ` + table + ` WHERE id > $2` + backlogMarkWhere + ` ORDER BY id LIMIT $1) c)
-				+ (SELECT count(*) FROM (SELECT FROM ` + table + ` WHERE run_at > now() AND id <= $2` + backlogMarkWhere + ` LIMIT $1) f)),
-			(SELECT min(created_at) FROM (SELECT created_at FROM ` + table + ` WHERE id > $2` + backlogMarkWhere + ` ORDER BY id LIMIT 100) o
-				WHERE isfinite(created_at))`,
+		backlogMark: `SELECT ` + countAbove + `, ` + oldestAbove,
+		backlogDueMark: `SELECT least($1, ` + countAbove + ` + (SELECT count(*) FROM (SELECT FROM ` + table +
+			` WHERE run_at > now() AND id <= $2` + backlogMarkWhere + ` LIMIT $1) f)), ` + oldestAbove,
 		// Puts back, unchanged, the rows of a batch that were not pushed.
 		reinsert: `INSERT INTO ` + table + ` (` + claimColumns + `)
 			SELECT id, job_name, job_args::jsonb, queue, run_at, jid, created_at, options::jsonb
