@@ -264,17 +264,25 @@ func (c claimSQL) sql(where string) string {
 // On success the transaction stays open: the caller commits what it pushed.
 // extra are the statement's arguments after $3 (see claimSQL).
 func claimBatch(ctx context.Context, conn *pgx.Conn, sql string, scan rowScan, limit int, skip []int64, from int64, dst []stagedJob, extra ...any) ([]stagedJob, error) {
-	return claimBatchMark(ctx, conn, sql, scan, limit, skip, from, dst, nil, extra...)
+	return claimBatchMark(ctx, conn, sql, scan, limit, skip, from, dst, nil, nil, extra...)
 }
 
 // claimBatchMark is claimBatch; with mark non-nil, sql is a tableSQL's
-// claimMark, and mark gets what it read (lowwater.go).
-func claimBatchMark(ctx context.Context, conn *pgx.Conn, sql string, scan rowScan, limit int, skip []int64, from int64, dst []stagedJob, mark *markRead, extra ...any) ([]stagedJob, error) {
+// claimMark, and mark gets what it read (lowwater.go); with look non-nil,
+// look.xids gets the transactions in progress if a commit holds the
+// schema's 'behind' lock (lookBehindSQL).
+func claimBatchMark(ctx context.Context, conn *pgx.Conn, sql string, scan rowScan, limit int, skip []int64, from int64, dst []stagedJob, mark *markRead, look *behindLook, extra ...any) ([]stagedJob, error) {
 	if skip == nil {
 		skip = []int64{} // an empty array: NULL would make "id <> ALL" NULL
 	}
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
+	if look != nil {
+		// Its own statement, before the claim's snapshot (READ
+		// COMMITTED): a transaction not listed here had released
+		// 'behind', so its commit was visible, before the claim began.
+		b.Queue(lookBehindSQL, look.schema)
+	}
 	b.Queue(sql, append([]any{limit, skip, from}, extra...)...)
 	if mark != nil {
 		b.Queue(claimMarkSQL)
@@ -283,6 +291,12 @@ func claimBatchMark(ctx context.Context, conn *pgx.Conn, sql string, scan rowSca
 	if _, err := br.Exec(); err != nil {
 		_ = br.Close()
 		return dst[:0], fmt.Errorf("begin: %w", err)
+	}
+	if look != nil {
+		if err := br.QueryRow().Scan(&look.xids); err != nil {
+			_ = br.Close()
+			return dst[:0], fmt.Errorf("read the transactions in progress: %w", err)
+		}
 	}
 	dst, err := readClaimed(br, scan, dst)
 	if err != nil {

@@ -110,14 +110,21 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 			pausedC = nil
 		case <-dueC:
 		case <-g.late.C():
-			ended, err := g.checkLate(ctx)
-			if err != nil {
-				return err
+			select {
+			case <-wake:
+				// A wake-up is waiting: its drain sees what ended, and
+				// the rest are checked later.
+				g.late.arm(time.Now())
+			default:
+				ended, err := g.checkLate(ctx)
+				if err != nil {
+					return err
+				}
+				if !ended {
+					continue
+				}
+				r.metrics.wakeLate.Inc()
 			}
-			if !ended {
-				continue
-			}
-			r.metrics.wakeLate.Inc()
 		}
 		r.drainMu.Lock()
 		locked = true
@@ -264,13 +271,27 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 	r.excluded = r.bp.excluded()
 	fullScan, lastFound := time.Now(), time.Now()
 	var rate flowRate
-	claimFromStart := func(buf *[]stagedJob) (claimed, error) {
+	claimFromStart := func(buf *[]stagedJob, look *behindLook) (claimed, error) {
 		fullScan = time.Now()
-		return r.claim(ctx, pool, buf, skip, fromStart, true)
+		return r.claim(ctx, pool, buf, skip, fromStart, true, look)
 	}
-	cur, err := claimFromStart(&bufs[0])
+	// A drain that starts idle may end idle, never passing through
+	// gate.sleep: when a commit holds the schema's 'behind' lock (it did
+	// not notify because another commit was notifying, 012 and 014), its
+	// first claim reads the transactions in progress, in its round trip
+	// and before its snapshot, for g.late. That commit has ended before
+	// the claim (which then sees its row) or is listed (and drained when
+	// it ends).
+	var look *behindLook
+	if !g.awake {
+		look = &behindLook{schema: r.cfg.Schema}
+	}
+	cur, err := claimFromStart(&bufs[0], look)
 	if err != nil {
 		return err
+	}
+	if look != nil && len(look.xids) > 0 {
+		g.late.add(look.xids, time.Now())
 	}
 	for i := 1; ; i++ {
 		if cur.conn == nil { // the claim found nothing
@@ -293,7 +314,7 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 					return err
 				}
 			}
-			if cur, err = claimFromStart(&bufs[i%2]); err != nil {
+			if cur, err = claimFromStart(&bufs[i%2], nil); err != nil {
 				return err
 			}
 			continue
@@ -323,7 +344,7 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 			}
 			go func() {
 				defer close(claimedNext)
-				next, nextErr = r.claim(ctx, pool, &bufs[i%2], skip, from, false)
+				next, nextErr = r.claim(ctx, pool, &bufs[i%2], skip, from, false, nil)
 			}()
 		} else {
 			close(claimedNext)
@@ -384,7 +405,7 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 			if !sleep(ctx, pace-time.Since(cur.start)) {
 				return nil
 			}
-			if next, err = claimFromStart(&bufs[i%2]); err != nil {
+			if next, err = claimFromStart(&bufs[i%2], nil); err != nil {
 				return err
 			}
 		}
@@ -405,7 +426,10 @@ const rescanInterval = time.Second
 // ids above from into (*buf)[:0], in one round trip. When there are none it ends the
 // transaction and returns a claimed with a nil conn. from fromStart claims
 // from the low-water mark; alone says that no other batch is in flight.
-func (r *Relay) claim(ctx context.Context, pool *pgxpool.Pool, buf *[]stagedJob, skip []int64, from int64, alone bool) (claimed, error) {
+// look, if not nil, gets the transactions in progress if a commit holds
+// the schema's 'behind' lock, read in the same round trip before the
+// claim takes its snapshot (lookBehindSQL).
+func (r *Relay) claim(ctx context.Context, pool *pgxpool.Pool, buf *[]stagedJob, skip []int64, from int64, alone bool, look *behindLook) (claimed, error) {
 	c := claimed{from: from, start: time.Now(), alone: alone, base: from == fromStart,
 		clean: len(skip) == 0 && len(r.excluded) == 0}
 	sql, mark, w := r.sql.claim, (*markRead)(nil), r.mark.Load()
@@ -422,7 +446,7 @@ func (r *Relay) claim(ctx context.Context, pool *pgxpool.Pool, buf *[]stagedJob,
 		return c, fmt.Errorf("claim batch: %w", err)
 	}
 	args := append(slices.Clip(r.claimArgs), r.excluded) // see claimSQL
-	*buf, err = claimBatchMark(ctx, conn.Conn(), sql, r.src.scanner(), r.cfg.BatchSize, skip, from, *buf, mark, args...)
+	*buf, err = claimBatchMark(ctx, conn.Conn(), sql, r.src.scanner(), r.cfg.BatchSize, skip, from, *buf, mark, look, args...)
 	if err != nil {
 		claimed{conn: conn}.rollback(ctx)
 		return c, err

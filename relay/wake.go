@@ -89,8 +89,13 @@ func (r *Relay) armDue(ctx context.Context, pool *pgxpool.Pool, due *time.Timer,
 // serialized by PostgreSQL's notify lock; a relay that is not idle keeps
 // that cost off the app, and while it is idle one commit of the schema
 // notifies at a time (sql/012_wake_one_notifier.sql): the others see
-// another's notification on its way, and this gate's next idle check
-// covers them, as it covers a commit that saw the relay awake.
+// another's notification on its way. A drain that starts idle may drain
+// one batch and stay idle, without going through sleep, so its first claim
+// reads the transactions in progress too, before its snapshot, when a
+// commit holds the schema's 'behind' lock (behindLook,
+// sql/014_wake_behind.sql), into late: a commit that did not notify is
+// then seen by that claim or drained when it ends, as a commit that saw
+// the relay awake is.
 //
 // Going idle, the relay takes "idle" and, in the same round trip, reads the
 // ids of the transactions in progress: a commit that saw it awake has ended
@@ -168,6 +173,24 @@ const (
 		UNION ALL SELECT transaction::text::bigint FROM pg_prepared_xacts) t(x)
 		WHERE x = ANY($1::bigint[])`
 )
+
+// behindLook is what a drain that starts idle reads before its first
+// claim (Relay.claim): the transactions in progress, if a commit of the
+// schema did not notify because another was notifying.
+type behindLook struct {
+	schema string
+	xids   []int64
+}
+
+// lookBehindSQL returns the transactions in progress (inProgressSQL) when
+// a commit of the schema $1 holds its 'behind' lock, which a commit that
+// sees a relay idle takes before it tries 'notifying' and holds until it
+// ends (sql/014_wake_behind.sql), and none otherwise. The relay holds
+// 'behind' only within this expression; a commit that finds it held then
+// notifies.
+const lookBehindSQL = `SELECT CASE WHEN pg_try_advisory_lock(hashtext('stagedrain-behind:' || $1::text), 0)
+		AND pg_advisory_unlock(hashtext('stagedrain-behind:' || $1::text), 0)
+	THEN '{}'::bigint[] ELSE (` + inProgressSQL + `) END`
 
 // wake marks the relay awake: it releases "idle", so that commits stop
 // notifying. It never waits for the app.

@@ -299,6 +299,66 @@ func testOneNotifier(t *testing.T, h *harness, idleName string) {
 	}
 }
 
+// A commit that would not notify, because another holds the notifying
+// lock, takes the schema's 'behind' lock first and holds it until it ends
+// (sql/014_wake_behind.sql), so that the relay woken by the other's
+// notification lists it; and while the relay holds 'behind' (it looks, in
+// one expression) such a commit notifies after all.
+func TestCommitBehindANotifierHoldsBehind(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ctx := context.Background()
+	url := testenv.DatabaseURL()
+	listener := listen(t, url, h.schema)
+	holdIdleLock(t, testenv.Conn(t, url), relay.IdleLockName(h.schema))
+	notifying, behind := "stagedrain-notifying:"+h.schema, "stagedrain-behind:"+h.schema
+	// Another commit notifying: a session holds the notifying lock.
+	if _, err := testenv.Conn(t, url).Exec(ctx, `SELECT pg_advisory_lock(hashtext($1), 0)`, notifying); err != nil {
+		t.Fatal(err)
+	}
+	app := testenv.Conn(t, url)
+	tx, err := app.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	if _, err := h.stager.Stage(ctx, tx, relay.Job{Name: "Behind"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "SET CONSTRAINTS ALL IMMEDIATE"); err != nil {
+		t.Fatal(err)
+	}
+	// The relay's look: 'behind' cannot be taken while the commit holds it.
+	looker := testenv.Conn(t, url)
+	var free bool
+	if err := looker.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtext($1), 0) AND pg_advisory_unlock(hashtext($1), 0)`, behind).Scan(&free); err != nil {
+		t.Fatal(err)
+	}
+	if free {
+		t.Fatal("the relay's look took 'behind' while a commit that did not notify is in progress, want it held")
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checkDidNotNotify(t, listener, h.schema, "the commit behind another notifier")
+	if err := looker.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtext($1), 0) AND pg_advisory_unlock(hashtext($1), 0)`, behind).Scan(&free); err != nil {
+		t.Fatal(err)
+	}
+	if !free {
+		t.Fatal("'behind' still held after the commit ended")
+	}
+
+	// The relay looking at this moment: the commit cannot take 'behind',
+	// and notifies though another holds the notifying lock.
+	if _, err := looker.Exec(ctx, `SELECT pg_advisory_lock(hashtext($1), 0)`, behind); err != nil {
+		t.Fatal(err)
+	}
+	stageOn(t, h, app, "WhileTheRelayLooks")
+	if pid := nextNotifier(t, listener); pid != app.PgConn().PID() {
+		t.Fatalf("notification from backend %d, want the commit made while the relay held 'behind' (%d)", pid, app.PgConn().PID())
+	}
+}
+
 // notifierInCommit begins a transaction that stages a job and runs its
 // deferred wake trigger at once (SET CONSTRAINTS ALL IMMEDIATE), as a
 // commit does just before it commits: with a relay idle, it holds the
@@ -350,6 +410,62 @@ func TestCommitBehindANotifierIsDrained(t *testing.T) {
 	n := notifierInCommit(t, h, "Notifier")
 	behind := stageOn(t, h, testenv.Conn(t, testenv.DatabaseURL()), "BehindTheNotifier")
 	if err := n.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	h.waitQueueLen("default", 2, 15*time.Second)
+	if got := h.queueJIDs("default"); !slices.Contains(got, behind) {
+		t.Fatalf("delivered %v, want the job behind the notifier (%s) among them", got, behind)
+	}
+}
+
+// A commit that did not notify because another was notifying, and that
+// ends only after the relay has drained that other's job, is delivered
+// too, without waiting for the poll (a minute away): the relay reads the
+// transactions in progress before the claim that a notification wakes,
+// and drains again when one of them ends (012's proof).
+func TestCommitEndingAfterTheNotifiersDrainIsDrained(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ctx := context.Background()
+	cfg := h.config()
+	cfg.PollInterval = time.Minute
+	r, err := relay.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	idle := idleEvents(r)
+	h.run(r)
+	h.waitIdleAfterListen(idle)
+
+	n := notifierInCommit(t, h, "Notifier")
+	// The commit behind it: its trigger has run (the relay idle, the
+	// notifying lock taken by n), and it commits after n's job is in.
+	behindTx, err := testenv.Conn(t, testenv.DatabaseURL()).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = behindTx.Rollback(context.Background()) })
+	behind, err := h.stager.Stage(ctx, behindTx, relay.Job{Name: "BehindTheNotifier"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := behindTx.Exec(ctx, "SET CONSTRAINTS ALL IMMEDIATE"); err != nil {
+		t.Fatal(err)
+	}
+	for len(idle) > 0 {
+		<-idle
+	}
+	if err := n.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	h.waitQueueLen("default", 1, 15*time.Second)
+	// The drain that delivered it has ended: the relay is idle again.
+	select {
+	case <-idle:
+	case <-time.After(15 * time.Second):
+		t.Fatalf("the drain of the notifier's job did not end within 15s; logs: %v", messages(h.logs))
+	}
+	if err := behindTx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
 	h.waitQueueLen("default", 2, 15*time.Second)
@@ -430,7 +546,8 @@ func TestPollOnlyNeitherListensNorIsNotified(t *testing.T) {
 // (nobody idle): a commit never makes the relay wait, going idle, and
 // pays for no lock it keeps. A commit that notifies holds the schema's
 // notifying lock (012), a transaction-level one, until it ends, and
-// nothing after. Checked on the trigger itself, fired at
+// nothing after (not the behind lock of 014, which a commit takes only
+// when it does not notify). Checked on the trigger itself, fired at
 // INSERT with SET CONSTRAINTS ALL IMMEDIATE, through pg_locks; which
 // commit notified is told by the backend of the first notification.
 func TestTriggerHoldsNoGateLock(t *testing.T) {
@@ -458,9 +575,10 @@ func TestTriggerHoldsNoGateLock(t *testing.T) {
 			}
 			// Two-key advisory locks show their first key as classid.
 			rows, err := tx.Query(ctx, `SELECT CASE classid
-					WHEN hashtext($1)::oid THEN 'idle' WHEN hashtext($2)::oid THEN 'notifying' ELSE 'other' END || ' ' || mode
+					WHEN hashtext($1)::oid THEN 'idle' WHEN hashtext($2)::oid THEN 'notifying'
+					WHEN hashtext($3)::oid THEN 'behind' ELSE 'other' END || ' ' || mode
 				FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() ORDER BY 1`,
-				relay.IdleLockName(schema), "stagedrain-notifying:"+schema)
+				relay.IdleLockName(schema), "stagedrain-notifying:"+schema, "stagedrain-behind:"+schema)
 			if err != nil {
 				return err
 			}
@@ -485,7 +603,7 @@ func TestTriggerHoldsNoGateLock(t *testing.T) {
 	relayConn := testenv.Conn(t, url)
 	holdIdleLock(t, relayConn, relay.IdleLockName(schema))
 	if held := fire(idleApp); !slices.Equal(held, []string{"notifying ExclusiveLock"}) {
-		t.Fatalf("a commit that found the relay idle holds %v, want the notifying lock only (no gate lock)", held)
+		t.Fatalf("a commit that found the relay idle holds %v, want the notifying lock only (no gate lock, no behind lock)", held)
 	}
 	if held := appLocks(t, idleApp); len(held) != 0 {
 		t.Fatalf("after a commit that notified, the app's session holds %v, want no advisory lock", held)

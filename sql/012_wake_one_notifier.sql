@@ -30,7 +30,8 @@
 -- again only through gate.sleep, which reads the transactions in progress:
 -- T has committed by then, and the claim that follows sees its row, or T
 -- is listed, and the relay drains again when T ends. So T's row is drained
--- as if T had notified, a moment later at most.
+-- as if T had notified, a moment later at most. (Not so for a relay woken
+-- while idle that drains N's batch and stays idle: 014_wake_behind.sql.)
 --
 -- Unless N does not commit after all: its trigger ran, then its commit
 -- failed (a deferred constraint that fires after ours, a serialization
