@@ -2,6 +2,8 @@ package relay_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net/http/httptest"
 	"slices"
 	"sync"
@@ -10,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/stagedrain/stagedrain/relay"
 	"github.com/stagedrain/stagedrain/relay/internal/testenv"
@@ -420,58 +423,183 @@ func TestCommitBehindANotifierIsDrained(t *testing.T) {
 
 // A commit that did not notify because another was notifying, and that
 // ends only after the relay has drained that other's job, is delivered
-// too, without waiting for the poll (a minute away): the relay reads the
-// transactions in progress before the claim that a notification wakes,
-// and drains again when one of them ends (012's proof).
+// too, without waiting for the poll (a minute away): it holds the
+// schema's 'behind' lock, and the relay's drain that starts idle reads the
+// transactions in progress when it is held, and drains again when one of
+// them ends (sql/014_wake_behind.sql). For a relay of all queues, a group
+// of queues, and a fleet's schema.
 func TestCommitEndingAfterTheNotifiersDrainIsDrained(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t)
+	t.Run("all queues", func(t *testing.T) {
+		t.Parallel()
+		h := newHarness(t)
+		cfg := h.config()
+		cfg.PollInterval = time.Minute
+		testBehindTheNotifier(t, h.harnessRun(cfg), h.schema, stagerStage(h.stager), func() int64 { return h.queueLenNow("default") })
+	})
+	t.Run("a group of queues", func(t *testing.T) {
+		t.Parallel()
+		h := newHarness(t)
+		cfg := h.config()
+		cfg.PollInterval = time.Minute
+		cfg.Queues = []string{"default"}
+		testBehindTheNotifier(t, h.harnessRun(cfg), h.schema, stagerStage(h.stager), func() int64 { return h.queueLenNow("default") })
+	})
+	t.Run("the sidekiq-staged_push table", func(t *testing.T) {
+		t.Parallel()
+		h := newStagedPushHarness(t)
+		if _, err := relay.Migrate(context.Background(), h.conn, h.schema, relay.WithSource(relay.SourceSidekiqStagedPush)); err != nil {
+			t.Fatal(err)
+		}
+		cfg := h.config()
+		cfg.Source = relay.SourceSidekiqStagedPush
+		cfg.PollInterval = time.Minute
+		stage := func(tx pgx.Tx, name string) error {
+			_, err := tx.Exec(context.Background(), `INSERT INTO `+h.gemTable()+` (payload, created_at, updated_at)
+				VALUES (json_build_object('class', $1::text, 'args', '[]'::json), now() AT TIME ZONE 'UTC', now() AT TIME ZONE 'UTC')`, name)
+			return err
+		}
+		testBehindTheNotifier(t, h.harnessRun(cfg), h.schema, stage, func() int64 { return h.queueLenNow("default") })
+	})
+	t.Run("a fleet's schema", func(t *testing.T) {
+		t.Parallel()
+		fh := newFleetHarness(t, 2)
+		cfg := fh.fleetConfig()
+		cfg.PollInterval = time.Minute
+		run := func(r *relay.Relay) {
+			fh.run(r)
+			testenv.WaitFor(t, 15*time.Second, "the relay leads both schemas", func() (bool, string) {
+				got := leads(r)
+				return len(got) == 2, fmt.Sprintf("leads %q", got)
+			})
+		}
+		schema := fh.schemas[0]
+		testBehindTheNotifier(t, relayRun{cfg: cfg, run: run}, schema, stagerStage(relay.NewStager(schema)), func() int64 { return fh.queueLenNow("default") })
+	})
+}
+
+// relayRun is a relay's config and how a test starts it.
+type relayRun struct {
+	cfg relay.Config
+	run func(r *relay.Relay)
+}
+
+// harnessRun is h.run for cfg.
+func (h *harness) harnessRun(cfg relay.Config) relayRun {
+	return relayRun{cfg: cfg, run: h.run}
+}
+
+// queueLenNow is the length of queue q now.
+func (h *harness) queueLenNow(q string) int64 {
+	h.t.Helper()
+	n, err := h.rdb.LLen(context.Background(), h.key("queue:"+q)).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		h.t.Fatal(err)
+	}
+	return n
+}
+
+// stagerStage stages a job named name with stager.
+func stagerStage(stager *relay.Stager) func(tx pgx.Tx, name string) error {
+	return func(tx pgx.Tx, name string) error {
+		_, err := stager.Stage(context.Background(), tx, relay.Job{Name: name})
+		return err
+	}
+}
+
+// testBehindTheNotifier is TestCommitEndingAfterTheNotifiersDrainIsDrained
+// for a relay of rr that drains schema, whose jobs stage stages (in the
+// default queue), and whose default queue's length is queueLen.
+func testBehindTheNotifier(t *testing.T, rr relayRun, schema string, stage func(tx pgx.Tx, name string) error, queueLen func() int64) {
 	ctx := context.Background()
-	cfg := h.config()
-	cfg.PollInterval = time.Minute
-	r, err := relay.New(cfg)
+	url := testenv.DatabaseURL()
+	r, err := relay.New(rr.cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	idle := idleEvents(r)
-	h.run(r)
-	h.waitIdleAfterListen(idle)
+	rr.run(r)
+	testenv.WaitFor(t, 15*time.Second, "the relay idle on the schema", func() (bool, string) {
+		held := idleHoldersOf(t, schema, rr.cfg.Queues)
+		return len(held) > 0, fmt.Sprintf("idle lock holders %v", held)
+	})
 
-	n := notifierInCommit(t, h, "Notifier")
-	// The commit behind it: its trigger has run (the relay idle, the
-	// notifying lock taken by n), and it commits after n's job is in.
-	behindTx, err := testenv.Conn(t, testenv.DatabaseURL()).Begin(ctx)
-	if err != nil {
+	// The notifier, in its commit: its trigger has run, the relay idle.
+	n := beginStaged(t, url, stage, "Notifier")
+	var held bool
+	if err := n.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()
+		AND objsubid = 2 AND objid = 0 AND classid::bigint = (hashtext($1)::bigint + 4294967296) % 4294967296)`,
+		"stagedrain-notifying:"+schema).Scan(&held); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = behindTx.Rollback(context.Background()) })
-	behind, err := h.stager.Stage(ctx, behindTx, relay.Job{Name: "BehindTheNotifier"})
-	if err != nil {
-		t.Fatal(err)
+	if !held {
+		t.Fatal("the notifier's trigger took no notifying lock (is the relay idle?)")
 	}
-	if _, err := behindTx.Exec(ctx, "SET CONSTRAINTS ALL IMMEDIATE"); err != nil {
-		t.Fatal(err)
-	}
+	// The commit behind it: its trigger has run (the notifying lock
+	// taken by n), and it commits after n's job is in.
+	behindTx := beginStaged(t, url, stage, "BehindTheNotifier")
 	for len(idle) > 0 {
 		<-idle
 	}
 	if err := n.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	h.waitQueueLen("default", 1, 15*time.Second)
+	testenv.WaitFor(t, 15*time.Second, "the notifier's job in Redis", func() (bool, string) {
+		got := queueLen()
+		return got == 1, fmt.Sprintf("%d jobs", got)
+	})
 	// The drain that delivered it has ended: the relay is idle again.
 	select {
 	case <-idle:
 	case <-time.After(15 * time.Second):
-		t.Fatalf("the drain of the notifier's job did not end within 15s; logs: %v", messages(h.logs))
+		t.Fatal("the drain of the notifier's job did not end within 15s")
 	}
 	if err := behindTx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	h.waitQueueLen("default", 2, 15*time.Second)
-	if got := h.queueJIDs("default"); !slices.Contains(got, behind) {
-		t.Fatalf("delivered %v, want the job behind the notifier (%s) among them", got, behind)
+	testenv.WaitFor(t, 15*time.Second, "the job behind the notifier in Redis (the poll is a minute away)", func() (bool, string) {
+		got := queueLen()
+		return got == 2, fmt.Sprintf("%d jobs", got)
+	})
+}
+
+// beginStaged begins a transaction on a connection of its own that stages
+// a job with stage and runs its deferred wake trigger at once (SET
+// CONSTRAINTS ALL IMMEDIATE), as a commit does just before it commits. The
+// caller commits it; the test's end rolls it back otherwise.
+func beginStaged(t *testing.T, url string, stage func(tx pgx.Tx, name string) error, name string) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := testenv.Conn(t, url).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	if err := stage(tx, name); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "SET CONSTRAINTS ALL IMMEDIATE"); err != nil {
+		t.Fatal(err)
+	}
+	return tx
+}
+
+// idleHoldersOf are the backends holding schema's idle lock (of queues'
+// group, if any).
+func idleHoldersOf(t *testing.T, schema string, queues []string) []uint32 {
+	t.Helper()
+	name := relay.IdleLockName(schema)
+	if len(queues) > 0 {
+		name += ":" + queues[0]
+	}
+	var pids []uint32
+	err := testenv.Conn(t, testenv.DatabaseURL()).QueryRow(context.Background(), `SELECT coalesce(array_agg(DISTINCT pid), '{}') FROM pg_locks
+		WHERE locktype = 'advisory' AND objsubid = 2 AND granted AND mode = 'ExclusiveLock'
+		AND classid::bigint = (hashtext($1)::bigint + 4294967296) % 4294967296`, name).Scan(&pids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pids
 }
 
 // In poll-only mode the relay opens no listener and never goes idle: while
