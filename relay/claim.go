@@ -69,7 +69,7 @@ type tableSQL struct {
 	// future rows it left below the mark once they are due (lowwater.go);
 	// "" for a table that cannot have the mark that way.
 	claimDueMark string
-	probe        string // the lowest id <= $1 still staged (lowwater.go)
+	probe        string // the lowest id <= $1 still staged, above the last argument (lowwater.go)
 	probeDue     string // probe, of rows claimDue would take
 	nextDue      string
 	// nextDueLook is nextDue, and the look below the mark ($1) for rows
@@ -100,10 +100,12 @@ func newTableSQL(schema string, byQueue bool) tableSQL {
 	claim := claimSQL{table: table, queue: "t.queue", byQueue: byQueue,
 		returning: `t.id, t.job_name, t.job_args, t.queue, t.run_at, t.jid, t.created_at, t.options`}
 	backlogWhere, probeWhere, backlogMarkWhere := "", "", ""
+	probeAbove := ` AND id > $2::bigint` // where the probe starts (lowwater.go)
 	if byQueue {
 		backlogWhere = ` WHERE queue = ANY($2::text[])`
 		probeWhere = ` AND queue = ANY($2::text[])`
 		backlogMarkWhere = ` AND queue = ANY($3::text[])`
+		probeAbove = ` AND id > $3::bigint`
 	}
 	markClaim := claim
 	markClaim.mark = pgx.Identifier{schema, "stagedrain_last_id"}.Sanitize()
@@ -150,11 +152,13 @@ func newTableSQL(schema string, byQueue bool) tableSQL {
 		// Lock-free: rows a batch holds count as staged (lowwater.go).
 		// Of the queues in $2 only, for a relay with Config.Queues: the
 		// other groups' rows below its mark are theirs.
-		probe: `SELECT id FROM ` + table + ` WHERE id <= $1` + probeWhere + ` ORDER BY id LIMIT 1`,
+		// Above the id in the last argument only: the probe walks the
+		// whole index below the mark only now and then (lowwater.go).
+		probe: `SELECT id FROM ` + table + ` WHERE id <= $1` + probeAbove + probeWhere + ` ORDER BY id LIMIT 1`,
 		// For a target with no scheduler: the future rows below the mark
 		// are expected there (lowwater.go), and nextDueLook finds them
 		// when due.
-		probeDue: `SELECT id FROM ` + table + ` WHERE id <= $1` + probeWhere + ` AND ` + due + ` ORDER BY id LIMIT 1`,
+		probeDue: `SELECT id FROM ` + table + ` WHERE id <= $1` + probeAbove + probeWhere + ` AND ` + due + ` ORDER BY id LIMIT 1`,
 		// For a target with no scheduler (streams, celery): rows whose
 		// run_at is not in the future only. The scan by id steps over the
 		// future rows above where it starts, each a heap fetch (see

@@ -108,6 +108,13 @@ func LastClaimFrom(r *Relay) int64 {
 // ClaimMarkSQL is the relay's claim statement with the mark's reads.
 func ClaimMarkSQL(r *Relay) string { return r.sql.claimMark }
 
+// ProbeSQL is r's probe below the low-water mark: $1 the mark, the last
+// argument the id it looks above (lowwater.go).
+func ProbeSQL(r *Relay) string { return r.sql.probe }
+
+// FullProbeDue is fullProbeDue.
+var FullProbeDue = fullProbeDue
+
 // SetProbeEvery sets how often the probe below the low-water mark runs.
 func SetProbeEvery(r *Relay, d time.Duration) { r.hooks.probeEvery = d }
 

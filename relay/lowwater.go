@@ -78,12 +78,16 @@ import (
 // skipped them (SKIP LOCKED) and that stay (its transaction rolled back:
 // the app's SELECT ... FOR UPDATE, a fenced-out relay's batch). The probe
 // finds them: every probeEvery, a plain SELECT (no lock) of the lowest id
-// <= L still there; finding one lowers L below it and wakes the drain. So
-// such a row waits at most probeEvery (5 s) plus one probe and one drain:
-// about 6 s, longer only while the probe itself is slow. The probe still walks
-// the dead index entries below L, once per probeEvery rather than once
-// per claim (hundreds a second): its cost grows with the dead rows, and
-// the bench shows it in buffers per job (README.md, "Where a claim starts").
+// <= L still there; finding one lowers L below it and wakes the drain.
+// Most probes look above the L of the last probe only; one from the
+// index's start runs every probeEvery too while it is cheap, and when it
+// is not (it walks the dead index entries below L, which a held horizon
+// keeps), once per 100 times its own duration (Relay.probe). So such a row
+// waits at most probeEvery (5 s) plus one probe and one drain, about 6 s,
+// when its id is above the L of the probe before it; below that, until
+// the next probe from the index's start: also about 6 s, or 100 times that
+// probe's duration while a long transaction elsewhere holds the horizon
+// (about 26 s at 1.2 million dead rows).
 //
 // A fleet's schema has a mark of its own, as a relay of one schema, and
 // the fleet's poll looks for rows above each schema's mark only.
@@ -313,25 +317,51 @@ func (w *lowWater) lookSince() time.Time { return w.looked.Add(-lookMargin) }
 // probe looks below L every probeEvery, until ctx ends, for a row the mark
 // cannot see (see lowWater); it lowers L below the lowest one it finds and
 // signals found. A failed probe is retried at the next.
+//
+// A probe from the index's start walks every dead index entry below L,
+// and while a long transaction elsewhere holds the horizon they are all
+// there: 256 ms and 17,000 buffers a probe after 1.2 million dead rows
+// (a 173 MiB table, more than shared_buffers: the walk also evicted the
+// pages the app's inserts and the claims use), every 5 s. So most probes
+// look above the L of the last probe only (what it looked at below that
+// has not changed since, unless a row was put there since), and one from
+// the index's start runs when fullProbeDue says: every probeEvery while it
+// is cheap, at most fullProbeShare of the time otherwise.
 func (r *Relay) probe(ctx context.Context, pool *pgxpool.Pool, w *lowWater, found chan<- struct{}) {
 	every := cmp.Or(r.hooks.probeEvery, probeEvery)
+	above := fromStart     // where a probe that is not full starts: the last probe's L
+	var lastFull time.Time // the first probe is full
+	var fullTook time.Duration
 	for sleep(ctx, every) {
 		below, _ := w.from()
 		if below == fromStart {
 			continue
 		}
+		full := fullProbeDue(lastFull, fullTook, every, time.Now())
+		from := above
+		if full {
+			from = fromStart
+		}
+		start := time.Now()
 		var id int64
 		err := withTimeout(ctx, every, func(ctx context.Context) error {
 			// With Config.Queues, of the group's queues only (claimArgs).
-			return pool.QueryRow(ctx, r.sql.probe, append([]any{below}, r.claimArgs...)...).Scan(&id)
+			args := append(append([]any{below}, r.claimArgs...), from)
+			return pool.QueryRow(ctx, r.sql.probe, args...).Scan(&id)
 		})
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
-			continue
 		case err != nil:
 			if ctx.Err() == nil {
 				r.log.Named("drain").Warn("probe below the low-water mark failed", zap.Error(err))
 			}
+			continue
+		}
+		if full {
+			lastFull, fullTook = start, time.Since(start)
+		}
+		above = below
+		if err != nil { // none found
 			continue
 		}
 		w.lower(id)
@@ -340,4 +370,16 @@ func (r *Relay) probe(ctx context.Context, pool *pgxpool.Pool, w *lowWater, foun
 		}
 		trySendWakeup(found)
 	}
+}
+
+// fullProbeShare bounds the time the probes from the index's start take:
+// one runs when the last one's duration, divided by this share, has
+// passed since it started (and probeEvery at least), so they take at most
+// 1% of a drain connection's time whatever the dead rows below L.
+const fullProbeShare = 0.01
+
+// fullProbeDue reports whether the probe at now looks from the index's
+// start: the last one started at last (zero: none yet) and took took.
+func fullProbeDue(last time.Time, took, every time.Duration, now time.Time) bool {
+	return last.IsZero() || now.Sub(last) >= max(every, time.Duration(float64(took)/fullProbeShare))
 }

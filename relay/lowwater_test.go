@@ -161,13 +161,49 @@ func TestClaimCostDoesNotGrowWithDeadRows(t *testing.T) {
 		return h.claimBuffers(r, from), h.claimBuffers(r, math.MinInt64)
 	}
 	earlyMark, earlyStart := phase(2000)
+	// The probe from the index's start over the first 2,000 dead rows.
+	earlyProbe := h.drainBuffers(relay.ProbeSQL(r), relay.LastClaimFrom(r), int64(math.MinInt64))
 	lateMark, lateStart := phase(20000)
-	t.Logf("claim buffers: from the mark %d -> %d, from the index's start %d -> %d; backlog sample %d -> %d", earlyMark, lateMark, earlyStart, lateStart, backlog[0], backlog[1])
+	// 2,000 more: the probe that follows looks above the last probe's mark
+	// only, over the rows drained since, whatever lies dead below it.
+	probedTo := relay.LastClaimFrom(r)
+	phase(2000)
+	lateProbe := h.drainBuffers(relay.ProbeSQL(r), relay.LastClaimFrom(r), probedTo)
+	fullProbe := h.drainBuffers(relay.ProbeSQL(r), relay.LastClaimFrom(r), int64(math.MinInt64))
+	t.Logf("claim buffers: from the mark %d -> %d, from the index's start %d -> %d; backlog sample %d -> %d; probe of the last 2,000 drained %d -> %d (from the index's start %d)",
+		earlyMark, lateMark, earlyStart, lateStart, backlog[0], backlog[1], earlyProbe, lateProbe, fullProbe)
 	// The summary's sample runs on the lock connection, which the gate
 	// waits for: from the index's start it walked every dead row.
 	costFlat(t, "the backlog sample", backlog[0], backlog[1])
 	horizonHeld(t, earlyStart, lateStart)
 	costFlat(t, "the relay's claim", earlyMark, lateMark)
+	costFlat(t, "the probe above the last probe's mark", earlyProbe, lateProbe)
+	horizonHeld(t, earlyProbe, fullProbe)
+}
+
+// The probe looks from the index's start every probeEvery while that is
+// cheap, and at most 1% of the time when it is not; the others look above
+// the last probe's mark only.
+func TestFullProbeSpacing(t *testing.T) {
+	start := time.Date(2026, 12, 3, 0, 0, 0, 0, time.UTC)
+	every := 5 * time.Second
+	for _, c := range []struct {
+		since, took time.Duration
+		want        bool
+	}{
+		{since: 5 * time.Second, took: 2 * time.Millisecond, want: true},
+		{since: 4 * time.Second, took: 2 * time.Millisecond, want: false},
+		{since: 5 * time.Second, took: 256 * time.Millisecond, want: false},
+		{since: 25 * time.Second, took: 256 * time.Millisecond, want: false},
+		{since: 26 * time.Second, took: 256 * time.Millisecond, want: true},
+	} {
+		if got := relay.FullProbeDue(start, c.took, every, start.Add(c.since)); got != c.want {
+			t.Errorf("%s after a probe from the index's start that took %s: due %v, want %v", c.since, c.took, got, c.want)
+		}
+	}
+	if !relay.FullProbeDue(time.Time{}, 0, every, start) {
+		t.Error("the first probe of a leadership does not look from the index's start")
+	}
 }
 
 // A row whose transaction took its id (011's default) and committed only
