@@ -260,7 +260,7 @@ func (c claimed) qualifies() bool {
 // and at least one a second, scans from the start.
 func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]stagedJob, g *gate, log *zap.Logger) error {
 	// Poison rows a source left staged, and rows backpressure holds back.
-	if !g.awake && g.heldAwake() {
+	if !g.awake.Load() && g.heldAwake() {
 		// The fleet runs hot, or the listener lost its session: stop the
 		// commits' notifications now.
 		if err := g.wake(ctx); err != nil {
@@ -283,7 +283,7 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 	// the claim (which then sees its row) or is listed (and drained when
 	// it ends).
 	var look *behindLook
-	if !g.awake {
+	if !g.awake.Load() {
 		look = &behindLook{schema: r.cfg.Schema}
 	}
 	cur, err := claimFromStart(&bufs[0], look)
@@ -299,7 +299,7 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 			case !cur.base:
 				// It claimed from a cursor: the rest of the table may
 				// hold rows that committed late.
-			case !g.awake || g.pinned || g.heldAwake():
+			case !g.awake.Load() || g.pinned || g.heldAwake():
 				return nil
 			case time.Since(lastFound) < rate.linger():
 				// Jobs were flowing a moment ago: look again shortly
@@ -389,6 +389,9 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 				return nil
 			}
 			g.paused = true
+			// Before sleep takes the idle lock: a fleet going hot leaves
+			// the locks of a schema held back alone (holdAwake).
+			r.heldBack.Store(true)
 			return g.sleep(ctx)
 		}
 		if !full && g.hot() {

@@ -195,7 +195,9 @@ func (f *fleet) session(ctx context.Context, pool *pgxpool.Pool) (connected time
 		return connected, fmt.Errorf("join the fleet: %w", err)
 	}
 	s := &fleetSession{f: f, conn: conn, mu: &mu, pool: pool,
-		ended: make(chan *tenant), stop: make(chan struct{})}
+		ended: make(chan *tenant), stop: make(chan struct{}),
+		late: lateCommits{window: r.cfg.PollInterval}}
+	defer s.late.stop()
 	defer s.letAllGo()
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -224,7 +226,10 @@ func (f *fleet) session(ctx context.Context, pool *pgxpool.Pool) (connected time
 	for {
 		select {
 		case <-heatC:
-			s.weigh(&heat)
+			s.weigh(sctx, &heat)
+			continue
+		case <-s.late.C():
+			s.checkLate(sctx)
 			continue
 		case <-heat.pollC():
 			led := s.led()
@@ -277,6 +282,10 @@ type fleetSession struct {
 	// (session loop only).
 	pollFor []*tenant
 	pollSQL []string
+
+	// late are the transactions in progress when the fleet cooled
+	// (coolDown; session loop only).
+	late lateCommits
 }
 
 // exec runs f on the lock connection, under its mutex, within the lock

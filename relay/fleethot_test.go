@@ -178,3 +178,72 @@ func commitBusy(t *testing.T, busy []string) *busyCommits {
 	}
 	return b
 }
+
+// A fleet that cools takes every schema's idle lock in one statement
+// (coolDown), not through each schema's drain: a transaction that looked
+// at the gate while the fleet ran hot (so it will not notify) and commits
+// after the fleet cooled is still drained, by the fleet's check of the
+// transactions that were in progress when it cooled; the fallback poll is
+// an hour away. The commits that saw the fleet hot and ended before it
+// cooled are delivered too, and once cool a commit notifies.
+func TestFleetCoolingDrainsACommitThatSawItHot(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	fh := newFleetHarness(t, 3)
+	cfg := fh.fleetConfig()
+	cfg.PollInterval = time.Hour
+	quiet, busy := fh.schemas[0], fh.schemas[1:]
+	r, err := relay.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay.SetFleetHotLeave(r, 1)
+	fh.run(r)
+	testenv.WaitFor(t, 10*time.Second, "the relay leads every schema", func() (bool, string) {
+		got := leads(r)
+		return len(got) == len(fh.schemas), fmt.Sprintf("leads %q", got)
+	})
+	bc := commitBusy(t, busy)
+	defer bc.stop()
+	testenv.WaitFor(t, 30*time.Second, "the fleet runs hot", func() (bool, string) {
+		return relay.FleetHot(r), "not hot"
+	})
+	testenv.WaitFor(t, 10*time.Second, quiet+"'s idle lock held by nobody while the fleet runs hot", func() (bool, string) {
+		got := idleHolders(t, fh.conn, quiet)
+		return len(got) == 0, fmt.Sprintf("held by %v", got)
+	})
+
+	// The app's transaction looks at quiet's gate now (SET CONSTRAINTS
+	// ALL IMMEDIATE runs the trigger at the INSERT): awake, so it will not
+	// notify, and it keeps no lock.
+	app := testenv.Conn(t, testenv.DatabaseURL())
+	tx, err := app.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // committed below
+	if _, err := tx.Exec(ctx, "SET CONSTRAINTS ALL IMMEDIATE"); err != nil {
+		t.Fatal(err)
+	}
+	late, err := relay.NewStager(quiet).Stage(ctx, tx, relay.Job{Name: "Late", Queue: "default"})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	staged := bc.stop()
+	fh.waitJIDs("busy", staged)
+	testenv.WaitFor(t, 30*time.Second, "the fleet cools once the commits stop", func() (bool, string) {
+		return !relay.FleetHot(r), "still hot"
+	})
+	for _, s := range fh.schemas {
+		waitIdleHeldBy(t, fh.conn, s, fh.leaderPID(s), "its leader (idle again)")
+	}
+	if got := fh.queueJIDs("default"); len(got) != 0 {
+		t.Fatalf("queue default holds %v before the late commit, want nothing", got)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	fh.waitJIDs("default", []string{late})
+	fh.checkNotifies(quiet, []string{late})
+}

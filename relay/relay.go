@@ -82,6 +82,11 @@ type Relay struct {
 	// again): the relay does not go idle then, since a commit's
 	// notification would reach nobody (gate.heldAwake).
 	deaf atomic.Bool
+	// gate is the wake gate of the lead in progress, nil between leads;
+	// set and cleared under the lock connection's mutex. A fleet going
+	// hot releases its schemas' idle locks through it
+	// (fleetSession.holdAwake).
+	gate atomic.Pointer[gate]
 
 	// settings are what the relay was built with beside its Config: a
 	// relay of one schema's defaults, or its fleet's (newRelay).
@@ -531,13 +536,18 @@ func (r *Relay) leadWith(ctx context.Context, lockConn *pgx.Conn, lockMu *sync.M
 	// Awake at first (commits do not notify): the drain at start goes idle
 	// when it has found nothing left; in poll-only mode it never does,
 	// since nobody listens.
-	gt := &gate{mu: lockMu, conn: lockConn, awake: true, pinned: r.cfg.PollOnly,
+	gt := &gate{mu: lockMu, conn: lockConn, pinned: r.cfg.PollOnly,
 		held:     r.hot,
 		deaf:     &r.deaf,
 		idleKeys: gateLockNames(r.cfg.Schema, r.cfg.Queues),
 		timeout:  r.gateTimeout + lockQueryTimeout(r.cfg.LeaderInterval),
 		late:     lateCommits{window: r.cfg.PollInterval}}
+	gt.awake.Store(true)
+	r.gate.Store(gt)
 	defer func(ctx context.Context) {
+		lockMu.Lock()
+		r.gate.Store(nil) // under the gates' mutex: holdAwake sees it or not
+		lockMu.Unlock()
 		if rerr := gt.release(ctx); rerr != nil && err == nil {
 			err = rerr
 		}

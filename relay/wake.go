@@ -127,8 +127,10 @@ type gate struct {
 	idleKeys []string // the schema's lock, or one per queue of Config.Queues
 	// awake is true while the relay holds no "idle" lock: commits do not
 	// notify. A lead starts awake, and goes idle at the end of its first
-	// drain.
-	awake  bool
+	// drain. Changed only under mu, with the locks: by the drain loop, or
+	// by a fleet going hot (fleetSession.holdAwake), which releases every
+	// idle schema's locks at once.
+	awake  atomic.Bool
 	pinned bool // poll-only: never goes idle
 	// held, when set and true, holds the relay awake: a fleet running hot
 	// (fleethot.go) finds its schemas' rows by polling them all at
@@ -195,11 +197,14 @@ const lookBehindSQL = `SELECT CASE WHEN pg_try_advisory_lock(hashtext('stagedrai
 // wake marks the relay awake: it releases "idle", so that commits stop
 // notifying. It never waits for the app.
 func (g *gate) wake(ctx context.Context) error {
-	if g.awake {
+	if g.awake.Load() {
 		return nil
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if g.awake.Load() { // a fleet going hot released the locks meanwhile
+		return nil
+	}
 	err := withTimeout(ctx, g.timeout, func(ctx context.Context) error {
 		_, err := g.conn.Exec(ctx, gateUnlockSQL, g.idleKeys)
 		return err
@@ -209,7 +214,7 @@ func (g *gate) wake(ctx context.Context) error {
 		// (unlocking a shard not held only raises a WARNING).
 		return fmt.Errorf("%w: mark awake: %w", errLostLock, err)
 	}
-	g.awake = true
+	g.awake.Store(true)
 	return nil
 }
 
@@ -226,7 +231,7 @@ const slowPush = 100 * time.Millisecond
 // slowPush; done waits for that and returns its error. The caller touches
 // no other field of g until done returns.
 func (g *gate) awakeIfSlow(ctx context.Context) (done func() error) {
-	if g.awake {
+	if g.awake.Load() {
 		return func() error { return nil }
 	}
 	woke := make(chan error, 1)
@@ -273,7 +278,7 @@ func (g *gate) release(ctx context.Context) error {
 // relay awake and has ended, and the drain loop drains again when one of
 // the others ends.
 func (g *gate) sleep(ctx context.Context) error {
-	if !g.awake || g.pinned || g.heldAwake() {
+	if !g.awake.Load() || g.pinned || g.heldAwake() {
 		return nil
 	}
 	g.idleAt = time.Now()
@@ -288,6 +293,11 @@ func (g *gate) sleep(ctx context.Context) error {
 func (g *gate) inProgress(ctx context.Context, lock bool) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if lock && g.heldAwake() {
+		// A fleet went hot since the caller looked, and may have
+		// released every idle lock already (fleetSession.holdAwake).
+		return nil
+	}
 	b := &pgx.Batch{}
 	if lock {
 		b.Queue(gateLockSQL, g.idleKeys)
@@ -309,7 +319,7 @@ func (g *gate) inProgress(ctx context.Context, lock bool) error {
 	if lock {
 		// Idle even when the batch failed after its lock statement: the
 		// locks may be held, and release gives them back.
-		g.awake = false
+		g.awake.Store(false)
 	}
 	if err != nil {
 		return fmt.Errorf("%w: mark idle: %w", errLostLock, err)
