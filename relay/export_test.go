@@ -89,6 +89,10 @@ func SetOnStandbyBehind(r *Relay, f func(lsn uint64)) { r.hooks.standbyBehind = 
 // not cool it (fleethot.go). Before Run.
 func SetFleetHotLeave(r *Relay, perSec float64) { r.fleet.hotLeave = perSec }
 
+// SetFleetHotEnter sets the rate of commits (a second) at which r's fleet
+// runs hot: a test that needs each schema's own drain sets it out of reach.
+func SetFleetHotEnter(r *Relay, perSec float64) { r.fleet.hotEnter = perSec }
+
 // LowWater returns the relay's low-water mark (lowwater.go), and false
 // when it has none (off, or not leading yet).
 func LowWater(r *Relay) (int64, bool) {
