@@ -37,12 +37,12 @@ import (
 // (holdAwake, one statement too).
 //
 // Entering is judged over the last hotEnterWindows windows (500ms), or over
-// the last window alone at hotBurst times the rate: a fleet of 20 or 200 schemas
-// at 100 commits a second saw 20 commits in some 100ms window every few
-// seconds (Poisson arrivals), ran hot, found about 100 schemas a second,
-// cooled a second later, and so on; each turn woke every schema's drain
-// (before coolDown and holdAwake), and a job at 100 jobs/s took 117-180ms at p99, against 7ms in runs
-// that stayed cool (stagedrain bench --scenarios fleet-latency). A
+// the last window alone at hotBurst times the rate: a fleet of 20 or 200
+// schemas at 100 commits a second saw 20 commits in some 100ms window
+// every few seconds (Poisson arrivals), ran hot, found about 100 schemas a
+// second, cooled a second later, and so on; each turn woke every schema's
+// drain (before coolDown and holdAwake), and a job at 100 jobs/s took
+// 117-180ms at p99, against 7ms in runs that stayed cool (stagedrain bench --scenarios fleet-latency). A
 // sustained 200 a second still enters within 500ms, 250 a second or more
 // within 100ms: commits that all notify are what the app pays for while
 // cool (a cool fleet of 200 at 1,000 jobs/s offered let the app commit
@@ -171,17 +171,12 @@ func (s *fleetSession) weigh(ctx context.Context, h *fleetHeat) {
 func (s *fleetSession) holdAwake(ctx context.Context) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var gates []*gate
-	var keys []string
-	for _, t := range s.led() {
-		// A schema backpressure holds back stays idle, notified, as its
-		// drain leaves it (gate.hot); its drain sets heldBack before it
-		// takes the idle lock.
-		if g := t.r.gate.Load(); g != nil && !g.awake.Load() && !t.r.heldBack.Load() {
-			gates = append(gates, g)
-			keys = append(keys, g.idleKeys...)
-		}
-	}
+	// A schema backpressure holds back stays idle, notified, as its drain
+	// leaves it (gate.hot); its drain sets heldBack before it takes the
+	// idle lock.
+	gates, keys := gatesOf(s.led(), func(t *tenant, g *gate) bool {
+		return !g.awake.Load() && !t.r.heldBack.Load()
+	})
 	if len(gates) == 0 {
 		return
 	}
@@ -199,6 +194,19 @@ func (s *fleetSession) holdAwake(ctx context.Context) {
 	for _, g := range gates {
 		g.awake.Store(true)
 	}
+}
+
+// gatesOf returns the gates of the leads in progress of led that want
+// picks, and their idle locks' keys. The caller holds the lock
+// connection's mutex, under which a lead sets and clears its gate.
+func gatesOf(led []*tenant, want func(t *tenant, g *gate) bool) (gates []*gate, keys []string) {
+	for _, t := range led {
+		if g := t.r.gate.Load(); g != nil && want(t, g) {
+			gates = append(gates, g)
+			keys = append(keys, g.idleKeys...)
+		}
+	}
+	return gates, keys
 }
 
 // coolDown lets every schema led go idle again, as its drain would
@@ -232,15 +240,10 @@ func (s *fleetSession) coolDown(ctx context.Context) {
 func (s *fleetSession) sleepAll(ctx context.Context, led []*tenant) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var gates []*gate
-	var keys []string
-	for _, t := range led {
-		// The fleet is no longer hot: heldAwake is the listener's state.
-		if g := t.r.gate.Load(); g != nil && g.awake.Load() && !g.pinned && !g.heldAwake() {
-			gates = append(gates, g)
-			keys = append(keys, g.idleKeys...)
-		}
-	}
+	// The fleet is no longer hot: heldAwake is the listener's state.
+	gates, keys := gatesOf(led, func(_ *tenant, g *gate) bool {
+		return g.awake.Load() && !g.pinned && !g.heldAwake()
+	})
 	if len(gates) == 0 {
 		return true
 	}

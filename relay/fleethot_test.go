@@ -21,21 +21,8 @@ import (
 func TestFleetHotHoldsEverySchemaAwake(t *testing.T) {
 	t.Parallel()
 	fh := newFleetHarness(t, 3)
-	cfg := fh.fleetConfig()
-	cfg.PollInterval = time.Hour
 	quiet, busy := fh.schemas[0], fh.schemas[1:]
-	r, err := relay.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Hot as long as the busy schemas' commits come at all, however slowly
-	// a busy machine makes them; cool once they stop.
-	relay.SetFleetHotLeave(r, 1)
-	fh.run(r)
-	testenv.WaitFor(t, 10*time.Second, "the relay leads every schema", func() (bool, string) {
-		got := leads(r)
-		return len(got) == len(fh.schemas), fmt.Sprintf("leads %q", got)
-	})
+	r := fh.startHotLeaving()
 	for _, s := range fh.schemas {
 		waitIdleHeldBy(t, fh.conn, s, fh.leaderPID(s), "its leader (idle)")
 	}
@@ -190,19 +177,8 @@ func TestFleetCoolingDrainsACommitThatSawItHot(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	fh := newFleetHarness(t, 3)
-	cfg := fh.fleetConfig()
-	cfg.PollInterval = time.Hour
 	quiet, busy := fh.schemas[0], fh.schemas[1:]
-	r, err := relay.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	relay.SetFleetHotLeave(r, 1)
-	fh.run(r)
-	testenv.WaitFor(t, 10*time.Second, "the relay leads every schema", func() (bool, string) {
-		got := leads(r)
-		return len(got) == len(fh.schemas), fmt.Sprintf("leads %q", got)
-	})
+	r := fh.startHotLeaving()
 	bc := commitBusy(t, busy)
 	defer bc.stop()
 	testenv.WaitFor(t, 30*time.Second, "the fleet runs hot", func() (bool, string) {
@@ -246,4 +222,25 @@ func TestFleetCoolingDrainsACommitThatSawItHot(t *testing.T) {
 	}
 	fh.waitJIDs("default", []string{late})
 	fh.checkNotifies(quiet, []string{late})
+}
+
+// startHotLeaving runs a fleet relay over fh's schemas, its fallback poll
+// an hour away, hot as long as commits come at all (however slowly a busy
+// machine makes them) and cool once they stop, and waits until it leads
+// every schema.
+func (fh *fleetHarness) startHotLeaving() *relay.Relay {
+	fh.t.Helper()
+	cfg := fh.fleetConfig()
+	cfg.PollInterval = time.Hour
+	r, err := relay.New(cfg)
+	if err != nil {
+		fh.t.Fatal(err)
+	}
+	relay.SetFleetHotLeave(r, 1)
+	fh.run(r)
+	testenv.WaitFor(fh.t, 10*time.Second, "the relay leads every schema", func() (bool, string) {
+		got := leads(r)
+		return len(got) == len(fh.schemas), fmt.Sprintf("leads %q", got)
+	})
+	return r
 }
