@@ -64,6 +64,13 @@ type tableSQL struct {
 	// claimMark is claim, reading what the low-water mark needs
 	// (lowwater.go); "" for a table that cannot have the mark.
 	claimMark string
+	// lastID is the quoted function that reads the table's sequence's last
+	// value for the mark (011's stagedrain_last_id, gem_001.sql's
+	// stagedrain_staged_push_last_id); markTable the quoted table and
+	// markCheck the statement that says whether the table suits the mark
+	// ($1 the table, $2 lastID's signature), and markOff the log line when
+	// it does not (lowwater.go).
+	lastID, markTable, markCheck, markOff string
 	// claimDueMark is claimDue with the mark's reads: a target with no
 	// scheduler (dueOnly) claims from the mark, and nextDueLook finds the
 	// future rows it left below the mark once they are due (lowwater.go);
@@ -149,6 +156,10 @@ func newTableSQL(schema string, byQueue bool) tableSQL {
 		// deleted, and only that is pushed.
 		claim:     claim.sql(""),
 		claimMark: markClaim.sql(""),
+		lastID:    markClaim.mark,
+		markTable: table,
+		markCheck: markCheckSQL,
+		markOff:   "claims start at the id index's start: staged_jobs.id's default is not stagedrain_next_id() of a sequence with CACHE 1 (sql/011_id_after_xid.sql)",
 		// Lock-free: rows a batch holds count as staged (lowwater.go).
 		// Of the queues in $2 only, for a relay with Config.Queues: the
 		// other groups' rows below its mark are theirs.

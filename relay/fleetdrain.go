@@ -296,7 +296,7 @@ func (f *fleet) sharedClaim(ctx context.Context, conn *pgx.Conn, parts []*shared
 		if p.w = p.r.mark.Load(); p.w != nil {
 			// claimMarkSQL's row, with no transaction id yet (read below).
 			b.Queue(`SELECT pg_snapshot_xmin(pg_current_snapshot())::text || ' ' || coalesce(` +
-				pgx.Identifier{p.r.cfg.Schema, "stagedrain_last_id"}.Sanitize() + `()::text, ''), NULL::text`)
+				p.r.sql.lastID + `()::text, ''), NULL::text`)
 		}
 	}
 	for _, p := range parts {

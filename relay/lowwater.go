@@ -116,11 +116,17 @@ import (
 // an id <= L was drained or never will be), and its probe looks for its
 // group's rows only; the other groups' rows below L are theirs to claim.
 //
-// Off (claims start at the index's start, as before 011) for the gem's
-// table (SourceSidekiqStagedPush: its ids are the gem's, its run_at a
-// field of the payload), and a table whose id default is not
-// stagedrain_next_id() or whose sequence caches values (CACHE > 1: a
-// session hands out a cached value long after the sequence moved past it).
+// The gem's table (SourceSidekiqStagedPush) keeps the gem's id default,
+// plain nextval(): sql/gem_001.sql adds a BEFORE INSERT statement trigger
+// that takes the transaction id before any row's default runs, which is
+// (I) for every default id, and stagedrain_staged_push_last_id() for S.
+//
+// Off (claims start at the index's start, as before 011) for a table whose
+// id default is not stagedrain_next_id() (staged_jobs) or that lacks the
+// enabled trigger (the gem's), whose sequence caches values (CACHE > 1: a
+// session hands out a cached value long after the sequence moved past it),
+// and for the gem's table with a target with no scheduler (its run_at is a
+// field of the payload, which no index finds the due rows below L by).
 type lowWater struct {
 	mu      sync.Mutex
 	mark    int64  // L; fromStart: nothing known
@@ -283,6 +289,19 @@ const markCheckSQL = `SELECT coalesce((
 	FROM pg_attrdef d JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
 	WHERE d.adrelid = $1::regclass AND a.attname = 'id'), false), now()`
 
+// gemMarkCheckSQL is markCheckSQL for the gem's table (gem_001.sql): its
+// id's default is the plain nextval() of its own sequence, which hands out
+// one value at a time, and the enabled stagedrain_xid_first statement
+// trigger gives every INSERT its transaction id before that default runs.
+const gemMarkCheckSQL = `SELECT coalesce((
+	SELECT pg_get_expr(d.adbin, d.adrelid) LIKE 'nextval(%'
+		AND (SELECT s.seqcache = 1 FROM pg_sequence s WHERE s.seqrelid = pg_get_serial_sequence($1, 'id')::regclass)
+		AND to_regprocedure($2) IS NOT NULL
+		AND EXISTS (SELECT FROM pg_trigger t WHERE t.tgrelid = $1::regclass AND t.tgname = 'stagedrain_xid_first'
+			AND t.tgenabled IN ('O', 'A') AND t.tgtype & 7 = 6) -- BEFORE, INSERT, FOR EACH STATEMENT
+	FROM pg_attrdef d JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
+	WHERE d.adrelid = $1::regclass AND a.attname = 'id'), false), now()`
+
 // newLowWater returns the mark for this leadership, nil when it is off
 // (see lowWater).
 func (r *Relay) newLowWater(ctx context.Context, pool *pgxpool.Pool) (*lowWater, error) {
@@ -291,13 +310,12 @@ func (r *Relay) newLowWater(ctx context.Context, pool *pgxpool.Pool) (*lowWater,
 	}
 	var ok bool
 	var now time.Time
-	err := pool.QueryRow(ctx, markCheckSQL, pgx.Identifier{r.cfg.Schema, "staged_jobs"}.Sanitize(),
-		pgx.Identifier{r.cfg.Schema, "stagedrain_last_id"}.Sanitize()+"()").Scan(&ok, &now)
+	err := pool.QueryRow(ctx, r.sql.markCheck, r.sql.markTable, r.sql.lastID+"()").Scan(&ok, &now)
 	if err != nil {
 		return nil, fmt.Errorf("low-water mark check: %w", err)
 	}
 	if !ok {
-		r.log.Named("drain").Info("claims start at the id index's start: staged_jobs.id's default is not stagedrain_next_id() of a sequence with CACHE 1 (sql/011_id_after_xid.sql)")
+		r.log.Named("drain").Info(r.sql.markOff)
 		return nil, nil
 	}
 	// Every claim of this leadership begins after now: the rows they

@@ -28,6 +28,7 @@ type sqlSet struct {
 	migrations []migration
 	baselines  []migration
 	wakes      []migration
+	gems       []migration // gem_NNN.sql: the gem's table's own (gem_001.sql)
 }
 
 // readSQL reads sql/ by file name only: what a file holds is never looked
@@ -46,6 +47,8 @@ func readSQL() (sqlSet, error) {
 			kind, num = &set.baselines, rest
 		} else if rest, ok := strings.CutPrefix(stem, "wake_"); ok {
 			kind, num = &set.wakes, rest
+		} else if rest, ok := strings.CutPrefix(stem, "gem_"); ok {
+			kind, num = &set.gems, rest
 		} else {
 			var ok bool
 			num, _, ok = strings.Cut(stem, "_")
@@ -53,7 +56,7 @@ func readSQL() (sqlSet, error) {
 		}
 		v, err := strconv.Atoi(num)
 		if !isSQL || err != nil || len(num) != 3 || v <= 0 {
-			return set, fmt.Errorf("file %q of sql/ is not named NNN_name.sql, baseline_NNN.sql or wake_NNN.sql", name)
+			return set, fmt.Errorf("file %q of sql/ is not named NNN_name.sql, baseline_NNN.sql, wake_NNN.sql or gem_NNN.sql", name)
 		}
 		body, err := fs.ReadFile(sqlfiles.Files, name)
 		if err != nil {
@@ -61,7 +64,7 @@ func readSQL() (sqlSet, error) {
 		}
 		*kind = append(*kind, migration{version: v, name: name, body: string(body)})
 	}
-	for _, ms := range []*[]migration{&set.migrations, &set.baselines, &set.wakes} {
+	for _, ms := range []*[]migration{&set.migrations, &set.baselines, &set.wakes, &set.gems} {
 		slices.SortFunc(*ms, func(a, b migration) int { return a.version - b.version })
 		for i := 1; i < len(*ms); i++ {
 			if (*ms)[i].version == (*ms)[i-1].version {
@@ -121,6 +124,20 @@ func wakeFunction() (string, int, error) {
 	}
 	w := set.wakes[len(set.wakes)-1]
 	return w.body, w.version, nil
+}
+
+// gemFile returns the newest gem_NNN.sql (what Migrate adds to the gem's
+// table besides the wake trigger), and NNN.
+func gemFile() (string, int, error) {
+	set, err := readSQL()
+	if err != nil {
+		return "", 0, err
+	}
+	if len(set.gems) == 0 {
+		return "", 0, errors.New("sql/ has no gem_NNN.sql")
+	}
+	g := set.gems[len(set.gems)-1]
+	return g.body, g.version, nil
 }
 
 // latestVersion is the highest migration of sql/: the schema version this

@@ -143,8 +143,28 @@ func newStagedPushSource(schema string) *stagedPushSource {
 	table := pgx.Identifier{schema, sidekiqStagedPushTable}.Sanitize()
 	claim := claimSQL{table: table, queue: stagedPushQueue,
 		returning: `t.id, t.payload::text, extract(epoch FROM t.created_at)::float8, to_json(t)::text`}
+	markClaim := claim
+	markClaim.mark = pgx.Identifier{schema, "stagedrain_staged_push_last_id"}.Sanitize()
+	// The oldest created_at (UTC, as Rails writes it) of the 100 lowest
+	// ids of the rows in where.
+	oldest := func(where string) string {
+		return `(SELECT to_timestamp(extract(epoch FROM min(created_at))) FROM (SELECT created_at FROM ` + table + ` t` + where + ` ORDER BY id LIMIT 100) o
+				WHERE isfinite(created_at))`
+	}
 	return &stagedPushSource{schema: schema, table: table, sql: tableSQL{
 		claim: claim.sql(""),
+		// From the low-water mark, as staged_jobs' (lowwater.go), with
+		// gem_001.sql's trigger. Not for a target with no scheduler: the
+		// payload's "at" has no index to find the future rows below the
+		// mark by when they come due (claimDueMark, nextDueLook unset).
+		claimMark: markClaim.sql(""),
+		lastID:    markClaim.mark,
+		markTable: table,
+		markCheck: gemMarkCheckSQL,
+		markOff:   "claims start at the id index's start: sidekiq_staged_push_jobs has no enabled stagedrain_xid_first trigger, or its id's default is not nextval() of a sequence with CACHE 1 (run 'stagedrain migrate --source sidekiq_staged_push'; sql/gem_001.sql)",
+		probe:     `SELECT id FROM ` + table + ` WHERE id <= $1 AND id > $2::bigint ORDER BY id LIMIT 1`,
+		backlogMark: `SELECT (SELECT count(*) FROM (SELECT FROM ` + table + ` WHERE id > $2 ORDER BY id LIMIT $1) c), ` +
+			oldest(` WHERE id > $2`),
 		// A job whose "at" is in the future stays staged until it is due.
 		claimDue: claim.sql(` AND NOT coalesce(` + stagedPushAt + ` > extract(epoch FROM now()), false)`),
 		// Microseconds until the earliest future "at" (at most a day),
@@ -153,10 +173,8 @@ func newStagedPushSource(schema string) *stagedPushSource {
 			stagedPushAt + ` AS at FROM ` + table + ` t) s WHERE at > extract(epoch FROM now())`,
 		// A poison row's infinite created_at does not count: it stays in
 		// the table, and would fail every scan of the oldest.
-		backlog: `SELECT (SELECT count(*) FROM (SELECT FROM ` + table + ` LIMIT $1) c),
-			(SELECT to_timestamp(extract(epoch FROM min(created_at))) FROM (SELECT created_at FROM ` + table + ` ORDER BY id LIMIT 100) o
-				WHERE isfinite(created_at))`,
-		staged: `SELECT id FROM ` + table + ` WHERE id = ANY($1)`,
+		backlog: `SELECT (SELECT count(*) FROM (SELECT FROM ` + table + ` LIMIT $1) c), ` + oldest(""),
+		staged:  `SELECT id FROM ` + table + ` WHERE id = ANY($1)`,
 		// Puts rows back from their records (to_json of each row).
 		reinsert: `INSERT INTO ` + table + ` SELECT * FROM json_populate_recordset(NULL::` + table + `, $1::json)`,
 	}}
@@ -387,12 +405,37 @@ func wakeVersion(comment string) int {
 	return v
 }
 
+// The gem's id-after-xid trigger (sql/gem_NNN.sql) records its version the
+// same way: "stagedrain_gem N".
+const gemCommentPrefix = "stagedrain_gem "
+
+// gemTriggerSQL reads the comment of the table $1's stagedrain_xid_first
+// trigger; "" when it has none.
+const gemTriggerSQL = `SELECT coalesce((SELECT obj_description(t.oid, 'pg_trigger') FROM pg_trigger t
+	WHERE t.tgrelid = $1::regclass AND t.tgname = 'stagedrain_xid_first'), '')`
+
+// gemVersion reads the version out of the xid-first trigger's comment; 0
+// if none.
+func gemVersion(comment string) int {
+	v, err := strconv.Atoi(strings.TrimPrefix(comment, gemCommentPrefix))
+	if err != nil || !strings.HasPrefix(comment, gemCommentPrefix) {
+		return 0
+	}
+	return v
+}
+
 // migrateStagedPush adds the wake trigger to the gem's table in schema: the
 // stagedrain_wake() function (created or replaced) and, when missing, the
-// deferred constraint trigger. Nothing else: no table, no schema.
+// deferred constraint trigger; and gem_NNN.sql's statement trigger, which
+// gives the low-water mark its invariant there. Nothing else: no table, no
+// schema, no change to the table's columns.
 func migrateStagedPush(ctx context.Context, conn *pgx.Conn, schema string) (MigrateResult, error) {
 	var res MigrateResult
 	fn, version, err := wakeFunction()
+	if err != nil {
+		return res, fmt.Errorf("read sql/: %w", err)
+	}
+	gem, gemV, err := gemFile()
 	if err != nil {
 		return res, fmt.Errorf("read sql/: %w", err)
 	}
@@ -418,28 +461,50 @@ func migrateStagedPush(ctx context.Context, conn *pgx.Conn, schema string) (Migr
 		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '5s'`); err != nil {
 			return fmt.Errorf("set lock_timeout: %w", err)
 		}
-		if hasTrigger && res.Current == version {
+		var gemComment string
+		if err := tx.QueryRow(ctx, gemTriggerSQL, table).Scan(&gemComment); err != nil {
+			return fmt.Errorf("look up %s: %w", table, err)
+		}
+		gemHave := gemVersion(gemComment)
+		if gemHave > gemV {
+			return fmt.Errorf("the stagedrain_xid_first trigger of %s is from a newer stagedrain (%d, this one knows %d): upgrade stagedrain",
+				table, gemHave, gemV)
+		}
+		if hasTrigger && res.Current == version && gemHave == gemV {
 			return nil // nothing to do: write nothing
 		}
 		if res.Current > version {
 			return fmt.Errorf("the stagedrain_wake trigger of %s is from a newer stagedrain (%d, this one knows %d): upgrade stagedrain",
 				table, res.Current, version)
 		}
-		if _, err := tx.Exec(ctx, fn, pgx.QueryExecModeSimpleProtocol); err != nil {
-			return fmt.Errorf("create stagedrain_wake(): %w", err)
-		}
-		res.Applied = append(res.Applied, fmt.Sprintf("stagedrain_wake() of wake_%03d.sql", version))
-		if !hasTrigger {
-			if _, err := tx.Exec(ctx, `CREATE CONSTRAINT TRIGGER stagedrain_wake
-				AFTER INSERT ON `+table+`
-				DEFERRABLE INITIALLY DEFERRED
-				FOR EACH ROW EXECUTE FUNCTION stagedrain_wake()`); err != nil {
-				return fmt.Errorf("create trigger stagedrain_wake: %w", err)
+		if !hasTrigger || res.Current < version {
+			if _, err := tx.Exec(ctx, fn, pgx.QueryExecModeSimpleProtocol); err != nil {
+				return fmt.Errorf("create stagedrain_wake(): %w", err)
 			}
-			res.Applied = append(res.Applied, "stagedrain_wake trigger on "+sidekiqStagedPushTable)
+			res.Applied = append(res.Applied, fmt.Sprintf("stagedrain_wake() of wake_%03d.sql", version))
+			if !hasTrigger {
+				if _, err := tx.Exec(ctx, `CREATE CONSTRAINT TRIGGER stagedrain_wake
+					AFTER INSERT ON `+table+`
+					DEFERRABLE INITIALLY DEFERRED
+					FOR EACH ROW EXECUTE FUNCTION stagedrain_wake()`); err != nil {
+					return fmt.Errorf("create trigger stagedrain_wake: %w", err)
+				}
+				res.Applied = append(res.Applied, "stagedrain_wake trigger on "+sidekiqStagedPushTable)
+			}
+			if _, err := tx.Exec(ctx, `COMMENT ON TRIGGER stagedrain_wake ON `+table+` IS '`+wakeCommentPrefix+strconv.Itoa(version)+`'`); err != nil {
+				return fmt.Errorf("comment on trigger stagedrain_wake: %w", err)
+			}
 		}
-		if _, err := tx.Exec(ctx, `COMMENT ON TRIGGER stagedrain_wake ON `+table+` IS '`+wakeCommentPrefix+strconv.Itoa(version)+`'`); err != nil {
-			return fmt.Errorf("comment on trigger stagedrain_wake: %w", err)
+		if gemHave < gemV {
+			// The id after the transaction id (gem_NNN.sql), for the
+			// low-water mark.
+			if _, err := tx.Exec(ctx, gem, pgx.QueryExecModeSimpleProtocol); err != nil {
+				return fmt.Errorf("apply gem_%03d.sql: %w", gemV, err)
+			}
+			if _, err := tx.Exec(ctx, `COMMENT ON TRIGGER stagedrain_xid_first ON `+table+` IS '`+gemCommentPrefix+strconv.Itoa(gemV)+`'`); err != nil {
+				return fmt.Errorf("comment on trigger stagedrain_xid_first: %w", err)
+			}
+			res.Applied = append(res.Applied, fmt.Sprintf("stagedrain_xid_first trigger on %s (gem_%03d.sql)", sidekiqStagedPushTable, gemV))
 		}
 		res.Current = version
 		return nil

@@ -147,7 +147,7 @@ func TestStagedPushSource(t *testing.T) {
 			}
 		}
 	}
-	migrate("stagedrain_wake()", "stagedrain_wake trigger")
+	migrate("stagedrain_wake()", "stagedrain_wake trigger", "stagedrain_xid_first trigger")
 	migrate() // idempotent
 	// The trigger's comment names the stagedrain_wake() it runs: an older
 	// one is refused until migrate replaces it, a newer one for good.
@@ -171,8 +171,8 @@ func TestStagedPushSource(t *testing.T) {
 	}
 	comment("stagedrain_wake 3")
 	migrate("stagedrain_wake()")
-	// Only the trigger and its function: no table, no view, no sequence
-	// beyond the gem's own.
+	// Only the triggers and their functions (and the mark's reader of the
+	// sequence): no table, no view, no sequence beyond the gem's own.
 	rows, err := h.conn.Query(ctx, `SELECT relname || ':' || relkind::text FROM pg_class
 		WHERE relnamespace = $1::regnamespace AND relkind IN ('r', 'p', 'v', 'm', 'S', 'f') ORDER BY 1`, h.schema)
 	if err != nil {
@@ -185,14 +185,17 @@ func TestStagedPushSource(t *testing.T) {
 	if want := []string{"sidekiq_staged_push_jobs:r", "sidekiq_staged_push_jobs_id_seq:S"}; !slices.Equal(rels, want) {
 		t.Fatalf("schema holds %v after migrate, want only the gem's %v", rels, want)
 	}
-	var triggers, functions int
+	var triggers, functions []string
 	if err := h.conn.QueryRow(ctx, `SELECT
-		(SELECT count(*) FROM pg_trigger WHERE tgrelid = $1::regclass AND NOT tgisinternal AND tgname = 'stagedrain_wake'),
-		(SELECT count(*) FROM pg_proc WHERE pronamespace = $2::regnamespace)`, h.gemTable(), h.schema).Scan(&triggers, &functions); err != nil {
+		ARRAY(SELECT tgname::text FROM pg_trigger WHERE tgrelid = $1::regclass AND NOT tgisinternal ORDER BY 1),
+		ARRAY(SELECT proname::text FROM pg_proc WHERE pronamespace = $2::regnamespace ORDER BY 1)`, h.gemTable(), h.schema).Scan(&triggers, &functions); err != nil {
 		t.Fatal(err)
 	}
-	if triggers != 1 || functions != 1 {
-		t.Fatalf("%d stagedrain_wake triggers and %d functions in the schema, want 1 and 1", triggers, functions)
+	if want := []string{"stagedrain_wake", "stagedrain_xid_first"}; !slices.Equal(triggers, want) {
+		t.Fatalf("triggers %v on the gem's table, want %v", triggers, want)
+	}
+	if want := []string{"stagedrain_staged_push_last_id", "stagedrain_wake", "stagedrain_xid_first"}; !slices.Equal(functions, want) {
+		t.Fatalf("functions %v in the schema, want %v", functions, want)
 	}
 
 	_, idle := h.startSignaled(cfg)

@@ -1,4 +1,4 @@
-// Package sql holds stagedrain's schema, embedded into the binary: three
+// Package sql holds stagedrain's schema, embedded into the binary: four
 // kinds of file, told apart by name only.
 //
 //   - NNN_name.sql is one migration, applied once per schema in version
@@ -17,6 +17,10 @@
 //     with relay.WithSource(relay.SourceSidekiqStagedPush) installs the one
 //     of the highest NNN on the gem's table. A migration that changes the
 //     function adds its wake file; a test fails until it does.
+//   - gem_NNN.sql is what Migrate WithSource(SourceSidekiqStagedPush) adds
+//     to the gem's table besides the wake trigger (the low-water mark's
+//     statement trigger), recorded in its trigger's comment; the highest
+//     NNN is installed.
 //
 // Files use unqualified names: Migrate sets the search_path to the target
 // schema for the migration's transaction, so the schema name is quoted in
