@@ -306,6 +306,10 @@ const gemMarkCheckSQL = `SELECT coalesce((
 // (see lowWater).
 func (r *Relay) newLowWater(ctx context.Context, pool *pgxpool.Pool) (*lowWater, error) {
 	if r.sql.claimMark == "" || r.dueOnly && r.sql.nextDueLook == "" {
+		if r.sql.lastID != "" { // a table with a mark, but not for this target
+			r.log.Named("drain").Info("claims start at the id index's start: a target with no scheduler finds the due rows below the mark by their run_at, which this table has no index of",
+				zap.String("target", string(r.cfg.Target)))
+		}
 		return nil, nil
 	}
 	var ok bool
