@@ -43,8 +43,8 @@ func TestMigrateAndRunSidekiqStagedPushSource(t *testing.T) {
 
 	first := checkMigrated(t, runCLI(args...), schema)
 	second := checkMigrated(t, runCLI(args...), schema)
-	if a, _ := first["applied"].([]any); len(a) != 2 {
-		t.Errorf("first migrate applied %v, want the function and the trigger", first["applied"])
+	if a, _ := first["applied"].([]any); len(a) != 3 {
+		t.Errorf("first migrate applied %v, want the wake function and trigger, and the xid-first trigger", first["applied"])
 	}
 	if a, ok := second["applied"].([]any); !ok || len(a) != 0 {
 		t.Errorf("second migrate applied %v, want []", second["applied"])
