@@ -159,9 +159,11 @@ type migrateOptions struct {
 
 // WithSource migrates schema for the relay of source src (Config.Source):
 // SourceStagedJobs (or ""), the default, is Migrate's staged_jobs schema;
-// SourceSidekiqStagedPush adds only the wake trigger (the stagedrain_wake()
-// function and a deferred constraint trigger) to the gem's table in
-// schema, which must exist, and creates nothing else. The trigger's comment
+// SourceSidekiqStagedPush adds the wake trigger (the stagedrain_wake()
+// function and a deferred constraint trigger) and sql/gem_001.sql's
+// statement trigger (stagedrain_xid_first, with the mark's reader of the
+// sequence) to the gem's table in schema, which must exist, and creates
+// nothing else, no column changed. The wake trigger's comment
 // records the version of the stagedrain_wake() it runs
 // (MigrateResult.Current), which Run checks; a trigger of an older one gets
 // the new function. Idempotent: once up to date, it writes nothing.

@@ -30,7 +30,8 @@ const (
 	SourceStagedJobs Source = "staged_jobs"
 	// SourceSidekiqStagedPush drains <schema>.sidekiq_staged_push_jobs, the
 	// table of the sidekiq-staged_push gem (payload: a Sidekiq job hash as
-	// JSON). Migrate with WithSource adds only the wake trigger to it.
+	// JSON). Migrate with WithSource adds only triggers to it: the wake
+	// trigger, and the low-water mark's (sql/gem_001.sql).
 	// Poison rows stay in the table: the relay skips them (see
 	// Relay.poisoned).
 	SourceSidekiqStagedPush Source = "sidekiq_staged_push"

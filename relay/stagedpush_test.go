@@ -99,7 +99,7 @@ func (h *harness) waitGemQueueLen(q string, n int64, timeout time.Duration) {
 var hex24 = regexp.MustCompile(`^[0-9a-f]{24}$`)
 
 // The relay drains the gem's table into Sidekiq's layout, completing each
-// job as Sidekiq's client would; migrate adds only the trigger, and a
+// job as Sidekiq's client would; migrate adds only triggers, and a
 // commit wakes the relay by NOTIFY, not by the poll.
 func TestStagedPushSource(t *testing.T) {
 	t.Parallel()
