@@ -27,15 +27,7 @@ func (h *harness) migrateGem() {
 }
 
 // maxGemID is the highest id the gem's table has handed out.
-func (h *harness) maxGemID() int64 {
-	h.t.Helper()
-	var id int64
-	if err := h.conn.QueryRow(context.Background(), `SELECT last_value FROM `+
-		pgx.Identifier{h.schema, "sidekiq_staged_push_jobs_id_seq"}.Sanitize()).Scan(&id); err != nil {
-		h.t.Fatal(err)
-	}
-	return id
-}
+func (h *harness) maxGemID() int64 { return h.lastValue("sidekiq_staged_push_jobs_id_seq") }
 
 // pushGemRows inserts n rows into the gem's table, 100 to a statement.
 func (h *harness) pushGemRows(n int) {

@@ -15,11 +15,14 @@ import (
 )
 
 // maxStagedID is the highest id staged_jobs has handed out.
-func (h *harness) maxStagedID() int64 {
+func (h *harness) maxStagedID() int64 { return h.lastValue("staged_jobs_id_seq") }
+
+// lastValue is the last value the sequence seq of h's schema handed out.
+func (h *harness) lastValue(seq string) int64 {
 	h.t.Helper()
 	var id int64
 	if err := h.conn.QueryRow(context.Background(), `SELECT last_value FROM `+
-		pgx.Identifier{h.schema, "staged_jobs_id_seq"}.Sanitize()).Scan(&id); err != nil {
+		pgx.Identifier{h.schema, seq}.Sanitize()).Scan(&id); err != nil {
 		h.t.Fatal(err)
 	}
 	return id
