@@ -115,29 +115,28 @@ func (set sqlSet) baseline() (files []migration, replaces []migration, ok bool, 
 // wakeFunction returns the current definition of stagedrain_wake(): the
 // wake_NNN.sql of the highest NNN, and NNN.
 func wakeFunction() (string, int, error) {
-	set, err := readSQL()
-	if err != nil {
-		return "", 0, err
-	}
-	if len(set.wakes) == 0 {
-		return "", 0, errors.New("sql/ has no wake_NNN.sql")
-	}
-	w := set.wakes[len(set.wakes)-1]
-	return w.body, w.version, nil
+	return newest(func(set sqlSet) []migration { return set.wakes }, "wake_NNN.sql")
 }
 
 // gemFile returns the newest gem_NNN.sql (what Migrate adds to the gem's
 // table besides the wake trigger), and NNN.
 func gemFile() (string, int, error) {
+	return newest(func(set sqlSet) []migration { return set.gems }, "gem_NNN.sql")
+}
+
+// newest returns the body and version of the last file of one kind of
+// sql/ (kind picks it from the set; name names it in the error).
+func newest(kind func(sqlSet) []migration, name string) (string, int, error) {
 	set, err := readSQL()
 	if err != nil {
 		return "", 0, err
 	}
-	if len(set.gems) == 0 {
-		return "", 0, errors.New("sql/ has no gem_NNN.sql")
+	files := kind(set)
+	if len(files) == 0 {
+		return "", 0, errors.New("sql/ has no " + name)
 	}
-	g := set.gems[len(set.gems)-1]
-	return g.body, g.version, nil
+	f := files[len(files)-1]
+	return f.body, f.version, nil
 }
 
 // latestVersion is the highest migration of sql/: the schema version this
