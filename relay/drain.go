@@ -205,11 +205,22 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 // tidy tidies the handoff record (handoff.tidy); a failure leaves the
 // fields for a later tidy.
 func (r *Relay) tidy(ctx context.Context, pool *pgxpool.Pool, log *zap.Logger) {
+	r.tidyWith(ctx, pool, log, func() (uint64, uint64, error) {
+		return r.walPositions(ctx, pool)
+	})
+}
+
+// tidyWith is tidy, with wal reading the WAL's positions when no delivered
+// row waits (then only the flush position is used, and any read after the
+// batches' commits will do: a hot fleet's shared drain reads it once for
+// all its schemas, sharedWAL).
+func (r *Relay) tidyWith(ctx context.Context, pool *pgxpool.Pool, log *zap.Logger, wal func() (uint64, uint64, error)) {
+	if r.handoff.Delivering() {
+		wal = func() (uint64, uint64, error) { return r.walPositions(ctx, pool) }
+	}
 	if err := r.handoff.Tidy(ctx, func(ids []int64) ([]int64, error) {
 		return r.stillStaged(ctx, pool, ids)
-	}, func() (uint64, uint64, error) {
-		return r.walPositions(ctx, pool)
-	}); err != nil && ctx.Err() == nil {
+	}, wal); err != nil && ctx.Err() == nil {
 		log.Warn("could not tidy the handoff record", zap.Error(err))
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -98,7 +99,7 @@ func TestFleetPollIsPrepared(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Release()
-	rows, err := c.Query(ctx, `SELECT statement FROM pg_prepared_statements WHERE statement LIKE 'SELECT 0 FROM (SELECT FROM %'`)
+	rows, err := c.Query(ctx, `SELECT statement FROM pg_prepared_statements WHERE statement LIKE 'SELECT 0, id FROM (SELECT id FROM %'`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,5 +165,185 @@ func TestFleetPollChunks(t *testing.T) {
 	}
 	if !slices.Equal(woken, want) {
 		t.Fatalf("the poll woke %v, want %v", woken, want)
+	}
+}
+
+// A hot fleet's shared drain takes a few tens of milliseconds, and its hot
+// poll runs every few: a poll that ran while a shared drain claimed, or
+// before it committed, found the rows it was taking, and drained again
+// each such schema came back empty (a third of the shared drains' claims
+// over 200 schemas). The hot poll looks above the ids a shared drain in
+// flight claimed, does not count or offer a row the last shared drain of
+// its schema deleted, and the next shared drain leaves out a schema whose
+// row found was so deleted; a row that committed late below those ids is
+// found, and a fallback poll looks from the mark. Here the deleted row is
+// one still staged, as a poll's older snapshot sees it.
+func TestFleetHotPollSkipsRowsSharedDrainsTook(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testenv.DatabaseURL()
+	base := testenv.Name("fstale")
+	conn := testenv.Conn(t, url)
+	rdb, ns := testenv.Redis(t)
+	r, err := New(Config{DatabaseURL: url, Redis: rdb, RedisNamespace: ns, Schemas: []string{base + "_*"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	schema := testenv.SchemaNamedIn(t, url, base+"_a")
+	if _, err := Migrate(ctx, conn, schema); err != nil {
+		t.Fatal(err)
+	}
+	// The tenant's own relay: sharedIDs and inFlight are per schema.
+	own, err := New(Config{DatabaseURL: url, Redis: rdb, RedisNamespace: ns, Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	led := []*tenant{{schema: schema, r: own, wake: make(chan struct{}, 1)}}
+	stage := func() int64 {
+		t.Helper()
+		var id int64
+		if err := conn.QueryRow(ctx, `INSERT INTO `+pgx.Identifier{schema, "staged_jobs"}.Sanitize()+` (job_name, job_args) VALUES ('W', '[]') RETURNING id`).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	first := stage()
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	d := &sharedDrainer{f: r.fleet, ids: make(map[*tenant]int64), ping: make(chan struct{}, 1)}
+	s := &fleetSession{f: r.fleet, pool: pool, drainer: d}
+	polled := func(hot bool) (int, []*tenant) {
+		t.Helper()
+		n := s.poll(ctx, led, hot)
+		select {
+		case <-led[0].wake:
+		default:
+		}
+		return n, d.take()
+	}
+
+	if n, got := polled(true); n != 1 || len(got) != 1 {
+		t.Fatalf("a hot poll found %d schemas and offered %d, want the staged row's schema once", n, len(got))
+	}
+	// The last shared drain deleted it, after the poll's snapshot.
+	own.sharedIDs.Store(&[]int64{first})
+	if n, got := polled(true); n != 0 || len(got) != 0 {
+		t.Fatalf("a hot poll found %d schemas and offered %d for a row the last shared drain deleted, want none", n, len(got))
+	}
+	if n, _ := polled(false); n != 1 {
+		t.Fatalf("a fallback poll found %d schemas, want 1: it looks from the mark", n)
+	}
+	// Found by a poll, then deleted by the shared drain in flight: the
+	// next one leaves the schema out.
+	own.sharedIDs.Store(nil)
+	s.poll(ctx, led, true)
+	own.sharedIDs.Store(&[]int64{first})
+	if got := d.take(); len(got) != 0 {
+		t.Fatalf("the next shared drain takes %d schemas whose row found the last one deleted, want none", len(got))
+	}
+	// A row above the ids in flight is found, and so is a row that is not
+	// one the shared drain deleted.
+	own.inFlight.Store(first)
+	second := stage()
+	if n, got := polled(true); n != 1 || len(got) != 1 {
+		t.Fatalf("a hot poll found %d schemas and offered %d, want row %d above the shared drain's ids in flight", n, len(got), second)
+	}
+	own.inFlight.Store(0)
+	own.sharedIDs.Store(&[]int64{second})
+	if n, got := polled(true); n != 1 || len(got) != 1 {
+		t.Fatalf("a hot poll found %d schemas and offered %d, want row %d, which the last shared drain did not take", n, len(got), first)
+	}
+}
+
+// While the fleet runs hot its fallback poll looks only at the schemas the
+// hot poll leaves out (held back by backpressure): the others' own drains
+// would claim what the shared drains take.
+func TestFleetFallbackPollWhileHot(t *testing.T) {
+	a, b := &tenant{schema: "a", r: &Relay{}}, &tenant{schema: "b", r: &Relay{}}
+	b.r.heldBack.Store(true)
+	if got := fallbackPolled([]*tenant{a, b}, false); len(got) != 2 {
+		t.Fatalf("cool: the fallback poll looks at %d schemas, want both", len(got))
+	}
+	if got := fallbackPolled([]*tenant{a, b}, true); len(got) != 1 || got[0] != b {
+		t.Fatalf("hot: the fallback poll looks at %v, want b (held back) only", got)
+	}
+}
+
+// A schema's shared claims read what its low-water mark needs once a
+// second at most (sharedMarkEvery): under load a hot fleet's schema is in
+// a shared drain every 100-150ms with a job or two, and the read cost half
+// as much as the claim. A claim that did not read it adds no candidate and
+// confirms none; one that did moves the mark, here past both rows drained.
+func TestFleetSharedClaimReadsTheMarkOnceASecond(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testenv.DatabaseURL()
+	base := testenv.Name("fmark")
+	conn := testenv.Conn(t, url)
+	rdb, ns := testenv.Redis(t)
+	r, err := New(Config{DatabaseURL: url, Redis: rdb, RedisNamespace: ns, Schemas: []string{base + "_*"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	schema := testenv.SchemaNamedIn(t, url, base+"_a")
+	if _, err := Migrate(ctx, conn, schema); err != nil {
+		t.Fatal(err)
+	}
+	own, err := New(Config{DatabaseURL: url, Redis: rdb, RedisNamespace: ns, Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &lowWater{mark: fromStart}
+	own.mark.Store(w)
+	tn := &tenant{schema: schema, r: own, wake: make(chan struct{}, 1)}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var ids []int64
+	claim := func() *sharedPart {
+		t.Helper()
+		var id int64
+		if err := conn.QueryRow(ctx, `INSERT INTO `+pgx.Identifier{schema, "staged_jobs"}.Sanitize()+` (job_name, job_args) VALUES ('W', '[]') RETURNING id`).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Release()
+		p := &sharedPart{t: tn, r: own, clean: true}
+		if err := r.fleet.sharedClaim(ctx, c.Conn(), []*sharedPart{p}); err != nil {
+			t.Fatal(err)
+		}
+		if len(p.jobs) != 1 || p.jobs[0].id != id {
+			t.Fatalf("the shared claim took %d jobs, want row %d", len(p.jobs), id)
+		}
+		if _, err := c.Exec(ctx, "COMMIT"); err != nil {
+			t.Fatal(err)
+		}
+		confirmMarks([]*sharedPart{p})
+		return p
+	}
+	if p := claim(); !p.read {
+		t.Fatal("the schema's first shared claim did not read its mark")
+	}
+	if p := claim(); p.read {
+		t.Fatalf("a shared claim read the mark again %v after the last read, want once every %v", time.Since(own.sharedMarkAt), sharedMarkEvery)
+	}
+	if got := w.get(); got >= ids[1] {
+		t.Fatalf("the mark is %d, past row %d, whose claim read nothing for it", got, ids[1])
+	}
+	own.sharedMarkAt = own.sharedMarkAt.Add(-sharedMarkEvery) // a second later
+	if p := claim(); !p.read {
+		t.Fatalf("a shared claim %v after the last read did not read the mark", sharedMarkEvery)
+	}
+	if got := w.get(); got < ids[0] {
+		t.Fatalf("the mark is %d, below row %d, drained before the last claim that read it", got, ids[0])
 	}
 }

@@ -67,6 +67,17 @@ type Relay struct {
 	// for a hot fleet's poll, which leaves such a schema to its own
 	// retries and notifications.
 	heldBack atomic.Bool
+	// inFlight is the highest id a hot fleet's shared drain in flight
+	// claimed from this schema, 0 when none is: the fleet's hot poll looks
+	// above it (pollArgs), so that the rows being pushed are not found
+	// again, and drained again by an empty claim, before their commit.
+	inFlight atomic.Int64
+	// sharedIDs are the ids the last shared drain of this schema deleted
+	// (sharedClaimed), nil if it failed.
+	sharedIDs atomic.Pointer[[]int64]
+	// sharedMarkAt is when a shared claim last read what the schema's
+	// low-water mark needs (sharedMarkEvery); under drainMu.
+	sharedMarkAt time.Time
 	// drainMu is held by the drain loop while it drains, and by a hot
 	// fleet's shared drain while it drains this schema (fleetdrain.go):
 	// one of them at a time works on the schema's batches and state.
