@@ -210,14 +210,31 @@ func (f *fleet) drainShared(ctx context.Context, pool *pgxpool.Pool, found []*te
 // a claim that comes back empty (with the poll in flight when each shared
 // drain begins, a third of the claims over 200 schemas). A row that
 // committed late, below those ids, is not one of them, and is found.
+//
+// For sharedStale after the claim only: a poll's snapshot is older than
+// the shared drain's commit by a poll's duration at most (milliseconds),
+// and a row with one of those ids that is staged after that was staged
+// again (a delete that committed asynchronously, lost in PostgreSQL's
+// crash); it is found then.
 func (r *Relay) sharedClaimed(id int64) bool {
-	ids := r.sharedIDs.Load()
-	if ids == nil {
+	d := r.sharedIDs.Load()
+	if d == nil || time.Since(d.at) > sharedStale {
 		return false
 	}
-	_, ok := slices.BinarySearch(*ids, id)
+	_, ok := slices.BinarySearch(d.ids, id)
 	return ok
 }
+
+// sharedDeleted are the ids a schema's shared drain claimed, sorted, and
+// when.
+type sharedDeleted struct {
+	ids []int64
+	at  time.Time
+}
+
+// sharedStale bounds how long after its claim a shared drain's ids are
+// taken as deleted by the hot polls (sharedClaimed).
+const sharedStale = time.Second
 
 // sharedWAL reads the WAL's positions once, at its first use, and then
 // gives each schema what it read (noted, as walPositions notes it): the
@@ -275,7 +292,7 @@ func (f *fleet) sharedBatch(ctx context.Context, pool *pgxpool.Pool, parts []*sh
 		}
 		slices.Sort(ids)
 		p.r.inFlight.Store(ids[len(ids)-1])
-		p.r.sharedIDs.Store(&ids)
+		p.r.sharedIDs.Store(&sharedDeleted{ids: ids, at: time.Now()})
 	}
 	var pushed []*sharedPart
 	defer func() {

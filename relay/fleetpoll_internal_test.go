@@ -229,18 +229,25 @@ func TestFleetHotPollSkipsRowsSharedDrainsTook(t *testing.T) {
 		t.Fatalf("a hot poll found %d schemas and offered %d, want the staged row's schema once", n, len(got))
 	}
 	// The last shared drain deleted it, after the poll's snapshot.
-	own.sharedIDs.Store(&[]int64{first})
+	own.sharedIDs.Store(&sharedDeleted{ids: []int64{first}, at: time.Now()})
 	if n, got := polled(true); n != 0 || len(got) != 0 {
 		t.Fatalf("a hot poll found %d schemas and offered %d for a row the last shared drain deleted, want none", n, len(got))
 	}
 	if n, _ := polled(false); n != 1 {
 		t.Fatalf("a fallback poll found %d schemas, want 1: it looks from the mark", n)
 	}
+	// Staged again a second after the claim (its delete lost in a crash):
+	// found.
+	own.sharedIDs.Store(&sharedDeleted{ids: []int64{first}, at: time.Now().Add(-sharedStale - time.Millisecond)})
+	if n, got := polled(true); n != 1 || len(got) != 1 {
+		t.Fatalf("a hot poll found %d schemas and offered %d for a row a shared drain claimed %v ago, want it found", n, len(got), sharedStale)
+	}
+	own.sharedIDs.Store(&sharedDeleted{ids: []int64{first}, at: time.Now()})
 	// Found by a poll, then deleted by the shared drain in flight: the
 	// next one leaves the schema out.
 	own.sharedIDs.Store(nil)
 	s.poll(ctx, led, true)
-	own.sharedIDs.Store(&[]int64{first})
+	own.sharedIDs.Store(&sharedDeleted{ids: []int64{first}, at: time.Now()})
 	if got := d.take(); len(got) != 0 {
 		t.Fatalf("the next shared drain takes %d schemas whose row found the last one deleted, want none", len(got))
 	}
@@ -252,7 +259,7 @@ func TestFleetHotPollSkipsRowsSharedDrainsTook(t *testing.T) {
 		t.Fatalf("a hot poll found %d schemas and offered %d, want row %d above the shared drain's ids in flight", n, len(got), second)
 	}
 	own.inFlight.Store(0)
-	own.sharedIDs.Store(&[]int64{second})
+	own.sharedIDs.Store(&sharedDeleted{ids: []int64{second}, at: time.Now()})
 	if n, got := polled(true); n != 1 || len(got) != 1 {
 		t.Fatalf("a hot poll found %d schemas and offered %d, want row %d, which the last shared drain did not take", n, len(got), first)
 	}

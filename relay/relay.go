@@ -73,8 +73,8 @@ type Relay struct {
 	// again, and drained again by an empty claim, before their commit.
 	inFlight atomic.Int64
 	// sharedIDs are the ids the last shared drain of this schema deleted
-	// (sharedClaimed), nil if it failed.
-	sharedIDs atomic.Pointer[[]int64]
+	// and when (sharedClaimed), nil if it failed.
+	sharedIDs atomic.Pointer[sharedDeleted]
 	// sharedMarkAt is when a shared claim last read what the schema's
 	// low-water mark needs (sharedMarkEvery); under drainMu.
 	sharedMarkAt time.Time
