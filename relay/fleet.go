@@ -794,7 +794,7 @@ func (s *fleetSession) poll(ctx context.Context, led []*tenant, hot bool) (found
 // (Relay.inFlight) instead, when that is higher: a hot fleet polls every few
 // milliseconds and a shared drain takes tens of them, so each row was found
 // again by the polls during its push, and drained again by a claim that
-// came back empty: 37% of the shared drains' claims over 200 schemas at
+// came back empty: 34-37% of the shared drains' claims over 200 schemas at
 // 2,600 jobs/s. A row below that id that the claim did not take (it
 // committed after the claim's snapshot) is found by the first poll after
 // the shared drain ends, which goes back to the mark. The other polls (the

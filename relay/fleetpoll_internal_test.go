@@ -181,38 +181,11 @@ func TestFleetPollChunks(t *testing.T) {
 func TestFleetHotPollSkipsRowsSharedDrainsTook(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := testenv.DatabaseURL()
-	base := testenv.Name("fstale")
-	conn := testenv.Conn(t, url)
-	rdb, ns := testenv.Redis(t)
-	r, err := New(Config{DatabaseURL: url, Redis: rdb, RedisNamespace: ns, Schemas: []string{base + "_*"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	schema := testenv.SchemaNamedIn(t, url, base+"_a")
-	if _, err := Migrate(ctx, conn, schema); err != nil {
-		t.Fatal(err)
-	}
-	// The tenant's own relay: sharedIDs and inFlight are per schema.
-	own, err := New(Config{DatabaseURL: url, Redis: rdb, RedisNamespace: ns, Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	led := []*tenant{{schema: schema, r: own, wake: make(chan struct{}, 1)}}
-	stage := func() int64 {
-		t.Helper()
-		var id int64
-		if err := conn.QueryRow(ctx, `INSERT INTO `+pgx.Identifier{schema, "staged_jobs"}.Sanitize()+` (job_name, job_args) VALUES ('W', '[]') RETURNING id`).Scan(&id); err != nil {
-			t.Fatal(err)
-		}
-		return id
-	}
+	fx := newOneTenantFleet(t, "fstale")
+	r, own, pool := fx.fleet, fx.tn.r, fx.pool
+	led := []*tenant{fx.tn}
+	stage := fx.stage
 	first := stage()
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
 	d := &sharedDrainer{f: r.fleet, ids: make(map[*tenant]int64), ping: make(chan struct{}, 1)}
 	s := &fleetSession{f: r.fleet, pool: pool, drainer: d}
 	polled := func(hot bool) (int, []*tenant) {
@@ -287,37 +260,14 @@ func TestFleetFallbackPollWhileHot(t *testing.T) {
 func TestFleetSharedClaimReadsTheMarkOnceASecond(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := testenv.DatabaseURL()
-	base := testenv.Name("fmark")
-	conn := testenv.Conn(t, url)
-	rdb, ns := testenv.Redis(t)
-	r, err := New(Config{DatabaseURL: url, Redis: rdb, RedisNamespace: ns, Schemas: []string{base + "_*"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	schema := testenv.SchemaNamedIn(t, url, base+"_a")
-	if _, err := Migrate(ctx, conn, schema); err != nil {
-		t.Fatal(err)
-	}
-	own, err := New(Config{DatabaseURL: url, Redis: rdb, RedisNamespace: ns, Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
+	fx := newOneTenantFleet(t, "fmark")
+	r, own, tn, pool := fx.fleet, fx.tn.r, fx.tn, fx.pool
 	w := &lowWater{mark: fromStart}
 	own.mark.Store(w)
-	tn := &tenant{schema: schema, r: own, wake: make(chan struct{}, 1)}
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
 	var ids []int64
 	claim := func() *sharedPart {
 		t.Helper()
-		var id int64
-		if err := conn.QueryRow(ctx, `INSERT INTO `+pgx.Identifier{schema, "staged_jobs"}.Sanitize()+` (job_name, job_args) VALUES ('W', '[]') RETURNING id`).Scan(&id); err != nil {
-			t.Fatal(err)
-		}
+		id := fx.stage()
 		ids = append(ids, id)
 		c, err := pool.Acquire(ctx)
 		if err != nil {
@@ -353,4 +303,55 @@ func TestFleetSharedClaimReadsTheMarkOnceASecond(t *testing.T) {
 	if got := w.get(); got < ids[0] {
 		t.Fatalf("the mark is %d, below row %d, drained before the last claim that read it", got, ids[0])
 	}
+}
+
+// oneTenantFleet is a fleet relay and one schema of it, with the schema's
+// own relay (what is per schema: sharedIDs, inFlight, the mark), and a
+// pool on the shared server.
+type oneTenantFleet struct {
+	t      *testing.T
+	fleet  *Relay
+	tn     *tenant
+	schema string
+	conn   *pgx.Conn
+	pool   *pgxpool.Pool
+}
+
+func newOneTenantFleet(t *testing.T, prefix string) *oneTenantFleet {
+	t.Helper()
+	ctx := context.Background()
+	url := testenv.DatabaseURL()
+	base := testenv.Name(prefix)
+	conn := testenv.Conn(t, url)
+	rdb, ns := testenv.Redis(t)
+	r, err := New(Config{DatabaseURL: url, Redis: rdb, RedisNamespace: ns, Schemas: []string{base + "_*"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	schema := testenv.SchemaNamedIn(t, url, base+"_a")
+	if _, err := Migrate(ctx, conn, schema); err != nil {
+		t.Fatal(err)
+	}
+	own, err := New(Config{DatabaseURL: url, Redis: rdb, RedisNamespace: ns, Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return &oneTenantFleet{t: t, fleet: r, tn: &tenant{schema: schema, r: own, wake: make(chan struct{}, 1)},
+		schema: schema, conn: conn, pool: pool}
+}
+
+// stage commits a row in the schema and returns its id.
+func (fx *oneTenantFleet) stage() int64 {
+	fx.t.Helper()
+	var id int64
+	if err := fx.conn.QueryRow(context.Background(), `INSERT INTO `+pgx.Identifier{fx.schema, "staged_jobs"}.Sanitize()+
+		` (job_name, job_args) VALUES ('W', '[]') RETURNING id`).Scan(&id); err != nil {
+		fx.t.Fatal(err)
+	}
+	return id
 }
