@@ -201,8 +201,11 @@ func TestFleetHotPollSkipsRowsSharedDrainsTook(t *testing.T) {
 	if n, got := polled(true); n != 1 || len(got) != 1 {
 		t.Fatalf("a hot poll found %d schemas and offered %d, want the staged row's schema once", n, len(got))
 	}
-	// The last shared drain deleted it, after the poll's snapshot.
-	own.sharedIDs.Store(&sharedDeleted{ids: []int64{first}, at: time.Now()})
+	// The last shared drain deleted it, after the poll's snapshot. (Its
+	// time is an hour ahead, so that a busy machine's pauses never make it
+	// stale: sharedStale is checked on its own below.)
+	justNow := time.Now().Add(time.Hour)
+	own.sharedIDs.Store(&sharedDeleted{ids: []int64{first}, at: justNow})
 	if n, got := polled(true); n != 0 || len(got) != 0 {
 		t.Fatalf("a hot poll found %d schemas and offered %d for a row the last shared drain deleted, want none", n, len(got))
 	}
@@ -215,12 +218,12 @@ func TestFleetHotPollSkipsRowsSharedDrainsTook(t *testing.T) {
 	if n, got := polled(true); n != 1 || len(got) != 1 {
 		t.Fatalf("a hot poll found %d schemas and offered %d for a row a shared drain claimed %v ago, want it found", n, len(got), sharedStale)
 	}
-	own.sharedIDs.Store(&sharedDeleted{ids: []int64{first}, at: time.Now()})
+	own.sharedIDs.Store(&sharedDeleted{ids: []int64{first}, at: justNow})
 	// Found by a poll, then deleted by the shared drain in flight: the
 	// next one leaves the schema out.
 	own.sharedIDs.Store(nil)
 	s.poll(ctx, led, true)
-	own.sharedIDs.Store(&sharedDeleted{ids: []int64{first}, at: time.Now()})
+	own.sharedIDs.Store(&sharedDeleted{ids: []int64{first}, at: justNow})
 	if got := d.take(); len(got) != 0 {
 		t.Fatalf("the next shared drain takes %d schemas whose row found the last one deleted, want none", len(got))
 	}
@@ -232,7 +235,7 @@ func TestFleetHotPollSkipsRowsSharedDrainsTook(t *testing.T) {
 		t.Fatalf("a hot poll found %d schemas and offered %d, want row %d above the shared drain's ids in flight", n, len(got), second)
 	}
 	own.inFlight.Store(0)
-	own.sharedIDs.Store(&sharedDeleted{ids: []int64{second}, at: time.Now()})
+	own.sharedIDs.Store(&sharedDeleted{ids: []int64{second}, at: justNow})
 	if n, got := polled(true); n != 1 || len(got) != 1 {
 		t.Fatalf("a hot poll found %d schemas and offered %d, want row %d, which the last shared drain did not take", n, len(got), first)
 	}
@@ -290,19 +293,24 @@ func TestFleetSharedClaimReadsTheMarkOnceASecond(t *testing.T) {
 	if p := claim(); !p.read {
 		t.Fatal("the schema's first shared claim did not read its mark")
 	}
+	// Read just now, whatever pauses a busy machine takes between claims.
+	own.sharedMarkAt = time.Now().Add(time.Hour)
 	if p := claim(); p.read {
-		t.Fatalf("a shared claim read the mark again %v after the last read, want once every %v", time.Since(own.sharedMarkAt), sharedMarkEvery)
+		t.Fatalf("a shared claim read the mark again right after the last read, want once every %v", sharedMarkEvery)
 	}
 	if got := w.get(); got >= ids[1] {
 		t.Fatalf("the mark is %d, past row %d, whose claim read nothing for it", got, ids[1])
 	}
-	own.sharedMarkAt = own.sharedMarkAt.Add(-sharedMarkEvery) // a second later
-	if p := claim(); !p.read {
-		t.Fatalf("a shared claim %v after the last read did not read the mark", sharedMarkEvery)
-	}
-	if got := w.get(); got < ids[0] {
-		t.Fatalf("the mark is %d, below row %d, drained before the last claim that read it", got, ids[0])
-	}
+	// A second later, and again while another session's transaction on
+	// the shared server, older than the first claim's, holds xmin below it.
+	testenv.WaitFor(t, time.Minute, fmt.Sprintf("the mark passes row %d, drained by the first claim", ids[0]), func() (bool, string) {
+		own.sharedMarkAt = time.Now().Add(-sharedMarkEvery)
+		if p := claim(); !p.read {
+			t.Fatalf("a shared claim %v after the last read did not read the mark", sharedMarkEvery)
+		}
+		got := w.get()
+		return got >= ids[0], fmt.Sprintf("the mark is %d", got)
+	})
 }
 
 // oneTenantFleet is a fleet relay and one schema of it, with the schema's
