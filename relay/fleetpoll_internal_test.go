@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -362,4 +363,62 @@ func (fx *oneTenantFleet) stage() int64 {
 		fx.t.Fatal(err)
 	}
 	return id
+}
+
+// countQueries counts the queries a pool's sessions start.
+type countQueries struct{ n atomic.Int64 }
+
+func (c *countQueries) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *countQueries) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// The tidies of a shared drain's schemas read the WAL's positions once
+// between them (250 reads a second over 200 schemas, each its own round
+// trip): each schema gets the same positions, noted as its own read would
+// note them (whether replication is synchronous, the standbys' retention).
+func TestFleetSharedTidiesReadTheWALOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testenv.DatabaseURL()
+	rdb, ns := testenv.Redis(t)
+	var relays []*Relay
+	for range 3 {
+		r, err := New(Config{DatabaseURL: url, Redis: rdb, RedisNamespace: ns, Schema: "public"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		relays = append(relays, r)
+	}
+	pcfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	counter := &countQueries{}
+	pcfg.ConnConfig.Tracer = counter
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	wal := &sharedWAL{pool: pool}
+	var first [2]uint64
+	for i, r := range relays {
+		insert, flush, err := wal.of(ctx, r)()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			first = [2]uint64{insert, flush}
+		} else if [2]uint64{insert, flush} != first {
+			t.Fatalf("schema %d got WAL positions %d/%d, the first %d/%d: want the one read", i, insert, flush, first[0], first[1])
+		}
+		if !r.syncKnown {
+			t.Fatalf("schema %d's relay did not note the read (replication's mode unknown)", i)
+		}
+	}
+	if n := counter.n.Load(); n != 1 {
+		t.Fatalf("%d queries for the tidies of %d schemas, want one WAL read", n, len(relays))
+	}
 }
