@@ -76,9 +76,13 @@ type tableSQL struct {
 	// future rows it left below the mark once they are due (lowwater.go);
 	// "" for a table that cannot have the mark that way.
 	claimDueMark string
-	probe        string // the lowest id <= $1 still staged, above the last argument (lowwater.go)
-	probeDue     string // probe, of rows claimDue would take
-	nextDue      string
+	// pollDue is claimDue's condition on a row t: a hot fleet's poll of a
+	// schema with a target with no scheduler finds only the rows its claim
+	// would take (fleet.go, pollChunkSQL).
+	pollDue  string
+	probe    string // the lowest id <= $1 still staged, above the last argument (lowwater.go)
+	probeDue string // probe, of rows claimDue would take
+	nextDue  string
 	// nextDueLook is nextDue, and the look below the mark ($1) for rows
 	// whose run_at came due since $2 (lowwater.go), and now().
 	nextDueLook string
@@ -175,6 +179,7 @@ func newTableSQL(schema string, byQueue bool) tableSQL {
 		// future rows above where it starts, each a heap fetch (see
 		// README).
 		claimDue:     claim.sql(claimDue),
+		pollDue:      claimDue,
 		claimDueMark: markClaim.sql(claimDue),
 		nextDue:      nextDue,
 		// One round trip after each drain: nextDue, and the lowest id at

@@ -292,10 +292,11 @@ type fleetSession struct {
 	// PollOnly).
 	drainer *sharedDrainer
 
-	// pollFor and pollSQL: the poll's statements for the schemas pollFor
-	// (session loop only).
-	pollFor []*tenant
-	pollSQL []string
+	// pollFor, pollSQL and hotPollSQL: the poll's statements for the
+	// schemas pollFor, cool and hot (session loop only).
+	pollFor    []*tenant
+	pollSQL    []string
+	hotPollSQL []string
 
 	// late are the transactions in progress when the fleet cooled
 	// (coolDown; session loop only).
@@ -715,7 +716,11 @@ func (s *fleetSession) poll(ctx context.Context, led []*tenant, hot bool) (found
 		return 0
 	}
 	if !slices.Equal(led, s.pollFor) {
-		s.pollFor, s.pollSQL = slices.Clone(led), pollSQL(led, s.f.table)
+		s.pollFor, s.pollSQL, s.hotPollSQL = slices.Clone(led), pollSQL(led, s.f.table, false), pollSQL(led, s.f.table, true)
+	}
+	stmts := s.pollSQL
+	if hot {
+		stmts = s.hotPollSQL
 	}
 	args := pollArgs(led, s.f.r.cfg.Queues, hot)
 	err := withDeadline(ctx, lockQueryTimeout(s.f.r.cfg.LeaderInterval), func(ctx context.Context) error {
@@ -724,12 +729,12 @@ func (s *fleetSession) poll(ctx context.Context, led []*tenant, hot bool) (found
 		// time cost PostgreSQL more than the probes. They change only with
 		// the schemas led.
 		b := &pgx.Batch{}
-		for _, sql := range s.pollSQL {
+		for _, sql := range stmts {
 			b.Queue(sql, args...)
 		}
 		br := s.pool.SendBatch(ctx, b)
 		var staged []polled
-		for range s.pollSQL {
+		for range stmts {
 			rows, err := br.Query()
 			if err != nil {
 				_ = br.Close()
@@ -827,10 +832,20 @@ type polled struct {
 // with Config.Queues. The index scan from that id (ORDER BY ... LIMIT 1 in
 // a subquery: PostgreSQL drops both from an EXISTS) never walks the dead
 // entries below it.
-func pollSQL(led []*tenant, table string) []string {
+//
+// Hot, a schema whose target has no scheduler (streams, celery) is asked for
+// the rows its claim would take only, those whose run_at is due: a future
+// row its drain cannot claim was found by every hot poll, every few
+// milliseconds, for as long as it stayed above the mark (the mark off, or
+// held below the row by a transaction in progress), and each find woke the
+// drain to claim nothing and counted towards keeping the fleet hot. Its
+// drain learns of such a row from the poll as the fleet cools and from the
+// fallback poll, which find every row (and wake it to arm its wake-up for
+// the row's run_at); the hot poll finds the row once it is due.
+func pollSQL(led []*tenant, table string, hot bool) []string {
 	var out []string
 	for start := 0; start < len(led); start += pollChunk {
-		out = append(out, pollChunkSQL(led, start, min(start+pollChunk, len(led)), table))
+		out = append(out, pollChunkSQL(led, start, min(start+pollChunk, len(led)), table, hot))
 	}
 	return out
 }
@@ -843,16 +858,19 @@ func pollSQL(led []*tenant, table string) []string {
 // planning. A chunk of 16 is planned again alone.
 const pollChunk = 16
 
-func pollChunkSQL(led []*tenant, start, end int, table string) string {
+func pollChunkSQL(led []*tenant, start, end int, table string, hot bool) string {
 	var sql strings.Builder
 	for i := start; i < end; i++ {
 		t := led[i]
 		if i > start {
 			sql.WriteString(" UNION ALL ")
 		}
-		fmt.Fprintf(&sql, "SELECT %d, id FROM (SELECT id FROM %s WHERE id > ($1::bigint[])[%d]", i, pgx.Identifier{t.schema, table}.Sanitize(), i+1)
+		fmt.Fprintf(&sql, "SELECT %d, id FROM (SELECT id FROM %s t WHERE id > ($1::bigint[])[%d]", i, pgx.Identifier{t.schema, table}.Sanitize(), i+1)
 		if len(t.r.cfg.Queues) > 0 {
 			sql.WriteString(" AND queue = ANY($2::text[])")
+		}
+		if hot && t.r.dueOnly {
+			sql.WriteString(t.r.sql.pollDue)
 		}
 		sql.WriteString(" ORDER BY id LIMIT 1) s")
 	}

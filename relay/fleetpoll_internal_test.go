@@ -328,12 +328,18 @@ type oneTenantFleet struct {
 
 func newOneTenantFleet(t *testing.T, prefix string) *oneTenantFleet {
 	t.Helper()
+	return newOneTenantFleetOf(t, prefix, TargetSidekiq)
+}
+
+// newOneTenantFleetOf is newOneTenantFleet for target.
+func newOneTenantFleetOf(t *testing.T, prefix string, target Target) *oneTenantFleet {
+	t.Helper()
 	ctx := context.Background()
 	url := testenv.DatabaseURL()
 	base := testenv.Name(prefix)
 	conn := testenv.Conn(t, url)
 	rdb, ns := testenv.Redis(t)
-	r, err := New(Config{DatabaseURL: url, Redis: rdb, RedisNamespace: ns, Schemas: []string{base + "_*"}})
+	r, err := New(Config{DatabaseURL: url, Redis: rdb, RedisNamespace: ns, Schemas: []string{base + "_*"}, Target: target})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -341,7 +347,7 @@ func newOneTenantFleet(t *testing.T, prefix string) *oneTenantFleet {
 	if _, err := Migrate(ctx, conn, schema); err != nil {
 		t.Fatal(err)
 	}
-	own, err := New(Config{DatabaseURL: url, Redis: rdb, RedisNamespace: ns, Schema: schema})
+	own, err := New(Config{DatabaseURL: url, Redis: rdb, RedisNamespace: ns, Schema: schema, Target: target})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -357,12 +363,69 @@ func newOneTenantFleet(t *testing.T, prefix string) *oneTenantFleet {
 // stage commits a row in the schema and returns its id.
 func (fx *oneTenantFleet) stage() int64 {
 	fx.t.Helper()
+	return fx.stageAt("NULL")
+}
+
+// stageAt commits a row whose run_at is the SQL expression at, and returns
+// its id.
+func (fx *oneTenantFleet) stageAt(at string) int64 {
+	fx.t.Helper()
 	var id int64
 	if err := fx.conn.QueryRow(context.Background(), `INSERT INTO `+pgx.Identifier{fx.schema, "staged_jobs"}.Sanitize()+
-		` (job_name, job_args) VALUES ('W', '[]') RETURNING id`).Scan(&id); err != nil {
+		` (job_name, job_args, run_at) VALUES ('W', '[]', `+at+`) RETURNING id`).Scan(&id); err != nil {
 		fx.t.Fatal(err)
 	}
 	return id
+}
+
+// A hot poll of a schema whose target has no scheduler (streams, celery)
+// finds only the rows its drain would claim: a future row above the mark
+// was found by every hot poll, every few milliseconds, waking the drain to
+// claim nothing and keeping the fleet hot. The cool polls (the fallback
+// poll, and the one as the fleet cools) still find it, so that its drain
+// arms its wake-up for the row's run_at. A target with a scheduler
+// (sidekiq) claims future rows: every poll finds them.
+func TestFleetHotPollLeavesFutureRowsOut(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, target := range []Target{TargetStreams, TargetCelery, TargetSidekiq} {
+		t.Run(string(target), func(t *testing.T) {
+			t.Parallel()
+			fx := newOneTenantFleetOf(t, "fdue"+string(target)[:2], target)
+			led := []*tenant{fx.tn}
+			s := &fleetSession{f: fx.fleet.fleet, pool: fx.pool}
+			polled := func(hot bool) (found int, woken bool) {
+				t.Helper()
+				found = s.poll(ctx, led, hot)
+				select {
+				case <-led[0].wake:
+					woken = true
+				default:
+				}
+				return found, woken
+			}
+			fx.stageAt("now() + interval '1 hour'")
+			wantHot := 0
+			if target == TargetSidekiq {
+				wantHot = 1
+			}
+			if n, woken := polled(true); n != wantHot || woken != (wantHot == 1) {
+				t.Fatalf("with a row due in an hour, a hot poll found %d schemas (woken %v), want %d", n, woken, wantHot)
+			}
+			if n, woken := polled(false); n != 1 || !woken {
+				t.Fatalf("with a row due in an hour, a cool poll found %d schemas (woken %v), want 1: its drain arms its wake-up", n, woken)
+			}
+			for _, at := range []string{"NULL", "now() - interval '1 second'"} {
+				if _, err := fx.conn.Exec(ctx, `DELETE FROM `+pgx.Identifier{fx.schema, "staged_jobs"}.Sanitize()+` WHERE run_at IS NULL OR run_at <= now()`); err != nil {
+					t.Fatal(err)
+				}
+				fx.stageAt(at)
+				if n, woken := polled(true); n != 1 || !woken {
+					t.Fatalf("with a row due (run_at %s) above a future one, a hot poll found %d schemas (woken %v), want 1", at, n, woken)
+				}
+			}
+		})
+	}
 }
 
 // countQueries counts the queries a pool's sessions start.

@@ -135,6 +135,10 @@ type stagedPushSource struct {
 // The column is json (the gem's first migration) or jsonb (its later one).
 const stagedPushAt = `CASE WHEN json_typeof((t.payload -> 'at')::json) = 'number' THEN (t.payload ->> 'at')::numeric END`
 
+// stagedPushDue is a due-only claim's condition on a row t: its "at" is not
+// in the future.
+const stagedPushDue = ` AND NOT coalesce(` + stagedPushAt + ` > extract(epoch FROM now()), false)`
+
 // stagedPushQueue is a row's queue, as mapStagedPush reads it: the
 // payload's "queue", else "default" (a payload no worker could run gets
 // one too, never NULL).
@@ -167,7 +171,8 @@ func newStagedPushSource(schema string) *stagedPushSource {
 		backlogMark: `SELECT (SELECT count(*) FROM (SELECT FROM ` + table + ` WHERE id > $2 ORDER BY id LIMIT $1) c), ` +
 			oldest(` WHERE id > $2`),
 		// A job whose "at" is in the future stays staged until it is due.
-		claimDue: claim.sql(` AND NOT coalesce(` + stagedPushAt + ` > extract(epoch FROM now()), false)`),
+		claimDue: claim.sql(stagedPushDue),
+		pollDue:  stagedPushDue,
 		// Microseconds until the earliest future "at" (at most a day),
 		// NULL if none.
 		nextDue: `SELECT ceil(least(min(at) - extract(epoch FROM now()), 86400) * 1e6)::bigint FROM (SELECT ` +
