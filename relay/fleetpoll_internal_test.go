@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -324,30 +325,42 @@ type oneTenantFleet struct {
 	schema string
 	conn   *pgx.Conn
 	pool   *pgxpool.Pool
+	source Source
 }
 
 func newOneTenantFleet(t *testing.T, prefix string) *oneTenantFleet {
 	t.Helper()
-	return newOneTenantFleetOf(t, prefix, TargetSidekiq)
+	return newOneTenantFleetOf(t, prefix, TargetSidekiq, SourceStagedJobs)
 }
 
-// newOneTenantFleetOf is newOneTenantFleet for target.
-func newOneTenantFleetOf(t *testing.T, prefix string, target Target) *oneTenantFleet {
+// newOneTenantFleetOf is newOneTenantFleet for target and source (with
+// SourceSidekiqStagedPush, the gem's table as testdata has it).
+func newOneTenantFleetOf(t *testing.T, prefix string, target Target, source Source) *oneTenantFleet {
 	t.Helper()
 	ctx := context.Background()
 	url := testenv.DatabaseURL()
 	base := testenv.Name(prefix)
 	conn := testenv.Conn(t, url)
 	rdb, ns := testenv.Redis(t)
-	r, err := New(Config{DatabaseURL: url, Redis: rdb, RedisNamespace: ns, Schemas: []string{base + "_*"}, Target: target})
+	r, err := New(Config{DatabaseURL: url, Redis: rdb, RedisNamespace: ns, Schemas: []string{base + "_*"}, Target: target, Source: source})
 	if err != nil {
 		t.Fatal(err)
 	}
 	schema := testenv.SchemaNamedIn(t, url, base+"_a")
-	if _, err := Migrate(ctx, conn, schema); err != nil {
+	if source == SourceSidekiqStagedPush {
+		gem, err := os.ReadFile("../testdata/sidekiq_staged_push_jobs.sql")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := conn.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()+"; SET search_path TO "+
+			pgx.Identifier{schema}.Sanitize()+";\n"+string(gem)+"RESET search_path;"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := Migrate(ctx, conn, schema, WithSource(source)); err != nil {
 		t.Fatal(err)
 	}
-	own, err := New(Config{DatabaseURL: url, Redis: rdb, RedisNamespace: ns, Schema: schema, Target: target})
+	own, err := New(Config{DatabaseURL: url, Redis: rdb, RedisNamespace: ns, Schema: schema, Target: target, Source: source})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -357,7 +370,7 @@ func newOneTenantFleetOf(t *testing.T, prefix string, target Target) *oneTenantF
 	}
 	t.Cleanup(pool.Close)
 	return &oneTenantFleet{t: t, fleet: r, tn: &tenant{schema: schema, r: own, wake: make(chan struct{}, 1)},
-		schema: schema, conn: conn, pool: pool}
+		schema: schema, conn: conn, pool: pool, source: source}
 }
 
 // stage commits a row in the schema and returns its id.
@@ -366,13 +379,27 @@ func (fx *oneTenantFleet) stage() int64 {
 	return fx.stageAt("NULL")
 }
 
-// stageAt commits a row whose run_at is the SQL expression at, and returns
-// its id.
+// table is the name of the schema's table.
+func (fx *oneTenantFleet) table() string {
+	if fx.source == SourceSidekiqStagedPush {
+		return sidekiqStagedPushTable
+	}
+	return "staged_jobs"
+}
+
+// stageAt commits a row whose run_at (the gem's payload's "at") is the
+// SQL expression at, and returns its id.
 func (fx *oneTenantFleet) stageAt(at string) int64 {
 	fx.t.Helper()
 	var id int64
-	if err := fx.conn.QueryRow(context.Background(), `INSERT INTO `+pgx.Identifier{fx.schema, "staged_jobs"}.Sanitize()+
-		` (job_name, job_args, run_at) VALUES ('W', '[]', `+at+`) RETURNING id`).Scan(&id); err != nil {
+	insert := `INSERT INTO ` + pgx.Identifier{fx.schema, "staged_jobs"}.Sanitize() +
+		` (job_name, job_args, run_at) VALUES ('W', '[]', ` + at + `) RETURNING id`
+	if fx.source == SourceSidekiqStagedPush {
+		insert = `INSERT INTO ` + pgx.Identifier{fx.schema, sidekiqStagedPushTable}.Sanitize() + ` (payload, created_at, updated_at)
+			VALUES (json_strip_nulls(json_build_object('class', 'W', 'args', '[]'::json, 'at', extract(epoch FROM (` + at + `)::timestamptz))),
+				now() AT TIME ZONE 'UTC', now() AT TIME ZONE 'UTC') RETURNING id`
+	}
+	if err := fx.conn.QueryRow(context.Background(), insert).Scan(&id); err != nil {
 		fx.t.Fatal(err)
 	}
 	return id
@@ -388,10 +415,15 @@ func (fx *oneTenantFleet) stageAt(at string) int64 {
 func TestFleetHotPollLeavesFutureRowsOut(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	for _, target := range []Target{TargetStreams, TargetCelery, TargetSidekiq} {
-		t.Run(string(target), func(t *testing.T) {
+	for _, c := range []struct {
+		target Target
+		source Source
+	}{{TargetStreams, SourceStagedJobs}, {TargetCelery, SourceStagedJobs}, {TargetSidekiq, SourceStagedJobs},
+		{TargetStreams, SourceSidekiqStagedPush}} {
+		target := c.target
+		t.Run(string(c.target)+"/"+string(c.source), func(t *testing.T) {
 			t.Parallel()
-			fx := newOneTenantFleetOf(t, "fdue"+string(target)[:2], target)
+			fx := newOneTenantFleetOf(t, "fdue"+string(target)[:2]+string(c.source)[:2], target, c.source)
 			led := []*tenant{fx.tn}
 			s := &fleetSession{f: fx.fleet.fleet, pool: fx.pool}
 			polled := func(hot bool) (found int, woken bool) {
@@ -416,12 +448,15 @@ func TestFleetHotPollLeavesFutureRowsOut(t *testing.T) {
 				t.Fatalf("with a row due in an hour, a cool poll found %d schemas (woken %v), want 1: its drain arms its wake-up", n, woken)
 			}
 			for _, at := range []string{"NULL", "now() - interval '1 second'"} {
-				if _, err := fx.conn.Exec(ctx, `DELETE FROM `+pgx.Identifier{fx.schema, "staged_jobs"}.Sanitize()+` WHERE run_at IS NULL OR run_at <= now()`); err != nil {
-					t.Fatal(err)
-				}
-				fx.stageAt(at)
+				due := fx.stageAt(at)
 				if n, woken := polled(true); n != 1 || !woken {
 					t.Fatalf("with a row due (run_at %s) above a future one, a hot poll found %d schemas (woken %v), want 1", at, n, woken)
+				}
+				if _, err := fx.conn.Exec(ctx, `DELETE FROM `+pgx.Identifier{fx.schema, fx.table()}.Sanitize()+` WHERE id = $1`, due); err != nil {
+					t.Fatal(err)
+				}
+				if n, _ := polled(true); n != wantHot {
+					t.Fatalf("with the due row gone, a hot poll found %d schemas, want %d", n, wantHot)
 				}
 			}
 		})
