@@ -57,6 +57,20 @@ SELECT kind, pid, name, client, state, age, query, xmin,
 		WHERE relname = $2 AND ($1::text[] IS NULL OR schemaname = ANY($1::text[])))
 FROM h ORDER BY xids DESC NULLS LAST LIMIT 1`
 
+// holderAge is how long a holder has held the horizon: the age horizonSQL
+// read (seconds; nil for a slot or a standby, or without
+// pg_read_all_stats), else seen, the time since the relay first saw its
+// xmin. Never below 0: horizonSQL's now() is its own transaction's start,
+// and a session whose transaction began after it (the app's, under load)
+// read -0.008 s.
+func holderAge(read *float64, seen time.Duration) time.Duration {
+	age := seen
+	if read != nil {
+		age = time.Duration(*read * float64(time.Second))
+	}
+	return max(age, 0)
+}
+
 // horizonCheckEvery is how often the relay looks at the xmin horizon.
 const horizonCheckEvery = 5 * time.Second
 
@@ -133,10 +147,7 @@ func (r *Relay) watchHorizon(ctx context.Context, pool *pgxpool.Pool, w *horizon
 			w.seen[h.key()] = s
 		}
 		s.last = now
-		age := now.Sub(s.since)
-		if h.age != nil {
-			age = time.Duration(*h.age * float64(time.Second))
-		}
+		age := holderAge(h.age, now.Sub(s.since))
 		r.metrics.horizonAge.Set(age.Seconds())
 		if age < r.cfg.HorizonWarnAfter || s.warned {
 			continue
