@@ -232,7 +232,10 @@ func (r *Relay) checkVersion(ctx context.Context, conn *pgx.Conn) error {
 // a time, during which the session is not idle either.
 func (r *Relay) keepLock(ctx context.Context, conn *pgx.Conn, mu *sync.Mutex) error {
 	timeout := lockQueryTimeout(r.cfg.LeaderInterval)
+	idle := lockIdleTimeout(r.cfg.LeaderInterval)
+	last := time.Now() // the last ping that answered (or the start)
 	for sleep(ctx, jitter(r.cfg.LeaderInterval/2)) {
+		woke := time.Now()
 		mu.Lock()
 		err := withTimeout(ctx, timeout, conn.Ping)
 		mu.Unlock()
@@ -240,11 +243,31 @@ func (r *Relay) keepLock(ctx context.Context, conn *pgx.Conn, mu *sync.Mutex) er
 			if ctx.Err() != nil {
 				return nil
 			}
-			return fmt.Errorf("%w: %w", errLostLock, err)
+			return lostLock(err, woke.Sub(last), idle)
 		}
+		last = time.Now()
 		r.state.pgAnswered()
 	}
 	return nil
+}
+
+// errIdledOut says that keepLock's ping came later than the lock
+// connection's idle_session_timeout after the last one that answered.
+var errIdledOut = errors.New("no ping for longer than idle_session_timeout")
+
+// lostLock is keepLock's error for a ping that failed (err) since after
+// the last one that answered: errLostLock, and errIdledOut when that was
+// longer than idle (the connection's idle_session_timeout). A ping due every
+// half LeaderInterval comes that late only when this process was paused
+// (SIGSTOP, a suspended VM) or starved of CPU: PostgreSQL has ended the
+// session, whatever error the ping got. Woken from a pause, its own
+// deadline can fire before it reads PostgreSQL's message (57P05), and it
+// fails with a timeout (TestFrozenLeaderLosesLead, on a busy machine).
+func lostLock(err error, since, idle time.Duration) error {
+	if since > idle {
+		return fmt.Errorf("%w: %w (%s): %w", errLostLock, errIdledOut, since.Round(time.Millisecond), err)
+	}
+	return fmt.Errorf("%w: %w", errLostLock, err)
 }
 
 // stepDownReason says in words why a leader stopped leading.
@@ -253,7 +276,8 @@ func stepDownReason(err error) string {
 	switch {
 	case !errors.Is(err, errLostLock):
 		return "draining failed in a way that retrying cannot fix"
-	case errors.As(err, &pgErr) && pgErr.Code == "57P05": // idle_session_timeout
+	case errors.As(err, &pgErr) && pgErr.Code == "57P05", // idle_session_timeout
+		errors.Is(err, errIdledOut):
 		return "the lock connection was idle past idle_session_timeout, so PostgreSQL ended it: " +
 			"this process was paused or cut off, and a standby may have taken over"
 	case errors.As(err, &pgErr) && pgErr.Code == "57P01": // admin_shutdown: pg_terminate_backend, server stopping
