@@ -334,15 +334,16 @@ func newOneTenantFleet(t *testing.T, prefix string) *oneTenantFleet {
 }
 
 // newOneTenantFleetOf is newOneTenantFleet for target and source (with
-// SourceSidekiqStagedPush, the gem's table as testdata has it).
-func newOneTenantFleetOf(t *testing.T, prefix string, target Target, source Source) *oneTenantFleet {
+// SourceSidekiqStagedPush, the gem's table as testdata has it), and the
+// group of queues (Config.Queues) when given.
+func newOneTenantFleetOf(t *testing.T, prefix string, target Target, source Source, queues ...string) *oneTenantFleet {
 	t.Helper()
 	ctx := context.Background()
 	url := testenv.DatabaseURL()
 	base := testenv.Name(prefix)
 	conn := testenv.Conn(t, url)
 	rdb, ns := testenv.Redis(t)
-	r, err := New(Config{DatabaseURL: url, Redis: rdb, RedisNamespace: ns, Schemas: []string{base + "_*"}, Target: target, Source: source})
+	r, err := New(Config{DatabaseURL: url, Redis: rdb, RedisNamespace: ns, Schemas: []string{base + "_*"}, Target: target, Source: source, Queues: queues})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -360,7 +361,7 @@ func newOneTenantFleetOf(t *testing.T, prefix string, target Target, source Sour
 	if _, err := Migrate(ctx, conn, schema, WithSource(source)); err != nil {
 		t.Fatal(err)
 	}
-	own, err := New(Config{DatabaseURL: url, Redis: rdb, RedisNamespace: ns, Schema: schema, Target: target, Source: source})
+	own, err := New(Config{DatabaseURL: url, Redis: rdb, RedisNamespace: ns, Schema: schema, Target: target, Source: source, Queues: queues})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -418,12 +419,13 @@ func TestFleetHotPollLeavesFutureRowsOut(t *testing.T) {
 	for _, c := range []struct {
 		target Target
 		source Source
-	}{{TargetStreams, SourceStagedJobs}, {TargetCelery, SourceStagedJobs}, {TargetSidekiq, SourceStagedJobs},
-		{TargetStreams, SourceSidekiqStagedPush}} {
+		queues []string
+	}{{TargetStreams, SourceStagedJobs, nil}, {TargetCelery, SourceStagedJobs, nil}, {TargetSidekiq, SourceStagedJobs, nil},
+		{TargetStreams, SourceSidekiqStagedPush, nil}, {TargetStreams, SourceStagedJobs, []string{"default"}}} {
 		target := c.target
-		t.Run(string(c.target)+"/"+string(c.source), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%s/%s/queues=%v", c.target, c.source, c.queues), func(t *testing.T) {
 			t.Parallel()
-			fx := newOneTenantFleetOf(t, "fdue"+string(target)[:2]+string(c.source)[:2], target, c.source)
+			fx := newOneTenantFleetOf(t, fmt.Sprintf("fdue%s%s%d", string(target)[:2], string(c.source)[:2], len(c.queues)), target, c.source, c.queues...)
 			led := []*tenant{fx.tn}
 			s := &fleetSession{f: fx.fleet.fleet, pool: fx.pool}
 			polled := func(hot bool) (found int, woken bool) {
