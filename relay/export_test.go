@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"maps"
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -90,8 +91,26 @@ func SetOnStandbyBehind(r *Relay, f func(lsn uint64)) { r.hooks.standbyBehind = 
 func SetFleetHotLeave(r *Relay, perSec float64) { r.fleet.hotLeave = perSec }
 
 // SetFleetHotEnter sets the rate of commits (a second) at which r's fleet
-// runs hot: a test that needs each schema's own drain sets it out of reach.
-func SetFleetHotEnter(r *Relay, perSec float64) { r.fleet.hotEnter = perSec }
+// runs hot, waits or not: a test that needs each schema's own drain sets it
+// out of reach.
+func SetFleetHotEnter(r *Relay, perSec float64) { r.fleet.hotEnter, r.fleet.hotAlways = perSec, perSec }
+
+// SetFleetHotOnRate makes r's fleet run hot on the rate of its commits
+// alone, from hotEnter a second, whether or not they wait for the notify
+// lock, and never try cool while they come: a test that makes the fleet
+// hot with a busy app's commits, whose waits depend on the machine
+// (fleethot.go). Before Run.
+func SetFleetHotOnRate(r *Relay) {
+	r.fleet.hotAlways, r.fleet.hotProbe = r.fleet.hotEnter, time.Hour
+}
+
+// SetFleetHotOnWaits makes r's fleet run hot from perSec commits a second
+// only while sessions wait for a lock on an object, never on the rate
+// alone; tryAfter is how long after it went hot it first tries cool
+// (hotProbe). Before Run.
+func SetFleetHotOnWaits(r *Relay, perSec float64, tryAfter time.Duration) {
+	r.fleet.hotEnter, r.fleet.hotAlways, r.fleet.hotProbe = perSec, math.Inf(1), tryAfter
+}
 
 // LowWater returns the relay's low-water mark (lowwater.go), and false
 // when it has none (off, or not leading yet).

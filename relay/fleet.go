@@ -71,8 +71,10 @@ type fleet struct {
 	hot   atomic.Bool
 	noted atomic.Int64
 	found atomic.Int64
-	// The thresholds, hotEnter and hotLeave (tests change them).
-	hotEnter, hotLeave float64
+	// The thresholds, hotEnter, hotAlways and hotLeave (tests change
+	// them).
+	hotEnter, hotAlways, hotLeave float64
+	hotProbe                      time.Duration
 
 	// The shared drains' counters (fleetdrain.go), of the process.
 	sharedCommits, sharedBatches prometheus.Counter
@@ -142,7 +144,7 @@ func newFleet(cfg Config) (*Relay, error) {
 	r.state.init(prometheus.NewGauge(prometheus.GaugeOpts{Name: "unused"}))
 	f := &fleet{r: r, tenants: map[string]*tenant{}, missing: map[string]bool{},
 		memberKey: fleetLockName(cfg.Schemas, r.group), table: "staged_jobs",
-		hotEnter: hotEnter, hotLeave: hotLeave}
+		hotEnter: hotEnter, hotAlways: hotAlways, hotLeave: hotLeave, hotProbe: hotProbe}
 	if cfg.Source == SourceSidekiqStagedPush {
 		f.table = "sidekiq_staged_push_jobs"
 	}
@@ -194,7 +196,11 @@ func (f *fleet) session(ctx context.Context, pool *pgxpool.Pool) (connected time
 	if _, err := conn.Exec(ctx, memberLockSQL, f.memberKey); err != nil {
 		return connected, fmt.Errorf("join the fleet: %w", err)
 	}
-	s := &fleetSession{f: f, conn: conn, mu: &mu, pool: pool,
+	var seesWaits bool
+	if err := conn.QueryRow(ctx, seesWaitsSQL).Scan(&seesWaits); err != nil {
+		return connected, fmt.Errorf("read the role's privileges: %w", err)
+	}
+	s := &fleetSession{f: f, conn: conn, mu: &mu, pool: pool, seesWaits: seesWaits,
 		ended: make(chan *tenant), stop: make(chan struct{}),
 		late: lateCommits{window: r.cfg.PollInterval}}
 	defer s.late.stop()
@@ -219,7 +225,7 @@ func (f *fleet) session(ctx context.Context, pool *pgxpool.Pool) (connected time
 	defer balance.Stop()
 	polls := time.NewTimer(jitter(r.cfg.PollInterval))
 	defer polls.Stop()
-	var heat fleetHeat
+	heat := fleetHeat{probeFirst: f.hotProbe}
 	heatC := heat.start(r.cfg.PollOnly)
 	defer heat.stop()
 	defer s.cool() // the fleet's schemas are let go (letAllGo) as it ends
@@ -297,6 +303,11 @@ type fleetSession struct {
 	pollFor    []*tenant
 	pollSQL    []string
 	hotPollSQL []string
+
+	// seesWaits is true when the role sees other roles' wait events: the
+	// fleet then runs hot between hotEnter and hotAlways commits a second
+	// only while commits wait for the notify lock (fleethot.go).
+	seesWaits bool
 
 	// late are the transactions in progress when the fleet cooled
 	// (coolDown; session loop only).

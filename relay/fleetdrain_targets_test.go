@@ -58,6 +58,7 @@ func testFleetHotSharedDrainTarget(t *testing.T, target relay.Target, shared boo
 		t.Fatal(err)
 	}
 	relay.SetFleetHotLeave(r, 0)
+	relay.SetFleetHotOnRate(r)
 	q := testenv.Name("hot")
 	fh.run(r)
 	testenv.WaitFor(t, 10*time.Second, "the relay leads every schema", func() (bool, string) {

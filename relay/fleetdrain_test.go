@@ -273,6 +273,7 @@ func startHotFleet(t *testing.T, fh *fleetHarness, cfg relay.Config) (*relay.Rel
 		t.Fatal(err)
 	}
 	relay.SetFleetHotLeave(r, 0)
+	relay.SetFleetHotOnRate(r)
 	fh.run(r)
 	testenv.WaitFor(t, 10*time.Second, "the relay leads every schema", func() (bool, string) {
 		got := leads(r)

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"cmp"
 	"context"
 	"time"
 
@@ -18,8 +19,8 @@ import (
 // pace.go); a fleet cannot linger on every schema at once without a claim
 // per schema each step.
 //
-// So a fleet whose schemas' commits come at hotEnter a second or more runs
-// hot (counted as their notifications, or the jobs their drains find in
+// So a fleet whose schemas' commits come at hotEnter a second or more, and
+// queue for the notify lock (see below), runs hot (counted as their notifications, or the jobs their drains find in
 // short batches if those are more: a commit does not notify while another
 // commit of its schema is notifying, sql/012_wake_one_notifier.sql, so
 // notifications alone undercount the commits the more they overlap): it
@@ -42,20 +43,63 @@ import (
 // every few seconds (Poisson arrivals), ran hot, found about 100 schemas a
 // second, cooled a second later, and so on; each turn woke every schema's
 // drain (before coolDown and holdAwake), and a job at 100 jobs/s took
-// 117-180ms at p99, against 7ms in runs that stayed cool (stagedrain bench --scenarios fleet-latency). A
-// sustained 200 a second still enters within 500ms, 250 a second or more
-// within 100ms: commits that all notify are what the app pays for while
-// cool (a cool fleet of 200 at 1,000 jobs/s offered let the app commit
-// 290-340 a second). At 100 a second, 25 in a window comes about once in
-// 10,000 windows. Going hot and cooling each take one round trip on the
-// lock connection (holdAwake, coolDown).
+// 117-180ms at p99, against 7ms in runs that stayed cool (stagedrain bench
+// --scenarios fleet-latency). A sustained rate enters within 500ms, 1.25
+// times it within 100ms; at 100 a second, 25 in a window comes about once
+// in 10,000 windows. Going hot and cooling each take one round trip on the lock connection
+// (holdAwake, coolDown).
+//
+// A rate alone is not what the app pays, though: notifying commits cost
+// the app only when they wait for each other. Running hot costs latency
+// instead: a hot fleet finds a commit by its next poll and drains it in a
+// shared drain, 2ms at p50 over 20 schemas at 1,000 jobs/s on the
+// machine of the README's figures, where a cool fleet, each commit
+// notifying, took 0.4ms; and a cool fleet there let the app keep 80-85%
+// of its write TPS over 20 schemas, 56-63% over 200, at full speed, where
+// a hot one let it keep 95-98% (stagedrain bench --scenarios app-cost and
+// fleet-latency, with the fleet held cool and hot). How fast commits can
+// notify one after the other is the WAL flush's time: a disk that flushes
+// in 3ms lets the app commit some 300 notifying commits a second, one that
+// flushes in 0.1ms ten times that. So between hotEnter and hotAlways
+// commits a second the fleet runs hot only when the app's commits queue
+// for PostgreSQL's notify lock: every window it counts the sessions that
+// wait for a lock on an object in pg_stat_activity (the notify lock is
+// one; the app's own DDL waits on such locks too, rarely), and runs hot
+// when hotContended of the last hotEnterWindows counts found one or more,
+// or the last found hotWaitBurst.
+// On that machine, a cool fleet at 1,000 jobs/s had such a waiter in
+// 1-16% of samples (0.01-0.3 on average; a rule of 3 waiters over 5
+// samples sent it hot at times), at full speed in 23-99% (0.3-6.5). A disk
+// that cannot keep up with the notifying commits has them queue always.
+// hotAlways is under the full speed of the app-cost scenario's writers
+// over 200 schemas there (1,850-2,000 commits a second), which a fleet
+// waiting for 500ms of waits before it ran hot let the app keep 90% of.
+// From hotAlways commits a second it runs hot whatever it counts. A role
+// that cannot see other roles' wait events (neither pg_read_all_stats nor
+// a superuser) counts nothing, so its fleet runs hot from hotEnter, on the
+// rate alone, as before.
+//
+// A fleet that went hot on waits tries cool again after hotProbe (doubled
+// each time it goes hot again within hotProbeFail of trying, up to
+// hotProbeMax; back to hotProbe after hotProbeReset cool) while its rate
+// is under hotAlways: the app may have slowed, and a hot fleet sees no
+// notifications to count waits by. A try that finds waits again costs the
+// app hotEnterWindows windows of notifying commits.
 const (
 	hotWindow       = 100 * time.Millisecond
 	hotEnterWindows = 5
 	hotBurst        = 1.25
-	hotEnter        = 200 // commits a second: notifications, or jobs found
-	hotLeave        = 100 // schemas found with rows a second
+	hotEnter        = 200  // commits a second: notifications, or jobs found
+	hotAlways       = 1500 // commits a second from which it runs hot without waits
+	hotContended    = 4    // windows of hotEnterWindows that ended with a waiter
+	hotWaitBurst    = 4    // waiters at one window's end that make it run hot
+	hotLeave        = 100  // schemas found with rows a second
 	hotLeaveAfter   = time.Second
+
+	hotProbe      = 5 * time.Second
+	hotProbeFail  = 2 * time.Second
+	hotProbeMax   = 80 * time.Second
+	hotProbeReset = time.Minute
 
 	// hotStep is hotStepPerSchema times the schemas led, within
 	// [minHotStep, maxHotStep]: the poll is an index probe per schema,
@@ -66,6 +110,16 @@ const (
 	maxHotStep       = 10 * time.Millisecond
 )
 
+// notifyWaitersSQL counts the sessions, of the whole cluster, that wait for
+// a lock on an object: among them the commits that wait for PostgreSQL's
+// notify lock (async.c's PreCommit_Notify, a lock on database 0's object).
+const notifyWaitersSQL = `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event = 'object'`
+
+// seesWaitsSQL reports whether the role may see other roles' wait events
+// (pg_read_all_stats, a member of pg_monitor; a superuser is a member of
+// every role).
+const seesWaitsSQL = `SELECT pg_has_role('pg_read_all_stats', 'USAGE')`
+
 // fleetHeat is the session loop's view of whether the fleet runs hot.
 type fleetHeat struct {
 	ticker *time.Ticker
@@ -73,23 +127,67 @@ type fleetHeat struct {
 	hot    bool
 	since  time.Time // start of the window hits counts
 	hits   int       // schemas found with rows, by polls and notifications
+	jobs   int       // jobs found in short batches, since
 	// recent are the commits counted in the last hotEnterWindows windows
-	// while cool, recent[next] the oldest.
+	// while cool, recent[next] the oldest; waits the sessions counted
+	// waiting for a lock on an object at the end of each (0 while the
+	// rate is under hotEnter: not counted).
 	recent [hotEnterWindows]int
+	waits  [hotEnterWindows]int
 	next   int
+
+	// Trying cool after going hot on waits (see hotProbe): when, zero
+	// while hot on the rate or cool; the interval; and when the fleet last
+	// went cool, and whether on a try.
+	probeAt    time.Time
+	probeEvery time.Duration
+	probeFirst time.Duration // hotProbe, unless a test changed it
+	cooledAt   time.Time
+	probing    bool
 }
 
-// enters counts a cool window's commits, and reports whether the fleet
-// should run hot (see hotEnterWindows).
-func (h *fleetHeat) enters(n int, perSec float64) bool {
+// count adds a cool window's commits.
+func (h *fleetHeat) count(n int) {
 	h.recent[h.next] = n
+	h.waits[h.next] = 0
 	h.next = (h.next + 1) % hotEnterWindows
+}
+
+// over reports whether the commits counted reach perSec (see
+// hotEnterWindows): over the last hotEnterWindows windows, or hotBurst
+// times it in the last one.
+func (h *fleetHeat) over(perSec float64) bool {
 	sum := 0
 	for _, c := range h.recent {
 		sum += c
 	}
+	last := h.recent[(h.next+hotEnterWindows-1)%hotEnterWindows]
 	over := float64(hotEnterWindows) * hotWindow.Seconds()
-	return float64(sum) >= perSec*over || float64(n) >= hotBurst*perSec*hotWindow.Seconds()
+	return float64(sum) >= perSec*over || float64(last) >= hotBurst*perSec*hotWindow.Seconds()
+}
+
+// enters counts a cool window's commits, and reports whether the fleet
+// should run hot on the rate alone (see hotEnterWindows).
+func (h *fleetHeat) enters(n int, perSec float64) bool {
+	h.count(n)
+	return h.over(perSec)
+}
+
+// waited records the sessions counted waiting for a lock on an object at
+// the end of the last window counted, and reports whether hotContended of
+// the last hotEnterWindows counts found one or more, or n is hotWaitBurst.
+func (h *fleetHeat) waited(n int) bool {
+	h.waits[(h.next+hotEnterWindows-1)%hotEnterWindows] = n
+	if n >= hotWaitBurst {
+		return true
+	}
+	windows := 0
+	for _, w := range h.waits {
+		if w > 0 {
+			windows++
+		}
+	}
+	return windows >= hotContended
 }
 
 // start returns the channel that ticks every hotWindow; nil in poll-only
@@ -134,30 +232,91 @@ func (s *fleetSession) weigh(ctx context.Context, h *fleetHeat) {
 	found := int(s.f.found.Swap(0))
 	now := time.Now()
 	if !h.hot {
-		if !h.enters(max(noted, found), s.f.hotEnter) {
+		var waiters func() (int, error) // nil: the rate alone decides
+		if s.seesWaits {
+			waiters = func() (int, error) { return s.notifyWaiters(ctx) }
+		}
+		hot, waits := h.heats(now, max(noted, found), s.f.hotEnter, s.f.hotAlways, waiters)
+		if !hot {
 			return
 		}
-		h.hot, h.since, h.hits = true, now, 0
-		h.recent, h.next = [hotEnterWindows]int{}, 0
 		s.f.hot.Store(true)
 		s.holdAwake(ctx)
 		h.pollAgain(len(s.led()))
-		s.f.r.log.Debug("fleet runs hot: polling every schema led", zap.Int("notifications", noted), zap.Int("jobs", found), zap.Duration("window", hotWindow))
+		s.f.r.log.Debug("fleet runs hot: polling every schema led", zap.Int("notifications", noted), zap.Int("jobs", found),
+			zap.Int("waiting", waits), zap.Duration("window", hotWindow))
 		return
 	}
-	h.hits += noted
-	d := now.Sub(h.since)
-	if d < hotLeaveAfter {
+	cool, trying := h.cools(now, noted, found, s.f.hotLeave, s.f.hotAlways)
+	if !cool {
 		return
 	}
-	if float64(h.hits)/d.Seconds() >= s.f.hotLeave {
-		h.since, h.hits = now, 0
-		return
-	}
-	h.hot = false
 	h.poll.Stop()
 	s.coolDown(ctx)
-	s.f.r.log.Debug("fleet cools: each schema goes idle between its drains", zap.Int("found", h.hits), zap.Duration("window", d))
+	s.f.r.log.Debug("fleet cools: each schema goes idle between its drains", zap.Bool("trying", trying))
+}
+
+// heats counts a cool window's n commits and reports whether the fleet
+// runs hot from now: at always commits a second; from enter, when
+// waiters (nil: not counted) finds sessions waiting at the end of
+// hotContended of the last hotEnterWindows windows; waits is its count
+// (-1 when not asked).
+func (h *fleetHeat) heats(now time.Time, n int, enter, always float64, waiters func() (int, error)) (hot bool, waits int) {
+	if h.probeEvery > 0 && now.Sub(h.cooledAt) >= hotProbeReset {
+		h.probeEvery = 0
+	}
+	h.count(n)
+	waits = -1
+	switch {
+	case h.over(always):
+	case !h.over(enter):
+		return false, waits
+	case waiters != nil:
+		var err error
+		if waits, err = waiters(); err != nil || !h.waited(waits) {
+			return false, waits
+		}
+	}
+	switch {
+	case h.probeEvery == 0:
+		h.probeEvery = cmp.Or(h.probeFirst, hotProbe)
+	case h.probing && now.Sub(h.cooledAt) < hotProbeFail:
+		h.probeEvery = min(2*h.probeEvery, hotProbeMax)
+	}
+	h.hot, h.since, h.hits, h.jobs = true, now, 0, 0
+	h.probeAt, h.probing = now.Add(h.probeEvery), false
+	h.recent, h.waits, h.next = [hotEnterWindows]int{}, [hotEnterWindows]int{}, 0
+	return true, waits
+}
+
+// cools counts a hot window's notifications and jobs found, and reports
+// whether the fleet cools now: once a second, when its polls and
+// notifications found fewer than leave schemas a second, or, trying, when
+// a try is due (hotProbe) and it found fewer than always jobs a second.
+func (h *fleetHeat) cools(now time.Time, noted, found int, leave, always float64) (cool, trying bool) {
+	h.hits += noted
+	h.jobs += found
+	d := now.Sub(h.since)
+	if d < hotLeaveAfter {
+		return false, false
+	}
+	quiet := float64(h.hits)/d.Seconds() < leave
+	trying = !quiet && !now.Before(h.probeAt) && float64(max(h.hits, h.jobs))/d.Seconds() < always
+	if !quiet && !trying {
+		h.since, h.hits, h.jobs = now, 0, 0
+		return false, false
+	}
+	h.hot, h.probing, h.cooledAt = false, trying, now
+	return true, trying
+}
+
+// notifyWaiters counts the sessions waiting for a lock on an object
+// (notifyWaitersSQL), on the lock connection.
+func (s *fleetSession) notifyWaiters(ctx context.Context) (n int, err error) {
+	err = s.exec(ctx, func(ctx context.Context, conn *pgx.Conn) error {
+		return conn.QueryRow(ctx, notifyWaitersSQL).Scan(&n)
+	})
+	return n, err
 }
 
 // holdAwake releases the idle locks of every schema led that holds them,

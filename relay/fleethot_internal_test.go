@@ -1,6 +1,10 @@
 package relay
 
-import "testing"
+import (
+	"errors"
+	"testing"
+	"time"
+)
 
 // A fleet enters hot on a rate sustained over 500ms, or on a burst of
 // 1.25 times the rate in one 100ms window, not on one window of Poisson noise
@@ -34,5 +38,141 @@ func TestFleetEntersHotOnASustainedRate(t *testing.T) {
 		if got := windows(c.counts...); got != c.want {
 			t.Errorf("%s %v: entered at window %d, want %d", c.name, c.counts, got, c.want)
 		}
+	}
+}
+
+// Between hotEnter and hotAlways commits a second a fleet runs hot only
+// while the app's commits wait for the notify lock (counted as sessions
+// waiting for a lock on an object, at each window's end); from hotAlways
+// on the rate alone; and on the rate from hotEnter when the role cannot
+// see other roles' waits (issue 23: hot costs latency, cool costs the app
+// only when its notifying commits queue).
+func TestFleetRunsHotOnWaits(t *testing.T) {
+	perWindow := func(perSec float64) int { return int(perSec * hotWindow.Seconds()) }
+	type step struct {
+		n     int // commits in the window
+		waits int // sessions waiting at its end; -1: must not be asked
+	}
+	run := func(steps []step, sees bool) (entered int) {
+		var h fleetHeat
+		now := time.Now()
+		for i, st := range steps {
+			var waiters func() (int, error)
+			if sees {
+				waiters = func() (int, error) {
+					if st.waits < 0 {
+						t.Fatalf("window %d: waits counted at %d commits a window", i, st.n)
+					}
+					return st.waits, nil
+				}
+			}
+			now = now.Add(hotWindow)
+			if hot, _ := h.heats(now, st.n, hotEnter, hotAlways, waiters); hot {
+				if !h.hot {
+					t.Fatalf("window %d: heats said hot, the heat is cool", i)
+				}
+				return i
+			}
+		}
+		return -1
+	}
+	mid := perWindow(1000) // 1,000 commits a second: between the two
+	rep := func(n, waits, times int) []step {
+		s := make([]step, times)
+		for i := range s {
+			s[i] = step{n, waits}
+		}
+		return s
+	}
+	for _, c := range []struct {
+		name  string
+		steps []step
+		sees  bool
+		want  int
+	}{
+		{"1,000/s, nobody waiting", rep(mid, 0, 50), true, -1},
+		{"1,000/s, a waiter at the end of 3 windows of 5", []step{{mid, 1}, {mid, 0}, {mid, 1}, {mid, 0}, {mid, 1}, {mid, 0}, {mid, 0}}, true, -1},
+		{"1,000/s, a waiter at the end of 4 windows of 5", []step{{mid, 1}, {mid, 0}, {mid, 1}, {mid, 1}, {mid, 1}}, true, 4},
+		{"1,000/s, a window ending with hotWaitBurst waiting", []step{{mid, 0}, {mid, hotWaitBurst}}, true, 1},
+		{"1,000/s, hotWaitBurst-1 waiting once", []step{{mid, 0}, {mid, hotWaitBurst - 1}, {mid, 0}, {mid, 0}}, true, -1},
+		{"twice hotAlways, nobody asked", rep(perWindow(2*hotAlways), -1, 5), true, 0},
+		{"under hotEnter, waiters not asked", rep(perWindow(hotEnter)/2, -1, 20), true, -1},
+		{"the role sees no waits: hotEnter, sustained", rep(perWindow(hotEnter), -1, 6), false, 4},
+	} {
+		if got := run(c.steps, c.sees); got != c.want {
+			t.Errorf("%s: hot at window %d, want %d", c.name, got, c.want)
+		}
+	}
+
+	// A count that fails leaves the fleet cool.
+	var h fleetHeat
+	if hot, _ := h.heats(time.Now(), mid, hotEnter, hotAlways, func() (int, error) { return 0, errors.New("gone") }); hot {
+		t.Error("hot on a failed count of waits")
+	}
+}
+
+// A hot fleet tries cool hotProbe after it went hot, while its rate is
+// under hotAlways, however many schemas its polls find; each try that ends
+// hot again within hotProbeFail doubles the interval, up to hotProbeMax,
+// and hotProbeReset cool brings it back to hotProbe. From hotAlways it
+// does not try; under hotLeave schemas a second it cools as before.
+func TestFleetTriesCool(t *testing.T) {
+	const leave, always = hotLeave, hotAlways
+	now := time.Now()
+	var h fleetHeat
+	heat := func() {
+		t.Helper()
+		for i := 0; !h.hot; i++ {
+			if i > hotEnterWindows {
+				t.Fatal("not hot")
+			}
+			now = now.Add(hotWindow)
+			h.heats(now, 1000, hotEnter, hotAlways, func() (int, error) { return hotWaitBurst, nil })
+		}
+	}
+	// second runs one hot second finding hits schemas and jobs jobs.
+	second := func(hits, jobs int) (cool, trying bool) {
+		now = now.Add(hotLeaveAfter)
+		return h.cools(now, hits, jobs, leave, always)
+	}
+	heat()
+	start := now
+	for now.Add(hotLeaveAfter).Before(start.Add(hotProbe)) {
+		if cool, _ := second(800, 1000); cool {
+			t.Fatalf("cooled %s after going hot, want a try at %s", now.Sub(start), hotProbe)
+		}
+	}
+	if cool, trying := second(800, 1000); !cool || !trying {
+		t.Fatalf("at %s: cool %v, trying %v; want a try", now.Sub(start), cool, trying)
+	}
+	// Hot again at once: the next try is twice as far.
+	heat()
+	if h.probeEvery != 2*hotProbe {
+		t.Errorf("after a try that went hot again: interval %s, want %s", h.probeEvery, 2*hotProbe)
+	}
+	for range 10 {
+		h.probeAt = now // due
+		if cool, _ := second(800, 1000); !cool {
+			t.Fatal("no try when due")
+		}
+		heat()
+	}
+	if h.probeEvery != hotProbeMax {
+		t.Errorf("after many tries: interval %s, want at most %s", h.probeEvery, hotProbeMax)
+	}
+	// From hotAlways a second, no try.
+	h.probeAt = now
+	if cool, _ := second(800, int(always)+100); cool {
+		t.Error("tried cool at hotAlways jobs a second")
+	}
+	// Under hotLeave schemas a second it cools, not as a try.
+	if cool, trying := second(int(leave)-1, 0); !cool || trying {
+		t.Errorf("under hotLeave: cool %v, trying %v; want cool, no try", cool, trying)
+	}
+	// A minute cool: the interval starts over.
+	now = now.Add(hotProbeReset)
+	heat()
+	if h.probeEvery != hotProbe {
+		t.Errorf("after %s cool: interval %s, want %s", hotProbeReset, h.probeEvery, hotProbe)
 	}
 }

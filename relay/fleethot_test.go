@@ -75,6 +75,7 @@ func TestFleetHotLeavesABackpressuredSchemaIdle(t *testing.T) {
 	// Hot as long as busy's commits notify at all, however slowly a busy
 	// machine makes them.
 	relay.SetFleetHotLeave(r, 1)
+	relay.SetFleetHotOnRate(r)
 	fh.run(r)
 	testenv.WaitFor(t, 10*time.Second, "the relay leads every schema", func() (bool, string) {
 		got := leads(r)
@@ -237,10 +238,79 @@ func (fh *fleetHarness) startHotLeaving() *relay.Relay {
 		fh.t.Fatal(err)
 	}
 	relay.SetFleetHotLeave(r, 1)
+	relay.SetFleetHotOnRate(r)
 	fh.run(r)
 	testenv.WaitFor(fh.t, 10*time.Second, "the relay leads every schema", func() (bool, string) {
 		got := leads(r)
 		return len(got) == len(fh.schemas), fmt.Sprintf("leads %q", got)
 	})
 	return r
+}
+
+// Between hotEnter and hotAlways commits a second a fleet runs hot only
+// while sessions wait for a lock on an object, as the app's commits do
+// when they queue for PostgreSQL's notify lock; once nobody waits, it
+// tries cool (hotProbe) while the commits go on, and stays cool. The
+// waiter here is a COMMENT ON SCHEMA behind another's open transaction: a
+// lock on an object, as the notify lock is. Every job is delivered.
+func TestFleetRunsHotWhileCommitsWait(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	fh := newFleetHarness(t, 2)
+	cfg := fh.fleetConfig()
+	cfg.PollInterval = time.Hour
+	r, err := relay.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// From one commit a second, never on the rate alone; a try half a
+	// second after it went hot; no cooling for want of commits.
+	relay.SetFleetHotOnWaits(r, 1, 500*time.Millisecond)
+	relay.SetFleetHotLeave(r, 1)
+	fh.run(r)
+	testenv.WaitFor(t, 10*time.Second, "the relay leads every schema", func() (bool, string) {
+		got := leads(r)
+		return len(got) == len(fh.schemas), fmt.Sprintf("leads %q", got)
+	})
+	bc := commitBusy(t, fh.schemas)
+	defer bc.stop()
+
+	holder := testenv.Conn(t, testenv.DatabaseURL())
+	tx, err := holder.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // rolled back below
+	comment := fmt.Sprintf("COMMENT ON SCHEMA %q IS", fh.schemas[0])
+	if _, err := tx.Exec(ctx, comment+" 'held'"); err != nil {
+		t.Fatal(err)
+	}
+	waiter := testenv.Conn(t, testenv.DatabaseURL())
+	waiterPID := waiter.PgConn().PID()
+	waited := make(chan error, 1)
+	go func() {
+		_, err := waiter.Exec(ctx, comment+" 'waited'")
+		waited <- err
+	}()
+	testenv.WaitFor(t, 10*time.Second, "the waiter waits for a lock on an object", func() (bool, string) {
+		var ev *string
+		if err := fh.conn.QueryRow(ctx, `SELECT wait_event_type || '/' || wait_event FROM pg_stat_activity WHERE pid = $1`, waiterPID).Scan(&ev); err != nil {
+			t.Fatal(err)
+		}
+		return ev != nil && *ev == "Lock/object", fmt.Sprintf("wait event %v", ev)
+	})
+	testenv.WaitFor(t, 30*time.Second, "the fleet runs hot while a session waits", func() (bool, string) {
+		return relay.FleetHot(r), "cool"
+	})
+
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-waited; err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 30*time.Second, "the fleet tries cool once nobody waits, the commits going on", func() (bool, string) {
+		return !relay.FleetHot(r), "hot"
+	})
+	fh.waitJIDs("busy", bc.stop())
 }
