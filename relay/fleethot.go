@@ -65,11 +65,15 @@ import (
 // for PostgreSQL's notify lock: every window it counts the sessions that
 // wait for a lock on an object in pg_stat_activity (the notify lock is
 // one; the app's own DDL waits on such locks too, rarely), and runs hot
-// when hotContended of the last hotEnterWindows counts found one or more,
-// or the last found hotWaitBurst.
+// when hotContended of the last hotWaitWindows counts found one or more,
+// or the last 3 found hotWaitHeavy together.
 // On that machine, a cool fleet at 1,000 jobs/s had such a waiter in
 // 1-16% of samples (0.01-0.3 on average; a rule of 3 waiters over 5
-// samples sent it hot at times), at full speed in 23-99% (0.3-6.5). A disk
+// samples sent it hot at times; so did 4 of 5 windows with a waiter, or 4
+// waiting at once, in the first second of such a load, as its writers
+// started; but never 8 over 3 windows), at full speed in 23-99% (0.3-6.5
+// on average; over 200 schemas 4-6.5, which 7 of 10 windows took a second
+// to show, and the app kept 88% of its TPS). A disk
 // that cannot keep up with the notifying commits has them queue always.
 // hotAlways is under the full speed of the app-cost scenario's writers
 // over 200 schemas there (1,850-2,000 commits a second), which a fleet
@@ -91,12 +95,13 @@ const (
 	hotBurst        = 1.25
 	hotEnter        = 200  // commits a second: notifications, or jobs found
 	hotAlways       = 1500 // commits a second from which it runs hot without waits
-	hotContended    = 4    // windows of hotEnterWindows that ended with a waiter
-	hotWaitBurst    = 4    // waiters at one window's end that make it run hot
+	hotWaitWindows  = 10   // the windows whose waiters are weighed (1s)
+	hotContended    = 7    // windows of hotWaitWindows that ended with a waiter
+	hotWaitHeavy    = 8    // waiters over the last 3 windows' ends that make it run hot
 	hotLeave        = 100  // schemas found with rows a second
 	hotLeaveAfter   = time.Second
 
-	hotProbe      = 5 * time.Second
+	hotProbe      = 2 * time.Second
 	hotProbeFail  = 2 * time.Second
 	hotProbeMax   = 80 * time.Second
 	hotProbeReset = time.Minute
@@ -130,11 +135,12 @@ type fleetHeat struct {
 	jobs   int       // jobs found in short batches, since
 	// recent are the commits counted in the last hotEnterWindows windows
 	// while cool, recent[next] the oldest; waits the sessions counted
-	// waiting for a lock on an object at the end of each (0 while the
-	// rate is under hotEnter: not counted).
+	// waiting for a lock on an object at the end of each of the last
+	// hotWaitWindows (0 while the rate is under hotEnter: not counted).
 	recent [hotEnterWindows]int
-	waits  [hotEnterWindows]int
 	next   int
+	waits  [hotWaitWindows]int
+	wnext  int
 
 	// Trying cool after going hot on waits (see hotProbe): when, zero
 	// while hot on the rate or cool; the interval; and when the fleet last
@@ -149,7 +155,6 @@ type fleetHeat struct {
 // count adds a cool window's commits.
 func (h *fleetHeat) count(n int) {
 	h.recent[h.next] = n
-	h.waits[h.next] = 0
 	h.next = (h.next + 1) % hotEnterWindows
 }
 
@@ -174,11 +179,17 @@ func (h *fleetHeat) enters(n int, perSec float64) bool {
 }
 
 // waited records the sessions counted waiting for a lock on an object at
-// the end of the last window counted, and reports whether hotContended of
-// the last hotEnterWindows counts found one or more, or n is hotWaitBurst.
+// the end of a window, and reports whether hotContended of the last
+// hotWaitWindows counts found one or more, or the last 3 found
+// hotWaitHeavy together.
 func (h *fleetHeat) waited(n int) bool {
-	h.waits[(h.next+hotEnterWindows-1)%hotEnterWindows] = n
-	if n >= hotWaitBurst {
+	h.waits[h.wnext] = n
+	h.wnext = (h.wnext + 1) % hotWaitWindows
+	heavy := 0
+	for i := 1; i <= 3; i++ {
+		heavy += h.waits[(h.wnext+hotWaitWindows-i)%hotWaitWindows]
+	}
+	if heavy >= hotWaitHeavy {
 		return true
 	}
 	windows := 0
@@ -270,10 +281,15 @@ func (h *fleetHeat) heats(now time.Time, n int, enter, always float64, waiters f
 	switch {
 	case h.over(always):
 	case !h.over(enter):
+		h.waited(0)
 		return false, waits
 	case waiters != nil:
 		var err error
-		if waits, err = waiters(); err != nil || !h.waited(waits) {
+		if waits, err = waiters(); err != nil {
+			h.waited(0)
+			return false, waits
+		}
+		if !h.waited(waits) {
 			return false, waits
 		}
 	}
@@ -285,7 +301,7 @@ func (h *fleetHeat) heats(now time.Time, n int, enter, always float64, waiters f
 	}
 	h.hot, h.since, h.hits, h.jobs = true, now, 0, 0
 	h.probeAt, h.probing = now.Add(h.probeEvery), false
-	h.recent, h.waits, h.next = [hotEnterWindows]int{}, [hotEnterWindows]int{}, 0
+	h.recent, h.next, h.waits, h.wnext = [hotEnterWindows]int{}, 0, [hotWaitWindows]int{}, 0
 	return true, waits
 }
 

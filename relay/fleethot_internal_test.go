@@ -91,10 +91,12 @@ func TestFleetRunsHotOnWaits(t *testing.T) {
 		want  int
 	}{
 		{"1,000/s, nobody waiting", rep(mid, 0, 50), true, -1},
-		{"1,000/s, a waiter at the end of 3 windows of 5", []step{{mid, 1}, {mid, 0}, {mid, 1}, {mid, 0}, {mid, 1}, {mid, 0}, {mid, 0}}, true, -1},
-		{"1,000/s, a waiter at the end of 4 windows of 5", []step{{mid, 1}, {mid, 0}, {mid, 1}, {mid, 1}, {mid, 1}}, true, 4},
-		{"1,000/s, a window ending with hotWaitBurst waiting", []step{{mid, 0}, {mid, hotWaitBurst}}, true, 1},
-		{"1,000/s, hotWaitBurst-1 waiting once", []step{{mid, 0}, {mid, hotWaitBurst - 1}, {mid, 0}, {mid, 0}}, true, -1},
+		{"1,000/s, a waiter at the end of 6 windows of 10", []step{{mid, 1}, {mid, 0}, {mid, 1}, {mid, 1}, {mid, 0}, {mid, 1}, {mid, 1}, {mid, 0}, {mid, 1}, {mid, 0}, {mid, 0}, {mid, 0}}, true, -1},
+		{"1,000/s, a waiter at the end of 7 windows of 10", []step{{mid, 1}, {mid, 0}, {mid, 1}, {mid, 1}, {mid, 0}, {mid, 1}, {mid, 1}, {mid, 0}, {mid, 1}, {mid, 1}}, true, 9},
+		{"1,000/s, waiters in 7 windows, but not of the last 10", []step{{mid, 1}, {mid, 1}, {mid, 1}, {mid, 1}, {0, 0}, {0, 0}, {0, 0}, {0, 0}, {0, -1}, {0, -1}, {0, -1}, {mid, 1}, {mid, 1}, {mid, 1}}, true, -1},
+		{"1,000/s, hotWaitHeavy waiting over 3 windows", []step{{mid, 0}, {mid, 3}, {mid, 0}, {mid, hotWaitHeavy - 3}}, true, 3},
+		{"1,000/s, hotWaitHeavy waiting at once", []step{{mid, 0}, {mid, hotWaitHeavy}}, true, 1},
+		{"1,000/s, hotWaitHeavy-1 over 3 windows, and as many 3 windows on", []step{{mid, 0}, {mid, 4}, {mid, 0}, {mid, hotWaitHeavy - 5}, {mid, 0}, {mid, 0}, {mid, hotWaitHeavy - 1}, {mid, 0}}, true, -1},
 		{"twice hotAlways, nobody asked", rep(perWindow(2*hotAlways), -1, 5), true, 0},
 		{"under hotEnter, waiters not asked", rep(perWindow(hotEnter)/2, -1, 20), true, -1},
 		{"the role sees no waits: hotEnter, sustained", rep(perWindow(hotEnter), -1, 6), false, 4},
@@ -127,7 +129,7 @@ func TestFleetTriesCool(t *testing.T) {
 				t.Fatal("not hot")
 			}
 			now = now.Add(hotWindow)
-			h.heats(now, 1000, hotEnter, hotAlways, func() (int, error) { return hotWaitBurst, nil })
+			h.heats(now, 1000, hotEnter, hotAlways, func() (int, error) { return hotWaitHeavy, nil })
 		}
 	}
 	// second runs one hot second finding hits schemas and jobs jobs.
