@@ -71,24 +71,24 @@ import (
 // 1-16% of samples (0.01-0.3 on average; a rule of 3 waiters over 5
 // samples sent it hot at times; so did 4 of 5 windows with a waiter, or 4
 // waiting at once, in the first second of such a load, as its writers
-// started; but never 8 over 3 windows), at full speed in 23-99% (0.3-6.5
-// on average; over 200 schemas 4-6.5, which 7 of 10 windows took a second
-// to show, and the app kept 88% of its TPS). A disk
-// that cannot keep up with the notifying commits has them queue always.
+// started, when up to a third of the samples found one, 0.56 on average),
+// at full speed in 23-99% (0.3-6.5 on average; over 200 schemas 94-99%,
+// 4-6.5: 8 over 3 windows shows that in 300ms, where 7 of 10 windows
+// alone took a second, and the app kept 88% of its TPS). A disk that
+// cannot keep up with the notifying commits has them queue always.
 // hotAlways is under the full speed of the app-cost scenario's writers
-// over 200 schemas there (1,850-2,000 commits a second), which a fleet
-// waiting for 500ms of waits before it ran hot let the app keep 90% of.
+// over 200 schemas there (1,850-2,000 commits a second).
 // From hotAlways commits a second it runs hot whatever it counts. A role
 // that cannot see other roles' wait events (neither pg_read_all_stats nor
 // a superuser) counts nothing, so its fleet runs hot from hotEnter, on the
 // rate alone, as before.
 //
-// A fleet that went hot on waits tries cool again after hotProbe (doubled
+// A hot fleet tries cool again hotProbe after it went hot (doubled
 // each time it goes hot again within hotProbeFail of trying, up to
 // hotProbeMax; back to hotProbe after hotProbeReset cool) while its rate
 // is under hotAlways: the app may have slowed, and a hot fleet sees no
 // notifications to count waits by. A try that finds waits again costs the
-// app hotEnterWindows windows of notifying commits.
+// app 0.3-1s of notifying commits.
 const (
 	hotWindow       = 100 * time.Millisecond
 	hotEnterWindows = 5
