@@ -3,6 +3,7 @@ package relay_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -312,5 +313,62 @@ func TestFleetRunsHotWhileCommitsWait(t *testing.T) {
 	testenv.WaitFor(t, 30*time.Second, "the fleet tries cool once nobody waits, the commits going on", func() (bool, string) {
 		return !relay.FleetHot(r), "hot"
 	})
+	fh.waitJIDs("busy", bc.stop())
+}
+
+// A fleet whose role cannot see other roles' wait events (no
+// pg_read_all_stats: here the README's grants on each schema, without
+// pg_monitor) runs hot on the rate of its commits alone, from hotEnter,
+// as before waits were counted: counting waits it cannot see, it would
+// never run hot between hotEnter and hotAlways, and the app would pay for
+// every notifying commit. Its log line says no waits were counted.
+func TestFleetRunsHotOnTheRateWithoutSeeingWaits(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	fh := newFleetHarness(t, 2)
+	role, roleURL := testenv.RoleIn(t, testenv.DatabaseURL(), "sdtest_role_")
+	for _, s := range fh.schemas {
+		for _, g := range relay.ReadmeGrants(t, s, role) {
+			if strings.Contains(g, "pg_monitor") {
+				continue
+			}
+			if _, err := fh.conn.Exec(ctx, g); err != nil {
+				t.Fatalf("%s: %v", g, err)
+			}
+		}
+	}
+	as := testenv.Conn(t, roleURL)
+	var sees bool
+	if err := as.QueryRow(ctx, `SELECT pg_has_role('pg_read_all_stats', 'USAGE')`).Scan(&sees); err != nil || sees {
+		t.Fatalf("the role sees other roles' waits (%v, %v); the test needs one that does not", sees, err)
+	}
+	cfg := fh.fleetConfig()
+	cfg.DatabaseURL = roleURL
+	cfg.PollInterval = time.Hour
+	r, err := relay.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Between the two rates from one commit a second: only waits, which
+	// this role cannot see, would make a fleet that sees them run hot.
+	relay.SetFleetHotOnWaits(r, 1, time.Hour)
+	relay.SetFleetHotLeave(r, 1)
+	fh.run(r)
+	testenv.WaitFor(t, 10*time.Second, "the relay leads every schema", func() (bool, string) {
+		got := leads(r)
+		return len(got) == len(fh.schemas), fmt.Sprintf("leads %q", got)
+	})
+	bc := commitBusy(t, fh.schemas)
+	defer bc.stop()
+	testenv.WaitFor(t, 30*time.Second, "the fleet runs hot on the rate alone", func() (bool, string) {
+		return relay.FleetHot(r), "cool"
+	})
+	hot := fh.logs.FilterMessage("fleet runs hot: polling every schema led").All()
+	if len(hot) == 0 {
+		t.Fatal("no log line for the fleet going hot")
+	}
+	if w, ok := hot[0].ContextMap()["waiting"]; !ok || w != int64(-1) {
+		t.Errorf("went hot with waiting=%v (%T), want -1: no waits counted", w, w)
+	}
 	fh.waitJIDs("busy", bc.stop())
 }
