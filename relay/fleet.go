@@ -76,8 +76,11 @@ type fleet struct {
 	hotEnter, hotAlways, hotLeave float64
 	hotProbe                      time.Duration
 
-	// The shared drains' counters (fleetdrain.go), of the process.
+	// The shared drains' counters (fleetdrain.go), and the heat's
+	// (fleethot.go), of the process.
 	sharedCommits, sharedBatches prometheus.Counter
+	hotGauge                     prometheus.Gauge
+	hotEntries                   *prometheus.CounterVec
 
 	memberKey string // the fleet's lock name (fleetLockName)
 	system    string // PostgreSQL's system_identifier, for every fence
@@ -156,7 +159,15 @@ func newFleet(cfg Config) (*Relay, error) {
 		Name: "stagedrain_fleet_shared_batches_total",
 		Help: "Schemas' batches drained by those transactions, one per schema with rows.",
 	})
-	r.metrics.reg.MustRegister(f.sharedCommits, f.sharedBatches)
+	f.hotGauge = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "stagedrain_fleet_hot",
+		Help: "1 while the fleet runs hot (polls its schemas; no commit notifies), else 0.",
+	})
+	f.hotEntries = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "stagedrain_fleet_hot_entries_total",
+		Help: "Times the fleet went hot, by why: rate (its commits' rate alone) or waits (commits queued for the notify lock).",
+	}, []string{"reason"})
+	r.metrics.reg.MustRegister(f.sharedCommits, f.sharedBatches, f.hotGauge, f.hotEntries)
 	r.fleet = f
 	return r, nil
 }

@@ -251,6 +251,12 @@ func (s *fleetSession) weigh(ctx context.Context, h *fleetHeat) {
 		if !hot {
 			return
 		}
+		reason := "rate"
+		if waits >= 0 {
+			reason = "waits"
+		}
+		s.f.hotEntries.WithLabelValues(reason).Inc()
+		s.f.hotGauge.Set(1)
 		s.f.hot.Store(true)
 		s.holdAwake(ctx)
 		h.pollAgain(len(s.led()))
@@ -264,6 +270,7 @@ func (s *fleetSession) weigh(ctx context.Context, h *fleetHeat) {
 	}
 	h.poll.Stop()
 	s.coolDown(ctx)
+	s.f.hotGauge.Set(0)
 	s.f.r.log.Debug("fleet cools: each schema goes idle between its drains", zap.Bool("trying", trying))
 }
 
@@ -467,6 +474,7 @@ func (s *fleetSession) checkLate(ctx context.Context) {
 // cool lets each schema's drain go idle again: it wakes every drain, which
 // drains once more and goes idle (gate.sleep). The session's end uses it.
 func (s *fleetSession) cool() {
+	s.f.hotGauge.Set(0)
 	if s.f.hot.Swap(false) {
 		s.wakeLed()
 	}

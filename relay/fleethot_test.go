@@ -303,6 +303,9 @@ func TestFleetRunsHotWhileCommitsWait(t *testing.T) {
 	testenv.WaitFor(t, 30*time.Second, "the fleet runs hot while a session waits", func() (bool, string) {
 		return relay.FleetHot(r), "cool"
 	})
+	if hot, entries := hotMetrics(t, r); hot != 1 || entries["waits"] < 1 || entries["rate"] != 0 {
+		t.Errorf("hot: stagedrain_fleet_hot %v, entries %v; want 1, on waits only", hot, entries)
+	}
 
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
@@ -312,6 +315,10 @@ func TestFleetRunsHotWhileCommitsWait(t *testing.T) {
 	}
 	testenv.WaitFor(t, 30*time.Second, "the fleet tries cool once nobody waits, the commits going on", func() (bool, string) {
 		return !relay.FleetHot(r), "hot"
+	})
+	testenv.WaitFor(t, 10*time.Second, "stagedrain_fleet_hot 0", func() (bool, string) {
+		hot, _ := hotMetrics(t, r)
+		return hot == 0 || relay.FleetHot(r), fmt.Sprintf("%v while cool", hot)
 	})
 	fh.waitJIDs("busy", bc.stop())
 }
@@ -370,5 +377,30 @@ func TestFleetRunsHotOnTheRateWithoutSeeingWaits(t *testing.T) {
 	if w, ok := hot[0].ContextMap()["waiting"]; !ok || w != int64(-1) {
 		t.Errorf("went hot with waiting=%v (%T), want -1: no waits counted", w, w)
 	}
+	if _, entries := hotMetrics(t, r); entries["rate"] < 1 || entries["waits"] != 0 {
+		t.Errorf("entries into hot %v, want on the rate only", entries)
+	}
 	fh.waitJIDs("busy", bc.stop())
+}
+
+// hotMetrics reads stagedrain_fleet_hot and the entries into hot of r,
+// by reason.
+func hotMetrics(t *testing.T, r *relay.Relay) (hot float64, entries map[string]float64) {
+	t.Helper()
+	fams, err := r.MetricsGatherer().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	entries = map[string]float64{}
+	for _, f := range fams {
+		switch f.GetName() {
+		case "stagedrain_fleet_hot":
+			hot = f.GetMetric()[0].GetGauge().GetValue()
+		case "stagedrain_fleet_hot_entries_total":
+			for _, m := range f.GetMetric() {
+				entries[m.GetLabel()[0].GetValue()] = m.GetCounter().GetValue()
+			}
+		}
+	}
+	return hot, entries
 }
