@@ -20,8 +20,9 @@ import (
 // per schema each step.
 //
 // So a fleet whose schemas' commits come at hotEnter a second or more, and
-// queue for the notify lock (see below), runs hot (counted as their notifications, or the jobs their drains find in
-// short batches if those are more: a commit does not notify while another
+// queue for the notify lock (see below), runs hot (counted as their
+// notifications, or the jobs their drains find in short batches if those
+// are more: a commit does not notify while another
 // commit of its schema is notifying, sql/012_wake_one_notifier.sql, so
 // notifications alone undercount the commits the more they overlap): it
 // holds every schema it leads awake (no idle lock is held: no commit
@@ -46,8 +47,8 @@ import (
 // 117-180ms at p99, against 7ms in runs that stayed cool (stagedrain bench
 // --scenarios fleet-latency). A sustained rate enters within 500ms, 1.25
 // times it within 100ms; at 100 a second, 25 in a window comes about once
-// in 10,000 windows. Going hot and cooling each take one round trip on the lock connection
-// (holdAwake, coolDown).
+// in 10,000 windows. Going hot and cooling each take one round trip on the
+// lock connection (holdAwake, coolDown).
 //
 // A rate alone is not what the app pays, though: notifying commits cost
 // the app only when they wait for each other. Running hot costs latency
@@ -142,9 +143,8 @@ type fleetHeat struct {
 	waits  [hotWaitWindows]int
 	wnext  int
 
-	// Trying cool after going hot on waits (see hotProbe): when, zero
-	// while hot on the rate or cool; the interval; and when the fleet last
-	// went cool, and whether on a try.
+	// Trying cool while hot (see hotProbe): when the next try is due; the
+	// interval; and when the fleet last went cool, and whether on a try.
 	probeAt    time.Time
 	probeEvery time.Duration
 	probeFirst time.Duration // hotProbe, unless a test changed it
@@ -275,10 +275,9 @@ func (s *fleetSession) weigh(ctx context.Context, h *fleetHeat) {
 }
 
 // heats counts a cool window's n commits and reports whether the fleet
-// runs hot from now: at always commits a second; from enter, when
-// waiters (nil: not counted) finds sessions waiting at the end of
-// hotContended of the last hotEnterWindows windows; waits is its count
-// (-1 when not asked).
+// runs hot from now: at always commits a second; from enter, when the
+// sessions waiters counts (nil: not counted) say the commits queue
+// (waited); waits is its count (-1 when not asked).
 func (h *fleetHeat) heats(now time.Time, n int, enter, always float64, waiters func() (int, error)) (hot bool, waits int) {
 	if h.probeEvery > 0 && now.Sub(h.cooledAt) >= hotProbeReset {
 		h.probeEvery = 0
