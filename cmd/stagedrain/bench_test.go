@@ -382,7 +382,13 @@ func TestBenchQuickSchemas(t *testing.T) {
 	}
 	latencies := func(cells []string) {
 		t.Helper()
-		positive(cells, 2, 3, 4, 5)
+		// p50 may read 0: a job popped before its writer noted its COMMIT
+		// (the writer descheduled, two suites at once) counts as 0
+		// (load.go), and half of a quick run's 50 jobs can be such.
+		positive(cells, 2, 4, 5)
+		if v, ok := benchNumber(cells[3]); !ok || v < 0 {
+			t.Errorf("row %q p50 %q, want a figure of 0 or more", cells[0], cells[3])
+		}
 		p50, _ := benchNumber(cells[3])
 		p99, _ := benchNumber(cells[4])
 		worst, _ := benchNumber(cells[5])
