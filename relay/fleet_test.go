@@ -494,3 +494,12 @@ func TestFleetStagedPushSource(t *testing.T) {
 		t.Errorf("Status().Schemas = %v, want the 2 gem schemas", st.Schemas)
 	}
 }
+
+// waitLeadsAll waits until the fleet relay r leads every schema of fh.
+func (fh *fleetHarness) waitLeadsAll(r *relay.Relay) {
+	fh.t.Helper()
+	testenv.WaitFor(fh.t, 10*time.Second, "the relay leads every schema", func() (bool, string) {
+		got := leads(r)
+		return len(got) == len(fh.schemas), fmt.Sprintf("leads %q", got)
+	})
+}

@@ -61,10 +61,7 @@ func testFleetHotSharedDrainTarget(t *testing.T, target relay.Target, shared boo
 	relay.SetFleetHotOnRate(r)
 	q := testenv.Name("hot")
 	fh.run(r)
-	testenv.WaitFor(t, 10*time.Second, "the relay leads every schema", func() (bool, string) {
-		got := leads(r)
-		return len(got) == len(fh.schemas), fmt.Sprintf("leads %q", got)
-	})
+	fh.waitLeadsAll(r)
 	bc := commitBusy(t, fh.schemas)
 	defer bc.stop()
 	testenv.WaitFor(t, 30*time.Second, "the fleet hot", func() (bool, string) {

@@ -275,10 +275,7 @@ func startHotFleet(t *testing.T, fh *fleetHarness, cfg relay.Config) (*relay.Rel
 	relay.SetFleetHotLeave(r, 0)
 	relay.SetFleetHotOnRate(r)
 	fh.run(r)
-	testenv.WaitFor(t, 10*time.Second, "the relay leads every schema", func() (bool, string) {
-		got := leads(r)
-		return len(got) == len(fh.schemas), fmt.Sprintf("leads %q", got)
-	})
+	fh.waitLeadsAll(r)
 	bc := commitBusy(t, fh.schemas)
 	testenv.WaitFor(t, 30*time.Second, "a shared commit of the busy schemas' jobs", func() (bool, string) {
 		c, _ := sharedCounters(t, r)

@@ -171,13 +171,6 @@ func (h *fleetHeat) over(perSec float64) bool {
 	return float64(sum) >= perSec*over || float64(last) >= hotBurst*perSec*hotWindow.Seconds()
 }
 
-// enters counts a cool window's commits, and reports whether the fleet
-// should run hot on the rate alone (see hotEnterWindows).
-func (h *fleetHeat) enters(n int, perSec float64) bool {
-	h.count(n)
-	return h.over(perSec)
-}
-
 // waited records the sessions counted waiting for a lock on an object at
 // the end of a window, and reports whether hotContended of the last
 // hotWaitWindows counts found one or more, or the last 3 found

@@ -15,7 +15,7 @@ func TestFleetEntersHotOnASustainedRate(t *testing.T) {
 	windows := func(counts ...int) (entered int) {
 		var h fleetHeat
 		for i, n := range counts {
-			if h.enters(n, hotEnter) {
+			if h.count(n); h.over(hotEnter) {
 				return i
 			}
 		}

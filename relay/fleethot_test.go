@@ -78,10 +78,7 @@ func TestFleetHotLeavesABackpressuredSchemaIdle(t *testing.T) {
 	relay.SetFleetHotLeave(r, 1)
 	relay.SetFleetHotOnRate(r)
 	fh.run(r)
-	testenv.WaitFor(t, 10*time.Second, "the relay leads every schema", func() (bool, string) {
-		got := leads(r)
-		return len(got) == len(fh.schemas), fmt.Sprintf("leads %q", got)
-	})
+	fh.waitLeadsAll(r)
 	// Nobody consumes queue busy: it fills to the limit, and busy's rows
 	// stay staged.
 	bc := commitBusy(t, []string{busy})
@@ -241,10 +238,7 @@ func (fh *fleetHarness) startHotLeaving() *relay.Relay {
 	relay.SetFleetHotLeave(r, 1)
 	relay.SetFleetHotOnRate(r)
 	fh.run(r)
-	testenv.WaitFor(fh.t, 10*time.Second, "the relay leads every schema", func() (bool, string) {
-		got := leads(r)
-		return len(got) == len(fh.schemas), fmt.Sprintf("leads %q", got)
-	})
+	fh.waitLeadsAll(r)
 	return r
 }
 
@@ -269,10 +263,7 @@ func TestFleetRunsHotWhileCommitsWait(t *testing.T) {
 	relay.SetFleetHotOnWaits(r, 1, 500*time.Millisecond)
 	relay.SetFleetHotLeave(r, 1)
 	fh.run(r)
-	testenv.WaitFor(t, 10*time.Second, "the relay leads every schema", func() (bool, string) {
-		got := leads(r)
-		return len(got) == len(fh.schemas), fmt.Sprintf("leads %q", got)
-	})
+	fh.waitLeadsAll(r)
 	bc := commitBusy(t, fh.schemas)
 	defer bc.stop()
 
@@ -361,10 +352,7 @@ func TestFleetRunsHotOnTheRateWithoutSeeingWaits(t *testing.T) {
 	relay.SetFleetHotOnWaits(r, 1, time.Hour)
 	relay.SetFleetHotLeave(r, 1)
 	fh.run(r)
-	testenv.WaitFor(t, 10*time.Second, "the relay leads every schema", func() (bool, string) {
-		got := leads(r)
-		return len(got) == len(fh.schemas), fmt.Sprintf("leads %q", got)
-	})
+	fh.waitLeadsAll(r)
 	bc := commitBusy(t, fh.schemas)
 	defer bc.stop()
 	testenv.WaitFor(t, 30*time.Second, "the fleet runs hot on the rate alone", func() (bool, string) {
