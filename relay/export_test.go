@@ -25,6 +25,20 @@ func SetOnIdle(r *Relay, f func(listens int64)) { r.hooks.idle = f }
 // IdleLockName is the gate's advisory lock name (held while the relay is idle).
 var IdleLockName = idleLockName
 
+// HoldGateLocks takes on conn the locks an idle relay of schema holds
+// (of queues, or of all queues when there are none), with the relay's own
+// statement: as if such a relay were idle, until ReleaseGateLocks.
+func HoldGateLocks(ctx context.Context, conn *pgx.Conn, schema string, queues ...string) error {
+	_, err := conn.Exec(ctx, gateLockSQL, gateLockNames(schema, queues).args()...)
+	return err
+}
+
+// ReleaseGateLocks gives back what HoldGateLocks took.
+func ReleaseGateLocks(ctx context.Context, conn *pgx.Conn, schema string, queues ...string) error {
+	_, err := conn.Exec(ctx, gateUnlockSQL, gateLockNames(schema, queues).args()...)
+	return err
+}
+
 // SetSummaryEvery sets how often r logs its summary line (default 10s).
 func SetSummaryEvery(r *Relay, d time.Duration) { r.summaryEvery = d }
 

@@ -355,7 +355,7 @@ func (s *fleetSession) holdAwake(ctx context.Context) {
 		return
 	}
 	err := withTimeout(ctx, gates[0].timeout, func(ctx context.Context) error {
-		_, err := s.conn.Exec(ctx, gateUnlockSQL, keys)
+		_, err := s.conn.Exec(ctx, gateUnlockSQL, keys.args()...)
 		return err
 	})
 	if err != nil {
@@ -373,11 +373,11 @@ func (s *fleetSession) holdAwake(ctx context.Context) {
 // gatesOf returns the gates of the leads in progress of led that want
 // picks, and their idle locks' keys. The caller holds the lock
 // connection's mutex, under which a lead sets and clears its gate.
-func gatesOf(led []*tenant, want func(t *tenant, g *gate) bool) (gates []*gate, keys []string) {
+func gatesOf(led []*tenant, want func(t *tenant, g *gate) bool) (gates []*gate, keys gateKeys) {
 	for _, t := range led {
 		if g := t.r.gate.Load(); g != nil && want(t, g) {
 			gates = append(gates, g)
-			keys = append(keys, g.idleKeys...)
+			keys.add(g.idleKeys)
 		}
 	}
 	return gates, keys
@@ -422,7 +422,7 @@ func (s *fleetSession) sleepAll(ctx context.Context, led []*tenant) bool {
 		return true
 	}
 	b := &pgx.Batch{}
-	b.Queue(gateLockSQL, keys)
+	b.Queue(gateLockSQL, keys.args()...)
 	var xids []int64
 	b.Queue(inProgressSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&xids) })
 	err := withTimeout(ctx, gates[0].timeout, func(ctx context.Context) error {
@@ -431,7 +431,7 @@ func (s *fleetSession) sleepAll(ctx context.Context, led []*tenant) bool {
 	if err != nil {
 		s.f.r.log.Debug("fleet cools: taking the idle locks failed; each drain goes idle on its own", zap.Error(err))
 		_ = withTimeout(ctx, gates[0].timeout, func(ctx context.Context) error {
-			_, err := s.conn.Exec(ctx, gateUnlockSQL, keys)
+			_, err := s.conn.Exec(ctx, gateUnlockSQL, keys.args()...)
 			return err
 		})
 		return false

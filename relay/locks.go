@@ -79,27 +79,49 @@ const (
 // Each gate lock has 16 shards (two-key advisory locks: hashtext(name),
 // shard); a committing backend uses shard pg_backend_pid() % 16.
 const (
-	// Every shard of each lock of $1 in turn. A lock_timeout part way
-	// leaves the shards before it held, which the relay gives back (see
+	// Every shard of each lock of $1 in turn, exclusively, then of each
+	// lock of $2, shared (gateKeys). A lock_timeout part way leaves the
+	// shards before it held, which the relay gives back (see
 	// gate.inProgress).
-	gateLockSQL = `SELECT pg_advisory_lock(hashtext(k), s) FROM unnest($1::text[]) k, generate_series(0, 15) s`
+	gateLockSQL = `SELECT pg_advisory_lock(hashtext(k), s) FROM unnest($1::text[]) k, generate_series(0, 15) s
+		UNION ALL SELECT pg_advisory_lock_shared(hashtext(k), s) FROM unnest($2::text[]) k, generate_series(0, 15) s`
 	// Unlocking a shard not held only raises a WARNING.
-	gateUnlockSQL = `SELECT pg_advisory_unlock(hashtext(k), s) FROM unnest($1::text[]) k, generate_series(0, 15) s`
+	gateUnlockSQL = `SELECT pg_advisory_unlock(hashtext(k), s) FROM unnest($1::text[]) k, generate_series(0, 15) s
+		UNION ALL SELECT pg_advisory_unlock_shared(hashtext(k), s) FROM unnest($2::text[]) k, generate_series(0, 15) s`
 )
 
-// idleLockName is the gate's lock of schema (sql/010_wake_when_idle.sql):
-// held while its relay is idle, so that commits notify.
+// idleLockName is the gate's lock of schema (sql/010_wake_when_idle.sql,
+// sql/015_wake_one_look.sql): held while a relay of it is idle, so that
+// commits notify.
 func idleLockName(schema string) string { return "stagedrain-idle:" + schema }
 
-// gateLockNames are the gate's lock names for a relay of queues, or of
-// all queues when queues is empty.
-func gateLockNames(schema string, queues []string) []string {
+// gateKeys are the names of the locks a relay holds while it is idle: for
+// a relay of all queues, the schema's idle lock, exclusively; for a relay
+// of a list of queues, each queue's, exclusively, and the schema's, shared
+// (sql/015_wake_one_look.sql: a commit's trigger looks at the schema's
+// alone, and asks the precise question only when a relay holds it).
+type gateKeys struct {
+	excl, shared []string
+}
+
+// args are gateLockSQL's and gateUnlockSQL's arguments.
+func (k gateKeys) args() []any { return []any{k.excl, k.shared} }
+
+// add appends o's keys to k's.
+func (k *gateKeys) add(o gateKeys) {
+	k.excl = append(k.excl, o.excl...)
+	k.shared = append(k.shared, o.shared...)
+}
+
+// gateLockNames are the gate's locks for a relay of queues, or of all
+// queues when queues is empty.
+func gateLockNames(schema string, queues []string) gateKeys {
 	if len(queues) == 0 {
-		return []string{idleLockName(schema)}
+		return gateKeys{excl: []string{idleLockName(schema)}}
 	}
-	var idle []string
+	k := gateKeys{shared: []string{idleLockName(schema)}}
 	for _, q := range queues {
-		idle = append(idle, idleLockName(schema)+":"+q)
+		k.excl = append(k.excl, idleLockName(schema)+":"+q)
 	}
-	return idle
+	return k
 }

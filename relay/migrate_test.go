@@ -439,9 +439,10 @@ func tableExists(t *testing.T, conn *pgx.Conn, schema, table string) bool {
 // barrier), 007's (the WHEN on the schema's awake lock, a look in two
 // statements) or 009's (one-expression looks, the opt-out, the WHEN that
 // flags the queue already queued; a commit notifies unless a relay holds
-// 'awake') gets the later wake migrations from Migrate, up to 010's
-// function and trigger: a commit notifies only while a relay holds the
-// schema's or the row's queue's 'idle'. Migrate again applies nothing.
+// 'awake') or 010's (a commit notifies only while a relay holds the
+// schema's or the row's queue's 'idle') gets the later wake migrations
+// from Migrate, up to 010's function and 015's trigger, whose WHEN looks
+// at the schema's 'idle' alone. Migrate again applies nothing.
 // The migrations of other things, recorded, stay as they are.
 func TestMigrateUpgradesTheWakeTrigger(t *testing.T) {
 	t.Parallel()
@@ -451,9 +452,10 @@ func TestMigrateUpgradesTheWakeTrigger(t *testing.T) {
 		forget    []int  // the versions to unrecord
 		wantApply []string
 	}{
-		{from: "006_queue_gate.sql", plain: true, forget: []int{7, 9, 10}, wantApply: []string{"007_wake_no_barrier.sql", "009_wake_once.sql", "010_wake_when_idle.sql"}},
-		{from: "007_wake_no_barrier.sql", forget: []int{9, 10}, wantApply: []string{"009_wake_once.sql", "010_wake_when_idle.sql"}},
-		{from: "009_wake_once.sql", forget: []int{10}, wantApply: []string{"010_wake_when_idle.sql"}},
+		{from: "006_queue_gate.sql", plain: true, forget: []int{7, 9, 10, 15}, wantApply: []string{"007_wake_no_barrier.sql", "009_wake_once.sql", "010_wake_when_idle.sql", "015_wake_one_look.sql"}},
+		{from: "007_wake_no_barrier.sql", forget: []int{9, 10, 15}, wantApply: []string{"009_wake_once.sql", "010_wake_when_idle.sql", "015_wake_one_look.sql"}},
+		{from: "009_wake_once.sql", forget: []int{10, 15}, wantApply: []string{"010_wake_when_idle.sql", "015_wake_one_look.sql"}},
+		{from: "010_wake_when_idle.sql", forget: []int{15}, wantApply: []string{"015_wake_one_look.sql"}},
 	} {
 		t.Run(tt.from, func(t *testing.T) {
 			t.Parallel()
@@ -499,7 +501,8 @@ func TestMigrateUpgradesTheWakeTrigger(t *testing.T) {
 				}
 				return trigger, function
 			}
-			if trig, fn := definitions(); strings.Contains(trig, "WHEN") != !tt.plain || strings.Contains(fn, "stagedrain-idle") {
+			if trig, fn := definitions(); strings.Contains(trig, "WHEN") != !tt.plain || strings.Contains(trig, "stagedrain_wake_once") ||
+				strings.Contains(fn, "stagedrain-idle") != (tt.from == "010_wake_when_idle.sql") {
 				t.Fatalf("setup: not %s's trigger:\n%s\n%s", tt.from, trig, fn)
 			}
 
@@ -513,9 +516,9 @@ func TestMigrateUpgradesTheWakeTrigger(t *testing.T) {
 			}
 			trig, fn := definitions()
 			var key int32
-			var flag, queuePrefix string
-			if err := conn.QueryRow(ctx, `SELECT hashtext($1), 'stagedrain.wake_' || $2::regclass::oid, $1 || ':'`,
-				relay.IdleLockName(schema), pgx.Identifier{schema, "staged_jobs"}.Sanitize()).Scan(&key, &flag, &queuePrefix); err != nil {
+			var flag string
+			if err := conn.QueryRow(ctx, `SELECT hashtext($1), 'stagedrain.wake_' || $2::regclass::oid`,
+				relay.IdleLockName(schema), pgx.Identifier{schema, "staged_jobs"}.Sanitize()).Scan(&key, &flag); err != nil {
 				t.Fatal(err)
 			}
 			keyText := strconv.Itoa(int(key)) // how pg_get_triggerdef prints it
@@ -523,10 +526,8 @@ func TestMigrateUpgradesTheWakeTrigger(t *testing.T) {
 				keyText = "'" + keyText + "'::integer"
 			}
 			for _, want := range []string{
-				fmt.Sprintf("(current_setting('%s'::text, true) IS DISTINCT FROM new.queue)", flag),
-				fmt.Sprintf("(NOT (pg_try_advisory_lock_shared(%s, (pg_backend_pid() %% 16)) AND pg_advisory_unlock_shared(%s, (pg_backend_pid() %% 16))))", keyText, keyText),
-				fmt.Sprintf("(NOT (pg_try_advisory_lock_shared(hashtext(('%s'::text || new.queue)), (pg_backend_pid() %% 16)) AND pg_advisory_unlock_shared(hashtext(('%s'::text || new.queue)), (pg_backend_pid() %% 16))))", queuePrefix, queuePrefix),
-				fmt.Sprintf("(set_config('%s'::text, new.queue, true) IS NOT NULL)", flag),
+				fmt.Sprintf("WHEN (((NOT (pg_try_advisory_lock(%s, (pg_backend_pid() %% 16)) AND pg_advisory_unlock(%s, (pg_backend_pid() %% 16)))) AND ", keyText, keyText),
+				fmt.Sprintf("stagedrain_wake_once('%s'::text, new.queue))) EXECUTE", flag),
 			} {
 				if !strings.Contains(trig, want) {
 					t.Fatalf("trigger after Migrate:\n%s\nwant it to contain\n%s", trig, want)

@@ -145,8 +145,9 @@ func (e *privilegeEnv) statements(ctx context.Context) error {
 			b := &pgx.Batch{}
 			b.Queue(tryLockSQL, r.lockKey)
 			b.Queue(unlockSQL, r.lockKey)
-			b.Queue(gateLockSQL, []string{idleLockName(e.schema)})
-			b.Queue(gateUnlockSQL, []string{idleLockName(e.schema)})
+			keys := gateLockNames(e.schema, []string{"q"})
+			b.Queue(gateLockSQL, keys.args()...)
+			b.Queue(gateUnlockSQL, keys.args()...)
 			b.Queue(inProgressSQL)
 			b.Queue(stillInProgressSQL, []int64{1})
 			return tx.SendBatch(ctx, b).Close()

@@ -119,12 +119,15 @@ func (r *Relay) armDue(ctx context.Context, pool *pgxpool.Pool, due *time.Timer,
 // cancelled, and a fleet's lock connection holds every schema's locks.
 //
 // A relay with Config.Queues holds the locks of its queues instead
-// ("idle:<queue>"): a schema-wide "idle" would make commits to other
-// groups' queues notify a relay that does not drain them.
+// ("idle:<queue>"), exclusively: a schema-wide "idle" would make commits
+// to other groups' queues notify a relay that does not drain them. It
+// holds the schema's "idle" too, shared (gateKeys): a commit's trigger
+// looks at that lock alone, and runs the precise looks only while some
+// relay of the schema holds it (sql/015_wake_one_look.sql).
 type gate struct {
 	mu       *sync.Mutex // guards conn, shared with keepLock
 	conn     *pgx.Conn
-	idleKeys []string // the schema's lock, or one per queue of Config.Queues
+	idleKeys gateKeys // the schema's lock, or one per queue of Config.Queues and the schema's shared
 	// awake is true while the relay holds no "idle" lock: commits do not
 	// notify. A lead starts awake, and goes idle at the end of its first
 	// drain. Changed only under mu, with the locks: by the drain loop, or
@@ -206,7 +209,7 @@ func (g *gate) wake(ctx context.Context) error {
 		return nil
 	}
 	err := withTimeout(ctx, g.timeout, func(ctx context.Context) error {
-		_, err := g.conn.Exec(ctx, gateUnlockSQL, g.idleKeys)
+		_, err := g.conn.Exec(ctx, gateUnlockSQL, g.idleKeys.args()...)
 		return err
 	})
 	if err != nil {
@@ -300,7 +303,7 @@ func (g *gate) inProgress(ctx context.Context, lock bool) error {
 	}
 	b := &pgx.Batch{}
 	if lock {
-		b.Queue(gateLockSQL, g.idleKeys)
+		b.Queue(gateLockSQL, g.idleKeys.args()...)
 	}
 	var xids []int64
 	b.Queue(inProgressSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&xids) })
@@ -309,7 +312,7 @@ func (g *gate) inProgress(ctx context.Context, lock bool) error {
 	})
 	if lock && isLockTimeout(err) {
 		err = withTimeout(ctx, g.timeout, func(ctx context.Context) error {
-			_, err := g.conn.Exec(ctx, gateUnlockSQL, g.idleKeys)
+			_, err := g.conn.Exec(ctx, gateUnlockSQL, g.idleKeys.args()...)
 			return err
 		})
 		if err == nil {

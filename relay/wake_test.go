@@ -170,19 +170,20 @@ func (h *harness) advisoryLocks(name, mode string, granted bool) int {
 	return n
 }
 
-// holdIdleLock takes every shard of the gate lock name exclusively on
-// conn, as a relay does while it is idle and listening.
-func holdIdleLock(t *testing.T, conn *pgx.Conn, name string) {
+// holdIdle takes on conn the locks a relay of schema (of queues, or of
+// all queues when there are none) holds while it is idle, as the relay
+// takes them, so that commits notify it.
+func holdIdle(t *testing.T, conn *pgx.Conn, schema string, queues ...string) {
 	t.Helper()
-	if _, err := conn.Exec(context.Background(), `SELECT pg_advisory_lock(hashtext($1), s) FROM generate_series(0, 15) s`, name); err != nil {
+	if err := relay.HoldGateLocks(context.Background(), conn, schema, queues...); err != nil {
 		t.Fatal(err)
 	}
 }
 
-// releaseIdleLock gives back what holdIdleLock took on conn.
-func releaseIdleLock(t *testing.T, conn *pgx.Conn, name string) {
+// releaseIdle gives back what holdIdle took on conn.
+func releaseIdle(t *testing.T, conn *pgx.Conn, schema string, queues ...string) {
 	t.Helper()
-	if _, err := conn.Exec(context.Background(), `SELECT pg_advisory_unlock(hashtext($1), s) FROM generate_series(0, 15) s`, name); err != nil {
+	if err := relay.ReleaseGateLocks(context.Background(), conn, schema, queues...); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -229,7 +230,6 @@ func TestGateNotifiesOnlyWhileIdle(t *testing.T) {
 	ctx := context.Background()
 	table := pgx.Identifier{h.schema, "staged_jobs"}.Sanitize()
 	listener := listen(t, testenv.DatabaseURL(), h.schema)
-	idleName := relay.IdleLockName(h.schema)
 
 	// Nobody idle: the commit (h.conn's) does not notify.
 	h.stage(relay.Job{Name: "NobodyIdle"})
@@ -237,7 +237,7 @@ func TestGateNotifiesOnlyWhileIdle(t *testing.T) {
 	// Idle: a session holds every shard of "idle", as an idle relay does,
 	// and the commit notifies; it is the first notification to arrive.
 	relayConn := testenv.Conn(t, testenv.DatabaseURL())
-	holdIdleLock(t, relayConn, idleName)
+	holdIdle(t, relayConn, h.schema)
 	idleApp := testenv.Conn(t, testenv.DatabaseURL())
 	if _, err := idleApp.Exec(ctx, "INSERT INTO "+table+" (job_name, job_args) VALUES ('WhileIdle', '[]'), ('AndAnother', '[]')"); err != nil {
 		t.Fatal(err)
@@ -248,7 +248,7 @@ func TestGateNotifiesOnlyWhileIdle(t *testing.T) {
 	}
 
 	// Awake again (the lock given back): no notification.
-	releaseIdleLock(t, relayConn, idleName)
+	releaseIdle(t, relayConn, h.schema)
 	h.stage(relay.Job{Name: "AwakeAgain"})
 	checkDidNotNotify(t, listener, h.schema, "the commit with the idle lock given back")
 }
@@ -267,22 +267,22 @@ func TestOneCommitNotifiesAtATime(t *testing.T) {
 	t.Run("all queues", func(t *testing.T) {
 		t.Parallel()
 		h := newHarness(t)
-		testOneNotifier(t, h, relay.IdleLockName(h.schema))
+		testOneNotifier(t, h)
 	})
 	t.Run("a group of queues", func(t *testing.T) {
 		t.Parallel()
 		h := newHarness(t)
 		// The jobs' queue is "default" (relay.Job's zero Queue).
-		testOneNotifier(t, h, relay.IdleLockName(h.schema)+":default")
+		testOneNotifier(t, h, "default")
 	})
 }
 
-// testOneNotifier is TestOneCommitNotifiesAtATime with a relay idle on
-// the gate lock idleName.
-func testOneNotifier(t *testing.T, h *harness, idleName string) {
+// testOneNotifier is TestOneCommitNotifiesAtATime with a relay of queues
+// (of all queues when there are none) idle.
+func testOneNotifier(t *testing.T, h *harness, queues ...string) {
 	ctx := context.Background()
 	listener := listen(t, testenv.DatabaseURL(), h.schema)
-	holdIdleLock(t, testenv.Conn(t, testenv.DatabaseURL()), idleName)
+	holdIdle(t, testenv.Conn(t, testenv.DatabaseURL()), h.schema, queues...)
 
 	n := notifierInCommit(t, h, "Notifier")
 	app := testenv.Conn(t, testenv.DatabaseURL())
@@ -313,7 +313,7 @@ func TestCommitBehindANotifierHoldsBehind(t *testing.T) {
 	ctx := context.Background()
 	url := testenv.DatabaseURL()
 	listener := listen(t, url, h.schema)
-	holdIdleLock(t, testenv.Conn(t, url), relay.IdleLockName(h.schema))
+	holdIdle(t, testenv.Conn(t, url), h.schema)
 	notifying, behind := "stagedrain-notifying:"+h.schema, "stagedrain-behind:"+h.schema
 	// Another commit notifying: a session holds the notifying lock.
 	if _, err := testenv.Conn(t, url).Exec(ctx, `SELECT pg_advisory_lock(hashtext($1), 0)`, notifying); err != nil {
@@ -729,7 +729,7 @@ func TestTriggerHoldsNoGateLock(t *testing.T) {
 
 	// Idle: another session (the relay) holds every shard of 'idle'.
 	relayConn := testenv.Conn(t, url)
-	holdIdleLock(t, relayConn, relay.IdleLockName(schema))
+	holdIdle(t, relayConn, schema)
 	if held := fire(idleApp); !slices.Equal(held, []string{"notifying ExclusiveLock"}) {
 		t.Fatalf("a commit that found the relay idle holds %v, want the notifying lock only (no gate lock, no behind lock)", held)
 	}

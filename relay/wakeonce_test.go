@@ -53,7 +53,8 @@ func nextNotifier(t *testing.T, listener *pgx.Conn) uint32 {
 // session keeps the shard after the failed COMMIT.
 //
 // Relays of the queues q0 and q1 are idle (a session holds their idle
-// locks) and nobody holds the schema's: so each row queues the trigger,
+// locks, and the schema's shared) and nobody holds the schema's
+// exclusively: so each row queues the trigger,
 // and the function's look at the schema's 'idle' succeeds, taking and
 // releasing a shard, before its look at the queue's fails and it notifies.
 //
@@ -75,9 +76,7 @@ func TestCancelledCommitLeavesNoGateLock(t *testing.T) {
 	}
 	killer := testenv.Conn(t, testenv.DatabaseURL())
 	relayConn := testenv.Conn(t, testenv.DatabaseURL())
-	for _, q := range []string{"q0", "q1"} {
-		holdIdleLock(t, relayConn, relay.IdleLockName(schema)+":"+q)
-	}
+	holdIdle(t, relayConn, schema, "q0", "q1")
 	table := pgx.Identifier{schema, "staged_jobs"}.Sanitize()
 	insert := `INSERT INTO ` + table + ` (job_name, job_args, queue)
 		SELECT 'Cancelled', '[]', 'q' || (i % 2) FROM generate_series(1, 2000) i`
@@ -253,7 +252,7 @@ func TestTriggerRunsOncePerTransactionAndQueue(t *testing.T) {
 
 	// Idle from here on: 10,000 rows in one statement, then 100
 	// statements of 100.
-	holdIdleLock(t, relayConn, relay.IdleLockName(schema))
+	holdIdle(t, relayConn, schema)
 	run(func(tx pgx.Tx) {
 		stage(tx, "default", 10000)
 		for range 100 {
@@ -324,8 +323,8 @@ func TestTriggerFlagIsPerQueueAndTable(t *testing.T) {
 	listenA, listenB := listen(t, url, schemaA), listen(t, url, schemaB)
 	// The relay of schema A's queue a is awake; those of b are idle.
 	relayConn := testenv.ConnTo(t, url)
-	holdIdleLock(t, relayConn, relay.IdleLockName(schemaA)+":b")
-	holdIdleLock(t, relayConn, relay.IdleLockName(schemaB)+":b")
+	holdIdle(t, relayConn, schemaA, "b")
+	holdIdle(t, relayConn, schemaB, "b")
 	insert := func(schema, queue string) string {
 		return `INSERT INTO ` + pgx.Identifier{schema, "staged_jobs"}.Sanitize() +
 			` (job_name, job_args, queue) SELECT 'Flag', '[]', '` + queue + `' FROM generate_series(1, 100)`
@@ -438,4 +437,99 @@ func TestPreparedTransactionOptsOutOfNotify(t *testing.T) {
 	if v := s.value("stagedrain_wakeups_total", "cause", "notify"); v != 0 {
 		t.Errorf("wakeups_total{cause=notify} = %v, want 0: the prepared transaction opted out", v)
 	}
+}
+
+// The trigger's WHEN looks at the schema's idle lock alone
+// (sql/015_wake_one_look.sql), and only while a relay holds it, of either
+// kind, does a row call stagedrain_wake_once, which lets the first row of
+// each queue in a transaction queue stagedrain_wake(). Counted by
+// track_functions, 100 rows in each commit, in each state:
+//   - nobody idle (no relay, or relays awake): no call of either function,
+//     no notification;
+//   - a relay of all queues idle: stagedrain_wake_once for every row,
+//     stagedrain_wake() once, and the commit notifies;
+//   - a relay of the group of queue b idle: b's rows, the same; a's rows
+//     call both too (the relay of b holds the schema's lock shared, and
+//     stagedrain_wake() asks which queue's relay is idle), and do not
+//     notify;
+//   - the group's relay awake again: no call.
+func TestTriggerLooksOnceWhileNobodyIdle(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := testenv.Schema(t)
+	app := testenv.Conn(t, testenv.DatabaseURL())
+	if _, err := relay.Migrate(ctx, app, schema); err != nil {
+		t.Fatal(err)
+	}
+	listener := listen(t, testenv.DatabaseURL(), schema)
+	table := pgx.Identifier{schema, "staged_jobs"}.Sanitize()
+	once := pgx.Identifier{schema, "stagedrain_wake_once"}.Sanitize() + "(text, text)"
+	wake := pgx.Identifier{schema, "stagedrain_wake"}.Sanitize() + "()"
+	relayConn := testenv.Conn(t, testenv.DatabaseURL())
+	count := func(tx pgx.Tx) (onceCalls, wakeCalls int) {
+		t.Helper()
+		var o, w *int
+		if err := tx.QueryRow(ctx, `SELECT pg_stat_get_xact_function_calls($1::regprocedure), pg_stat_get_xact_function_calls($2::regprocedure)`,
+			once, wake).Scan(&o, &w); err != nil {
+			t.Fatal(err)
+		}
+		if o != nil {
+			onceCalls = *o
+		}
+		if w != nil {
+			wakeCalls = *w
+		}
+		return onceCalls, wakeCalls
+	}
+	// commit stages 100 rows of each queue, one statement each, and
+	// checks the calls they made (the function fired by SET CONSTRAINTS
+	// ALL IMMEDIATE, as at COMMIT).
+	commit := func(what string, wantOnce, wantWake int, queues ...string) {
+		t.Helper()
+		if err := pgx.BeginFunc(ctx, app, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "SET LOCAL track_functions = 'pl'"); err != nil {
+				return err
+			}
+			o0, w0 := count(tx)
+			for _, q := range queues {
+				if _, err := tx.Exec(ctx, `INSERT INTO `+table+` (job_name, job_args, queue)
+					SELECT 'Look', '[]', $1 FROM generate_series(1, 100)`, q); err != nil {
+					return err
+				}
+			}
+			if _, err := tx.Exec(ctx, "SET CONSTRAINTS ALL IMMEDIATE"); err != nil {
+				return err
+			}
+			o, w := count(tx)
+			if o-o0 != wantOnce || w-w0 != wantWake {
+				t.Errorf("%s: stagedrain_wake_once called %d times and stagedrain_wake %d, want %d and %d",
+					what, o-o0, w-w0, wantOnce, wantWake)
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	commit("nobody idle", 0, 0, "a", "b")
+	checkDidNotNotify(t, listener, schema, "the commit with nobody idle")
+
+	holdIdle(t, relayConn, schema)
+	commit("a relay of all queues idle", 100, 1, "a")
+	if pid := nextNotifier(t, listener); pid != app.PgConn().PID() {
+		t.Fatalf("notification from backend %d, want the app's %d", pid, app.PgConn().PID())
+	}
+	releaseIdle(t, relayConn, schema)
+
+	holdIdle(t, relayConn, schema, "b")
+	commit("rows of a while b's relay is idle", 100, 1, "a")
+	checkDidNotNotify(t, listener, schema, "the commit of a's rows while only b's relay is idle")
+	commit("rows of b while b's relay is idle", 100, 1, "b")
+	if pid := nextNotifier(t, listener); pid != app.PgConn().PID() {
+		t.Fatalf("notification from backend %d, want the app's %d (rows of b)", pid, app.PgConn().PID())
+	}
+	releaseIdle(t, relayConn, schema, "b")
+
+	commit("b's relay awake again", 0, 0, "a", "b")
+	checkDidNotNotify(t, listener, schema, "the commit with b's relay awake again")
 }
