@@ -148,6 +148,11 @@ func TestStagedJobsConstraints(t *testing.T) {
 		{"options an array", "job_name, job_args, options", `'J', '[]', '[1]'`},
 		{"options set class", "job_name, job_args, options", `'J', '[]', '{"class": "Other"}'`},
 		{"options set jid", "job_name, job_args, options", `'J', '[]', '{"jid": "x"}'`},
+		{"options set args", "job_name, job_args, options", `'J', '[]', '{"args": []}'`},
+		{"options set queue", "job_name, job_args, options", `'J', '[]', '{"queue": "q"}'`},
+		{"options set created_at", "job_name, job_args, options", `'J', '[]', '{"created_at": 1}'`},
+		{"options set enqueued_at", "job_name, job_args, options", `'J', '[]', '{"enqueued_at": 1}'`},
+		{"options set at", "job_name, job_args, options", `'J', '[]', '{"retry": 3, "at": 1}'`},
 		{"empty jid", "job_name, job_args, jid", `'J', '[]', ''`},
 	}
 	for _, tc := range bad {
