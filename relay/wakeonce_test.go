@@ -533,3 +533,59 @@ func TestTriggerLooksOnceWhileNobodyIdle(t *testing.T) {
 	commit("b's relay awake again", 0, 0, "a", "b")
 	checkDidNotNotify(t, listener, schema, "the commit with b's relay awake again")
 }
+
+// An app whose database revokes EXECUTE from PUBLIC by default (ALTER
+// DEFAULT PRIVILEGES ... REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC, for the
+// role that migrates) still stages rows, with a relay idle or not: its
+// INSERT runs stagedrain_next_id (the id's default, 011) and
+// stagedrain_wake_once (the trigger's WHEN, 015; PostgreSQL checks EXECUTE
+// as it prepares the WHEN, relay idle or not), which migration 015 grants
+// to PUBLIC. Without either grant, every INSERT fails. The app's role has only USAGE on the
+// schema, INSERT on staged_jobs and USAGE on its sequence.
+func TestAppStagesWhereExecuteIsNotGrantedByDefault(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testenv.DatabaseURL()
+	owner, ownerURL := testenv.RoleIn(t, url, "sdtest_own_")
+	app, appURL := testenv.RoleIn(t, url, "sdtest_app_")
+	schema := testenv.Schema(t) // a name, dropped before the roles
+	admin := testenv.Conn(t, url)
+	q := func(name string) string { return pgx.Identifier{name}.Sanitize() }
+	for _, sql := range []string{
+		"CREATE SCHEMA " + q(schema) + " AUTHORIZATION " + q(owner),
+		"ALTER DEFAULT PRIVILEGES FOR ROLE " + q(owner) + " REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC",
+	} {
+		if _, err := admin.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	ownerConn := testenv.ConnTo(t, ownerURL)
+	if _, err := relay.Migrate(ctx, ownerConn, schema); err != nil {
+		t.Fatal(err)
+	}
+	for _, sql := range []string{
+		"GRANT USAGE ON SCHEMA " + q(schema) + " TO " + q(app),
+		"GRANT INSERT ON " + pgx.Identifier{schema, "staged_jobs"}.Sanitize() + " TO " + q(app),
+		"GRANT USAGE ON SEQUENCE " + pgx.Identifier{schema, "staged_jobs_id_seq"}.Sanitize() + " TO " + q(app),
+	} {
+		if _, err := ownerConn.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	listener := listen(t, url, schema)
+	appConn := testenv.ConnTo(t, appURL)
+	stage := func(what string) {
+		t.Helper()
+		if _, err := appConn.Exec(ctx, `INSERT INTO `+pgx.Identifier{schema, "staged_jobs"}.Sanitize()+
+			` (job_name, job_args) VALUES ('NoExecute', '[]')`); err != nil {
+			t.Fatalf("the app's INSERT, %s: %v", what, err)
+		}
+	}
+	stage("nobody idle")
+	checkDidNotNotify(t, listener, schema, "the commit with nobody idle")
+	holdIdle(t, testenv.Conn(t, url), schema)
+	stage("a relay idle")
+	if pid := nextNotifier(t, listener); pid != appConn.PgConn().PID() {
+		t.Fatalf("notification from backend %d, want the app's %d", pid, appConn.PgConn().PID())
+	}
+}

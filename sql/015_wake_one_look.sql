@@ -87,6 +87,21 @@ BEGIN
 END
 $$;
 
+-- The app's INSERT runs stagedrain_wake_once (the WHEN) and
+-- stagedrain_next_id (011, the id's default) with the app's role, so it
+-- needs EXECUTE on both; PostgreSQL checks it as it prepares the
+-- expression, for every INSERT, whether the function is then called or
+-- not. It grants EXECUTE to PUBLIC when a function is created, unless the
+-- database's default privileges revoke that (ALTER DEFAULT PRIVILEGES ...
+-- REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC, for the role that migrates):
+-- then every INSERT failed on stagedrain_next_id since 011
+-- (TestAppStagesWhereExecuteIsNotGrantedByDefault). Neither function reads
+-- or writes anything but the caller's own setting or sequence.
+-- (stagedrain_last_id, SECURITY DEFINER, is the relay's, and stays as it
+-- is.)
+GRANT EXECUTE ON FUNCTION stagedrain_wake_once(text, text) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION stagedrain_next_id(regclass) TO PUBLIC;
+
 DO $$
 BEGIN
     EXECUTE format(
