@@ -205,19 +205,7 @@ func TestTriggerRunsOncePerTransactionAndQueue(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// The calls a backend counts are kept until it reports them, when
-	// idle outside a transaction: a transaction's own are those it adds.
-	count := func(tx pgx.Tx) int {
-		t.Helper()
-		var n *int
-		if err := tx.QueryRow(ctx, `SELECT pg_stat_get_xact_function_calls($1::regprocedure)`, fn).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		if n == nil {
-			return 0
-		}
-		return *n
-	}
+	count := func(tx pgx.Tx) int { return xactCalls(t, tx, fn) }
 	var before int
 	calls := func(tx pgx.Tx) int {
 		t.Helper()
@@ -467,19 +455,7 @@ func TestTriggerLooksOnceWhileNobodyIdle(t *testing.T) {
 	wake := pgx.Identifier{schema, "stagedrain_wake"}.Sanitize() + "()"
 	relayConn := testenv.Conn(t, testenv.DatabaseURL())
 	count := func(tx pgx.Tx) (onceCalls, wakeCalls int) {
-		t.Helper()
-		var o, w *int
-		if err := tx.QueryRow(ctx, `SELECT pg_stat_get_xact_function_calls($1::regprocedure), pg_stat_get_xact_function_calls($2::regprocedure)`,
-			once, wake).Scan(&o, &w); err != nil {
-			t.Fatal(err)
-		}
-		if o != nil {
-			onceCalls = *o
-		}
-		if w != nil {
-			wakeCalls = *w
-		}
-		return onceCalls, wakeCalls
+		return xactCalls(t, tx, once), xactCalls(t, tx, wake)
 	}
 	// commit stages 100 rows of each queue, one statement each, and
 	// checks the calls they made (the function fired by SET CONSTRAINTS
@@ -588,4 +564,20 @@ func TestAppStagesWhereExecuteIsNotGrantedByDefault(t *testing.T) {
 	if pid := nextNotifier(t, listener); pid != appConn.PgConn().PID() {
 		t.Fatalf("notification from backend %d, want the app's %d", pid, appConn.PgConn().PID())
 	}
+}
+
+// xactCalls is how many times tx's backend has called the function fn (a
+// regprocedure, as text) so far, with track_functions on. The calls a
+// backend counts are kept until it reports them, when idle outside a
+// transaction: a transaction's own are those it adds.
+func xactCalls(t *testing.T, tx pgx.Tx, fn string) int {
+	t.Helper()
+	var n *int
+	if err := tx.QueryRow(context.Background(), `SELECT pg_stat_get_xact_function_calls($1::regprocedure)`, fn).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n == nil {
+		return 0
+	}
+	return *n
 }
