@@ -133,8 +133,12 @@ func TestBenchQuick(t *testing.T) {
 			continue
 		}
 		achieved, p50, p99, worst := number(cells, 2), number(cells, 3), number(cells, 4), number(cells, 5)
-		if achieved <= 0 || p50 <= 0 || p99 < p50 || worst < p99 {
-			t.Errorf("row %q: achieved %v/s, p50 %vms, p99 %vms, max %vms; want achieved > 0 and max >= p99 >= p50 > 0", prefix, achieved, p50, p99, worst)
+		// p50 may read 0, as in TestBenchQuickSchemas: a job popped before
+		// its writer noted its COMMIT (the writer descheduled on a busy
+		// machine) counts as 0 (load.go), and half of a quick run's 50
+		// jobs can be such. p99 cannot.
+		if achieved <= 0 || p50 < 0 || p99 <= 0 || p99 < p50 || worst < p99 {
+			t.Errorf("row %q: achieved %v/s, p50 %vms, p99 %vms, max %vms; want achieved > 0, max >= p99 >= p50 >= 0 and p99 > 0", prefix, achieved, p50, p99, worst)
 		}
 		// The relay is woken by each commit's NOTIFY (or, while awake, its
 		// own claims), not by its fallback poll (1s, 0.75-1.25s apart),
