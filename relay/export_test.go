@@ -18,6 +18,10 @@ func SetAfterPush(r *Relay, f func(ctx context.Context) error) { r.hooks.afterPu
 // SetBeforePush makes r run f before each batch's push.
 func SetBeforePush(r *Relay, f func(ctx context.Context)) { r.hooks.beforePush = f }
 
+// SetOnClaim makes r call f after each claim of its own drain, with the
+// number of rows the claim took.
+func SetOnClaim(r *Relay, f func(jobs int)) { r.hooks.claimed = f }
+
 // SetOnIdle makes r call f each time its drain loop goes idle, with the
 // number of LISTENs completed before its last drain began.
 func SetOnIdle(r *Relay, f func(listens int64)) { r.hooks.idle = f }

@@ -194,6 +194,9 @@ type testHooks struct {
 	probeFound func(id int64)
 	// probeEvery, when set, replaces probeEvery (lowwater.go).
 	probeEvery time.Duration
+	// claimed runs after each claim of the schema's own drain, with the
+	// number of rows it took (0: it came back empty).
+	claimed func(jobs int)
 }
 
 // New checks cfg and returns a Relay. It starts nothing and connects to
