@@ -255,9 +255,9 @@ func (c claimed) qualifies() bool {
 // them on PostgreSQL's notify lock, so slowly that no drain would ever find
 // a second batch. When a claim comes back empty it goes idle, notes the
 // transactions in progress (see gate.sleep), and claims once more; only an
-// empty claim after that ends the drain. A drain that is idle and found a
-// short batch ends there, unless a wake-up is already waiting: a commit
-// since then has notified, or will (see the end of the loop).
+// empty claim after that ends the drain. A drain that is idle and found
+// one job ends there, unless a wake-up is already waiting: a commit since
+// then has notified, or will (see the end of the loop).
 //
 // PostgreSQL is the bottleneck, so while a full batch is pushed, deleted and
 // committed, the next is already being claimed on a second connection: its
@@ -412,18 +412,21 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 			// other schema's, in one statement: no claim to confirm.
 			return nil
 		}
-		if !full && !g.awake.Load() && len(wake) == 0 {
-			// Idle, a short batch, and no commit has notified since this
-			// drain was woken: a claim now would most likely come back
-			// empty, two round trips on a drain session and a pace for
-			// each job where commits are sparse, as in each schema of a
-			// fleet (issue 23). Nothing is missed: a commit that
+		if len(cur.jobs) == 1 && !g.awake.Load() && len(wake) == 0 {
+			// Idle, a batch of one job, and no commit has notified since
+			// this drain was woken: a claim now would most likely come
+			// back empty, two round trips on a drain session and a pace
+			// for each job where commits are sparse, as in each schema of
+			// a fleet (issue 23). Nothing is missed: a commit that
 			// has committed since the claim either notified, and its
 			// wake-up drains again, or did not because another commit of
 			// the schema was notifying, and that one's wake-up drains
 			// again, whose look sees it (sql/014_wake_behind.sql). Where
-			// commits come often, a wake-up is waiting, and the drain
-			// claims again and stays awake as before (pace, linger).
+			// commits come often, a wake-up is waiting or the claim found
+			// several, and the drain claims again, which goes awake
+			// (pace, linger), as before: with 16 writers in a closed loop
+			// on one schema, 0.01-0.04% of the commits notified, with
+			// this and without it.
 			return nil
 		}
 		if !full {
