@@ -412,10 +412,11 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 			// other schema's, in one statement: no claim to confirm.
 			return nil
 		}
-		if len(cur.jobs) == 1 && !g.awake.Load() && len(wake) == 0 {
-			// Idle, a batch of one job, and no commit has notified since
-			// this drain was woken: a claim now would most likely come
-			// back empty, two round trips on a drain session and a pace
+		if !full && len(cur.jobs) == 1 && !g.awake.Load() && len(wake) == 0 {
+			// Idle, a batch of one job (not full: a full batch's next
+			// claim is already in flight), and no commit has notified
+			// since this drain was woken: a claim now would most likely
+			// come back empty, two round trips on a drain session and a pace
 			// for each job where commits are sparse, as in each schema of
 			// a fleet (issue 23). Nothing is missed: a commit that
 			// has committed since the claim either notified, and its
