@@ -1,7 +1,6 @@
 package relay_test
 
 import (
-	"context"
 	"fmt"
 	"slices"
 	"sync"
@@ -20,14 +19,7 @@ import (
 // such end is a drain of its own, gate.sleep).
 func TestIdleDrainOfOneCommitClaimsOnce(t *testing.T) {
 	t.Parallel()
-	pg := testenv.StartPostgres(t)
-	h := &harness{t: t, schema: "jobs"}
-	h.rdb, h.ns = testenv.Redis(t)
-	h.conn = testenv.Conn(t, pg.URL())
-	if _, err := relay.Migrate(context.Background(), h.conn, h.schema); err != nil {
-		t.Fatal(err)
-	}
-	h.stager = relay.NewStager(h.schema)
+	h, pg := privateHarness(t)
 	cfg := h.config()
 	cfg.DatabaseURL = pg.URL()
 	cfg.PollInterval = time.Minute
