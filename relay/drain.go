@@ -620,9 +620,14 @@ type landing struct {
 // after the push has told the handoff record that the pushed rows may not
 // be deleted.
 func (r *Relay) pushLanding(ctx context.Context, l *landing, log *zap.Logger) error {
-	b := l.b
 	l.pushedAt = time.Now()
-	res, err := r.push(ctx, b.jobs, l.pushedAt)
+	res, err := r.push(ctx, l.b.jobs, l.pushedAt)
+	return r.landPushed(ctx, l, res, err, log)
+}
+
+// landPushed is pushLanding once the push returned res or err.
+func (r *Relay) landPushed(ctx context.Context, l *landing, res pushResult, err error, log *zap.Logger) error {
+	b := l.b
 	l.res = res
 	if err != nil {
 		return targetError{err}

@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/stagedrain/stagedrain/relay"
 	"github.com/stagedrain/stagedrain/relay/internal/testenv"
@@ -16,24 +18,34 @@ import (
 
 // A hot fleet drains the schemas one poll finds together: one transaction
 // claims a batch from each, pushes each through its own schema's handoff
-// record, and commits them all (fleetdrain.go). Checked by the fleet's
-// counters of shared commits and of the batches in them, and by every job
-// delivered exactly once: those of the commits that made the fleet run hot,
-// and three staged in three schemas by one app transaction, which the next
-// poll finds at once.
+// record, the pushes in one Redis pipeline, and commits them all
+// (fleetdrain.go). Checked by the fleet's counters of shared commits and
+// of the batches in them, by the push scripts of several schemas seen in
+// one pipeline, and by every job delivered exactly once: those of the
+// commits that made the fleet run hot, and three staged in three schemas by
+// one app transaction, which the next poll finds at once.
 func TestFleetHotDrainsSchemasTogether(t *testing.T) {
 	t.Parallel()
 	fh := newFleetHarness(t, 4)
 	cfg := fh.fleetConfig()
+	rdb := redis.NewClient(fh.rdb.Options())
+	t.Cleanup(func() { rdb.Close() })
+	pipes := &scriptPipes{}
+	rdb.AddHook(pipes)
+	cfg.Redis = rdb
 	r, bc := startHotFleet(t, fh, cfg)
 	fh.waitJIDs("busy", bc.stop())
 
+	before := pipes.most.Load()
 	untilShared(t, r, func(run int) {
 		q := fmt.Sprintf("together%d", run)
 		fh.waitJIDs(q, fh.stageAcross(context.Background(), fh.schemas[:3], q))
 	})
 	if !relay.FleetHot(r) {
 		t.Fatal("the fleet cooled: its schemas' drains, not the hot poll's, may have delivered")
+	}
+	if most := pipes.most.Load(); most < 2 {
+		t.Fatalf("at most %d push scripts in one Redis pipeline (%d before the last runs), want a shared drain's pushes together", most, before)
 	}
 	for _, schema := range fh.schemas {
 		var n int
@@ -303,4 +315,28 @@ func (fh *fleetHarness) stageAcross(ctx context.Context, schemas []string, q str
 		fh.t.Fatalf("stage across %v: %v", schemas, err)
 	}
 	return jids
+}
+
+// scriptPipes is a go-redis hook that keeps the most scripts (EVALSHA or
+// EVAL: the handoff's push) seen in one pipeline.
+type scriptPipes struct{ most atomic.Int64 }
+
+func (*scriptPipes) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (*scriptPipes) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (p *scriptPipes) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		var n int64
+		for _, c := range cmds {
+			if name := c.Name(); name == "evalsha" || name == "eval" {
+				n++
+			}
+		}
+		for {
+			most := p.most.Load()
+			if n <= most || p.most.CompareAndSwap(most, n) {
+				break
+			}
+		}
+		return next(ctx, cmds)
+	}
 }

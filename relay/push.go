@@ -52,10 +52,28 @@ type pushResult struct {
 // the whole batch stays staged. So is a batch that Redis refused whole, for
 // reasons that waiting may fix.
 func (r *Relay) push(ctx context.Context, batch []stagedJob, now time.Time) (pushResult, error) {
+	pp, err := r.preparePush(ctx, batch, now)
+	if err != nil || pp.u == nil {
+		return pp.res, err
+	}
+	field, err := r.handoff.Push(ctx, pp.u)
+	return r.settlePush(pp, field, err)
+}
+
+// preparedPush is a batch's push, built and not yet run (preparePush).
+type preparedPush struct {
+	u   *handoff.Unit // nil: nothing to run, res is the push's result
+	res pushResult
+}
+
+// preparePush is push up to the handoff's step: it builds the batch's
+// unit. A hot fleet's shared drain runs the units of its schemas in one
+// pipeline (handoff.PushAll), then settles each (settlePush).
+func (r *Relay) preparePush(ctx context.Context, batch []stagedJob, now time.Time) (preparedPush, error) {
 	h := r.handoff
 	var res pushResult
 	if err := h.Ready(ctx, r.holder); err != nil {
-		return res, fmt.Errorf("push batch: %w", err)
+		return preparedPush{}, fmt.Errorf("push batch: %w", err)
 	}
 	if r.hooks.beforePush != nil {
 		r.hooks.beforePush(ctx)
@@ -85,13 +103,13 @@ func (r *Relay) push(ctx context.Context, batch []stagedJob, now time.Time) (pus
 				res.deferred = append(res.deferred, rejectedJob{id: j.id, reason: why, held: true})
 			}
 			if !h.MustRun(len(res.redelivered)) {
-				return res, nil
+				return preparedPush{res: res}, nil
 			}
 			break // WAIT needs a single Redis: no cluster, whose loop this is
 		}
 		r.target.add(u, batch, now, &res)
 		if len(u.Ops()) == 0 && !h.MustRun(len(res.redelivered)) {
-			return res, nil
+			return preparedPush{res: res}, nil
 		}
 		if !h.Cluster() {
 			break
@@ -101,16 +119,22 @@ func (r *Relay) push(ctx context.Context, batch []stagedJob, now time.Time) (pus
 		// batch.
 		again, err := h.Claim(ctx, u, r.holder)
 		if err != nil {
-			return pushResult{}, fmt.Errorf("push batch: %w", err)
+			return preparedPush{}, fmt.Errorf("push batch: %w", err)
 		}
 		if !again {
 			break
 		}
 	}
-	field, err := h.Push(ctx, u)
+	return preparedPush{u: u, res: res}, nil
+}
+
+// settlePush is push after the handoff's step ran pp's unit under field,
+// or failed with err.
+func (r *Relay) settlePush(pp preparedPush, field string, err error) (pushResult, error) {
 	if err != nil {
 		return pushResult{}, fmt.Errorf("push batch: %w", err)
 	}
+	h, u, res := r.handoff, pp.u, pp.res
 	for _, op := range u.Ops() {
 		switch {
 		case op.IDs == nil: // bookkeeping

@@ -504,18 +504,34 @@ func (h *Handoff) WasDelivered(id int64) bool {
 // batch stays staged, and the record is read again before the next push.
 // ErrFenced means another relay leads.
 func (h *Handoff) Push(ctx context.Context, u *Unit) (field string, err error) {
-	h.seq++
-	field = strconv.FormatInt(h.epoch, 10) + ":" + strconv.FormatInt(h.seq, 10)
+	field = h.nextField()
 	if h.cluster {
 		return field, h.pushCluster(ctx, u, field)
 	}
-	keys := append([]string{h.keys.Fence, h.keys.Record}, u.keys...)
+	keys, args := h.pushArgs(u, field)
+	reply, err := h.run(ctx, keys, args)
+	return h.pushed(u, field, reply, err)
+}
+
+// nextField is the record field of the next push.
+func (h *Handoff) nextField() string {
+	h.seq++
+	return strconv.FormatInt(h.epoch, 10) + ":" + strconv.FormatInt(h.seq, 10)
+}
+
+// pushArgs are the push script's keys and arguments for u under field.
+// args shares h.header: it is good until h's next push.
+func (h *Handoff) pushArgs(u *Unit, field string) (keys []string, args []any) {
+	keys = append([]string{h.keys.Fence, h.keys.Record}, u.keys...)
 	h.header = append(h.header[:0], h.token, field, len(h.clear))
 	for _, f := range h.clear {
 		h.header = append(h.header, f)
 	}
-	args := append(h.header, u.args...)
-	reply, err := h.run(ctx, keys, args)
+	return keys, append(h.header, u.args...)
+}
+
+// pushed settles u from the push script's reply, or its error.
+func (h *Handoff) pushed(u *Unit, field string, reply []any, err error) (string, error) {
 	if err != nil {
 		// Whether Redis ran it is unknown: settle it from the record,
 		// under a new token (see the top of this file).
@@ -531,6 +547,60 @@ func (h *Handoff) Push(ctx context.Context, u *Unit) (field string, err error) {
 		return "", err
 	}
 	return field, nil
+}
+
+// Pipelines reports whether h's pushes and tidies may share a pipeline with
+// those of other handoffs on the same client (PushAll, TidyAll): not on a
+// cluster, whose steps go slot by slot, nor with WAIT, which needs the
+// push's own connection.
+func (h *Handoff) Pipelines() bool { return !h.cluster && h.waitReplicas == 0 }
+
+// PushAll is Push for several handoffs at once, hs[i] pushing us[i], each
+// handoff at most once: those that Pipelines, through the first one's
+// client, in one pipeline, one round trip where each Push is one (a hot
+// fleet's shared drain pushes a batch of each of its schemas). Each
+// handoff's script runs on its own, as its Push would run it, and each
+// result is as its Push's would be. The others push one after the other.
+func PushAll(ctx context.Context, hs []*Handoff, us []*Unit) (fields []string, errs []error) {
+	fields, errs = make([]string, len(hs)), make([]error, len(hs))
+	type queued struct {
+		i     int
+		field string
+		keys  []string
+		args  []any
+		cmd   *redis.Cmd
+	}
+	var qs []queued
+	rdb := pipelineClient(hs)
+	var pipe redis.Pipeliner
+	if rdb != nil {
+		pipe = rdb.Pipeline()
+	}
+	for i, h := range hs {
+		if pipe == nil || !h.Pipelines() || h.rdb != rdb {
+			fields[i], errs[i] = h.Push(ctx, us[i])
+			continue
+		}
+		q := queued{i: i, field: h.nextField()}
+		q.keys, q.args = h.pushArgs(us[i], q.field)
+		q.cmd = handoffScript.EvalSha(ctx, pipe, q.keys, q.args...)
+		qs = append(qs, q)
+	}
+	if len(qs) == 0 {
+		return fields, errs
+	}
+	_, _ = pipe.Exec(ctx) // each command's error is its own
+	for _, q := range qs {
+		h := hs[q.i]
+		reply, err := q.cmd.Slice()
+		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			// The script is not loaded (a Redis restarted, or flushed its
+			// scripts): nothing ran. Run loads it.
+			reply, err = handoffScript.Run(ctx, rdb, q.keys, q.args...).Slice()
+		}
+		fields[q.i], errs[q.i] = h.pushed(us[q.i], q.field, reply, err)
+	}
+	return fields, errs
 }
 
 // run runs the push script, then, with waitReplicas, WAIT on the same
@@ -691,6 +761,21 @@ func (h *Handoff) TidyDue(now time.Time) bool {
 // staged is called with the delivered ids and returns those still staged;
 // wal returns the WAL's insert and flush positions.
 func (h *Handoff) Tidy(ctx context.Context, staged func([]int64) ([]int64, error), wal func() (insert, flush uint64, err error)) error {
+	if err := h.settleTidy(staged, wal); err != nil {
+		return err
+	}
+	if len(h.clear) == 0 {
+		return nil
+	}
+	if h.cluster {
+		return h.tidyCluster(ctx)
+	}
+	return h.cleared(h.rdb.HDel(ctx, h.keys.Record, h.clear...).Err())
+}
+
+// settleTidy is Tidy but its deletes in Redis: it moves to clear the fields
+// that are done with.
+func (h *Handoff) settleTidy(staged func([]int64) ([]int64, error), wal func() (insert, flush uint64, err error)) error {
 	h.tidiedAt = time.Now()
 	if len(h.delivered) == 0 && len(h.unflushed) > 0 {
 		_, flush, err := wal()
@@ -726,17 +811,67 @@ func (h *Handoff) Tidy(ctx context.Context, staged func([]int64) ([]int64, error
 		}
 		h.Committed("", gone, insert, flush)
 	}
-	if len(h.clear) == 0 {
-		return nil
+	return nil
+}
+
+// pipelineClient is the client of the first of hs that Pipelines, nil if
+// none does.
+func pipelineClient(hs []*Handoff) redis.UniversalClient {
+	for _, h := range hs {
+		if h.Pipelines() {
+			return h.rdb
+		}
 	}
-	if h.cluster {
-		return h.tidyCluster(ctx)
-	}
-	if err := h.rdb.HDel(ctx, h.keys.Record, h.clear...).Err(); err != nil {
+	return nil
+}
+
+// cleared forgets the fields of clear once err says their HDEL ran.
+func (h *Handoff) cleared(err error) error {
+	if err != nil {
 		return fmt.Errorf("delete handoff records: %w", err)
 	}
 	h.clear = h.clear[:0]
 	return nil
+}
+
+// TidyAll is Tidy for several handoffs at once, with the record fields'
+// deletes of those that Pipelines, through the first one's client, in one
+// pipeline (the others delete theirs on their own). staged and wal are
+// called with each handoff's index in hs.
+func TidyAll(ctx context.Context, hs []*Handoff, staged func(i int, ids []int64) ([]int64, error), wal func(i int) (insert, flush uint64, err error)) []error {
+	errs := make([]error, len(hs))
+	var queued []int
+	var cmds []*redis.IntCmd
+	rdb := pipelineClient(hs)
+	var pipe redis.Pipeliner
+	if rdb != nil {
+		pipe = rdb.Pipeline()
+	}
+	for i, h := range hs {
+		if pipe == nil || !h.Pipelines() || h.rdb != rdb {
+			errs[i] = h.Tidy(ctx, func(ids []int64) ([]int64, error) { return staged(i, ids) },
+				func() (uint64, uint64, error) { return wal(i) })
+			continue
+		}
+		err := h.settleTidy(func(ids []int64) ([]int64, error) { return staged(i, ids) },
+			func() (uint64, uint64, error) { return wal(i) })
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		if len(h.clear) > 0 {
+			queued = append(queued, i)
+			cmds = append(cmds, pipe.HDel(ctx, h.keys.Record, h.clear...))
+		}
+	}
+	if len(queued) == 0 {
+		return errs
+	}
+	_, _ = pipe.Exec(ctx) // each command's error is its own
+	for n, i := range queued {
+		errs[i] = hs[i].cleared(cmds[n].Err())
+	}
+	return errs
 }
 
 // Unit is a batch's part of the atomic push step, built by a target: a
