@@ -238,7 +238,7 @@ func tidyAll(ctx context.Context, pool *pgxpool.Pool, rs []*Relay, wal *sharedWA
 	})
 	for i, err := range errs {
 		if err != nil && ctx.Err() == nil {
-			rs[i].log.Named("drain").Warn("could not tidy the handoff record", zap.Error(err))
+			rs[i].drainLog.Warn("could not tidy the handoff record", zap.Error(err))
 		}
 	}
 }
@@ -393,7 +393,7 @@ func (f *fleet) sharedBatch(ctx context.Context, pool *pgxpool.Pool, parts []*sh
 	for _, p := range pushed {
 		c := p.r
 		c.noteWAL(wal)
-		c.landed(p.l, wal.insert, wal.flush, c.log.Named("drain"))
+		c.landed(p.l, wal.insert, wal.flush, c.drainLog)
 		for _, id := range p.l.left {
 			p.w.lower(id) // put back: claims start below it
 		}
@@ -433,14 +433,14 @@ func (f *fleet) pushShared(ctx context.Context, parts []*sharedPart, start time.
 			sem <- struct{}{}
 			wg.Go(func() {
 				defer func() { <-sem }()
-				errs[i] = c.pushLanding(ctx, p.l, c.log.Named("drain"))
+				errs[i] = c.pushLanding(ctx, p.l, c.drainLog)
 			})
 			continue
 		}
 		p.l.pushedAt = time.Now()
 		pp, err := c.preparePush(ctx, p.jobs, p.l.pushedAt)
 		if err != nil || pp.u == nil {
-			errs[i] = c.landPushed(ctx, p.l, pp.res, err, c.log.Named("drain"))
+			errs[i] = c.landPushed(ctx, p.l, pp.res, err, c.drainLog)
 			continue
 		}
 		piped = append(piped, i)
@@ -456,7 +456,7 @@ func (f *fleet) pushShared(ctx context.Context, parts []*sharedPart, start time.
 		for n, i := range piped {
 			c := parts[i].r
 			res, err := c.settlePush(pps[n], fields[n], perrs[n])
-			errs[i] = c.landPushed(ctx, parts[i].l, res, err, c.log.Named("drain"))
+			errs[i] = c.landPushed(ctx, parts[i].l, res, err, c.drainLog)
 		}
 	}
 	wg.Wait()

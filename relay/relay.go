@@ -24,13 +24,16 @@ import (
 // Relay drains one schema's staged_jobs into Redis. Create it with New and
 // start it with Run.
 type Relay struct {
-	cfg    Config
-	log    *zap.Logger
-	pgCfg  *pgx.ConnConfig
-	sql    tableSQL // src's statements, the claim due-only for dueOnly
-	src    source
-	target target
-	tracer *batchTracer // nil: tracing off
+	cfg Config
+	log *zap.Logger
+	// drainLog is log.Named("drain"), made once: a hot fleet's shared
+	// drain logs through it for each schema of each drain.
+	drainLog *zap.Logger
+	pgCfg    *pgx.ConnConfig
+	sql      tableSQL // src's statements, the claim due-only for dueOnly
+	src      source
+	target   target
+	tracer   *batchTracer // nil: tracing off
 	// dueOnly: the target has no scheduler, so rows are claimed only once
 	// their run_at is due, and the drain loop wakes for the next one.
 	dueOnly bool
@@ -297,7 +300,8 @@ func newRelay(cfg Config, s settings, ten *tenancy) (*Relay, error) {
 	}
 	r.metrics = newMetrics(string(cfg.Target), cfg.Schema, group, &r.backlog, &r.summary.mu)
 	r.summary.metrics = r.metrics
-	r.bp = newBackpressure(cfg, r.metrics.backpressure, r.log.Named("drain"))
+	r.drainLog = r.log.Named("drain")
+	r.bp = newBackpressure(cfg, r.metrics.backpressure, r.drainLog)
 	r.bp.state = &r.state
 	r.state.init(r.metrics.leader)
 	if ten != nil {
