@@ -81,7 +81,8 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 	paused.Stop()
 	defer paused.Stop()
 	var pausedC <-chan time.Time
-	// tidy tidies the handoff record after drains that did not (tidyDue).
+	// tidy tidies the handoff record tidyEvery after the last drain that
+	// did not (TidyDue).
 	tidy := time.NewTimer(time.Hour)
 	tidy.Stop()
 	defer tidy.Stop()
@@ -96,13 +97,14 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 			r.drainMu.Lock()
 			locked = true
 			r.tidy(ctx, pool, log)
+			if r.hooks.tidied != nil {
+				r.hooks.tidied(false)
+			}
 			continue
 		case <-tidyLater:
 			// A shared drain left the handoff record to tidy later.
-			if tidyC == nil {
-				tidy.Reset(tidyEvery)
-				tidyC = tidy.C
-			}
+			tidy.Reset(tidyEvery)
+			tidyC = tidy.C
 			continue
 		case <-wake:
 		case <-probeFound:
@@ -177,9 +179,14 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 				return nil
 			}
 		}
-		if r.handoff.TidyDue(time.Now()) {
+		if r.handoff.TidyDue() {
 			r.tidy(ctx, pool, log)
-		} else if tidyC == nil {
+			if r.hooks.tidied != nil {
+				r.hooks.tidied(true)
+			}
+		} else {
+			// TidyEvery after the last drain: while drains keep coming,
+			// their pushes delete the record fields done with.
 			tidy.Reset(tidyEvery)
 			tidyC = tidy.C
 		}

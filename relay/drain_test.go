@@ -343,3 +343,40 @@ func TestSummaryLine(t *testing.T) {
 		}
 	}
 }
+
+// Drains that come often leave the handoff record to their pushes, which
+// delete the fields done with; a schema's record is tidied (a WAL read and
+// an HDEL each) only TidyEvery after its last drain. Here jobs are staged
+// one after the other for two seconds, each as soon as the last one
+// arrived: no drain's end tidies (before, one tidied each second), and once
+// the jobs stop the drain loop's timer does, which empties the record.
+func TestBusyDrainsLeaveTheTidyToTheirPushes(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	r, err := relay.New(h.config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var atEnd, byTimer atomic.Int32
+	relay.SetOnTidy(r, func(end bool) {
+		if end {
+			atEnd.Add(1)
+		} else {
+			byTimer.Add(1)
+		}
+	})
+	h.run(r)
+	start := time.Now()
+	var n int
+	for n = 1; time.Since(start) < 2*time.Second; n++ {
+		h.stage(relay.Job{Name: "Busy", Args: []any{n}})
+		h.waitQueueLen("default", int64(n), 15*time.Second)
+	}
+	if got := atEnd.Load(); got != 0 {
+		t.Fatalf("%d tidies at a drain's end while %d jobs came one after the other, want none: their pushes delete the fields", got, n-1)
+	}
+	testenv.WaitFor(t, 15*time.Second, "a tidy by the drain loop's timer", func() (bool, string) {
+		return byTimer.Load() > 0, fmt.Sprintf("%d at a drain's end, %d by the timer", atEnd.Load(), byTimer.Load())
+	})
+	h.waitRecordEmpty()
+}

@@ -22,6 +22,10 @@ func SetBeforePush(r *Relay, f func(ctx context.Context)) { r.hooks.beforePush =
 // number of rows the claim took.
 func SetOnClaim(r *Relay, f func(jobs int)) { r.hooks.claimed = f }
 
+// SetOnTidy makes r call f after each tidy of its handoff record: atEnd
+// at a drain's end, else by its drain loop's timer.
+func SetOnTidy(r *Relay, f func(atEnd bool)) { r.hooks.tidied = f }
+
 // SetOnIdle makes r call f each time its drain loop goes idle, with the
 // number of LISTENs completed before its last drain began.
 func SetOnIdle(r *Relay, f func(listens int64)) { r.hooks.idle = f }

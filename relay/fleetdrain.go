@@ -193,12 +193,12 @@ func (f *fleet) drainShared(ctx context.Context, pool *pgxpool.Pool, found []*te
 		default:
 			c.state.drained()
 			c.bp.drainEnded()
-			if c.handoff.TidyDue(time.Now()) {
-				// As a schema's own drain does after its drain: a claim of
-				// its own each second would cost as much again.
+			if c.handoff.TidyDue() {
+				// As a schema's own drain does after its drain (delivered
+				// rows wait): a claim of its own would cost as much again.
 				tidy = append(tidy, c)
 			} else {
-				trySendWakeup(c.tidyLater) // its drain loop's timer
+				trySendWakeup(c.tidyLater) // its drain loop's timer, from now
 			}
 			if len(p.jobs) == c.cfg.BatchSize || c.bp.any() {
 				// A backlog, or a pause to keep: the schema's own drain
@@ -239,6 +239,9 @@ func tidyAll(ctx context.Context, pool *pgxpool.Pool, rs []*Relay, wal *sharedWA
 	for i, err := range errs {
 		if err != nil && ctx.Err() == nil {
 			rs[i].drainLog.Warn("could not tidy the handoff record", zap.Error(err))
+		}
+		if rs[i].hooks.tidied != nil {
+			rs[i].hooks.tidied(true)
 		}
 	}
 }

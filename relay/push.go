@@ -202,6 +202,6 @@ func checkJob(j *stagedJob) ([]byte, error) {
 // steps down.
 var errFenced = handoff.ErrFenced
 
-// tidyEvery is how often the drain loop tidies the handoff record after a
-// drain that did not (handoff.TidyEvery).
+// tidyEvery is how long after the last drain the drain loop tidies the
+// handoff record (handoff.TidyEvery).
 const tidyEvery = handoff.TidyEvery

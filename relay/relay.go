@@ -200,6 +200,9 @@ type testHooks struct {
 	// claimed runs after each claim of the schema's own drain, with the
 	// number of rows it took (0: it came back empty).
 	claimed func(jobs int)
+	// tidied runs after each tidy of the handoff record: atEnd at a
+	// drain's end, else by the drain loop's timer.
+	tidied func(atEnd bool)
 }
 
 // New checks cfg and returns a Relay. It starts nothing and connects to

@@ -341,24 +341,15 @@ func TestDropDeletesASettledRecord(t *testing.T) {
 	}
 }
 
-// A drain's end tidies the record while delivered rows wait, and otherwise
-// at most every TidyEvery (the drain loop's timer tidies after one that
-// did not).
+// A drain's end tidies the record only while delivered rows wait; the
+// drain loop's timer tidies TidyEvery after the last drain.
 func TestTidyDue(t *testing.T) {
 	h := New(nil, newHandoffKeys("ns", "test", "tidy", ""))
-	now := time.Now()
-	if !h.TidyDue(now) {
-		t.Fatal("a first drain does not tidy")
-	}
-	h.tidiedAt = now
-	if h.TidyDue(now.Add(TidyEvery / 2)) {
-		t.Fatal("a drain half a TidyEvery after a tidy tidies again")
-	}
-	if !h.TidyDue(now.Add(TidyEvery)) {
-		t.Fatal("a drain a TidyEvery after a tidy does not tidy")
+	if h.TidyDue() {
+		t.Fatal("a drain with no delivered row waiting tidies")
 	}
 	h.delivered[7] = "1:1"
-	if !h.TidyDue(now.Add(time.Millisecond)) {
+	if !h.TidyDue() {
 		t.Fatal("a drain with delivered rows waiting does not tidy")
 	}
 }
