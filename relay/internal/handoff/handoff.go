@@ -570,13 +570,9 @@ func PushAll(ctx context.Context, hs []*Handoff, us []*Unit) (fields []string, e
 		cmd   *redis.Cmd
 	}
 	var qs []queued
-	rdb := pipelineClient(hs)
-	var pipe redis.Pipeliner
-	if rdb != nil {
-		pipe = rdb.Pipeline()
-	}
+	pipe, joins := pipeline(hs)
 	for i, h := range hs {
-		if pipe == nil || !h.Pipelines() || h.rdb != rdb {
+		if !joins(h) {
 			fields[i], errs[i] = h.Push(ctx, us[i])
 			continue
 		}
@@ -595,7 +591,7 @@ func PushAll(ctx context.Context, hs []*Handoff, us []*Unit) (fields []string, e
 		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 			// The script is not loaded (a Redis restarted, or flushed its
 			// scripts): nothing ran. Run loads it.
-			reply, err = handoffScript.Run(ctx, rdb, q.keys, q.args...).Slice()
+			reply, err = handoffScript.Run(ctx, h.rdb, q.keys, q.args...).Slice()
 		}
 		fields[q.i], errs[q.i] = h.pushed(us[q.i], q.field, reply, err)
 	}
@@ -815,15 +811,16 @@ func (h *Handoff) settleTidy(staged func([]int64) ([]int64, error), wal func() (
 	return nil
 }
 
-// pipelineClient is the client of the first of hs that Pipelines, nil if
-// none does.
-func pipelineClient(hs []*Handoff) redis.UniversalClient {
-	for _, h := range hs {
-		if h.Pipelines() {
-			return h.rdb
+// pipeline returns a pipeline on the client of the first of hs that
+// Pipelines, and whether a handoff may go in it (it Pipelines, on that
+// client); nil and never if none of hs Pipelines.
+func pipeline(hs []*Handoff) (redis.Pipeliner, func(*Handoff) bool) {
+	for _, first := range hs {
+		if first.Pipelines() {
+			return first.rdb.Pipeline(), func(h *Handoff) bool { return h.Pipelines() && h.rdb == first.rdb }
 		}
 	}
-	return nil
+	return nil, func(*Handoff) bool { return false }
 }
 
 // cleared forgets the fields of clear once err says their HDEL ran.
@@ -843,13 +840,9 @@ func TidyAll(ctx context.Context, hs []*Handoff, staged func(i int, ids []int64)
 	errs := make([]error, len(hs))
 	var queued []int
 	var cmds []*redis.IntCmd
-	rdb := pipelineClient(hs)
-	var pipe redis.Pipeliner
-	if rdb != nil {
-		pipe = rdb.Pipeline()
-	}
+	pipe, joins := pipeline(hs)
 	for i, h := range hs {
-		if pipe == nil || !h.Pipelines() || h.rdb != rdb {
+		if !joins(h) {
 			errs[i] = h.Tidy(ctx, func(ids []int64) ([]int64, error) { return staged(i, ids) },
 				func() (uint64, uint64, error) { return wal(i) })
 			continue
