@@ -60,7 +60,7 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 	}
 	r.drainMu.Lock()
 	r.mark.Store(mark)
-	r.drainOpen, r.tidyLater = true, tidyLater
+	r.drainOpen, r.tidyLater, r.sharedEnd = true, tidyLater, nil
 	r.drainMu.Unlock()
 	var probeFound chan struct{} // nil, never ready, without the mark
 	if mark != nil {
@@ -130,6 +130,9 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 		}
 		r.drainMu.Lock()
 		locked = true
+		if err := r.sharedEnd; err != nil {
+			return err // counted by Run's loop
+		}
 		if over, _ := r.bp.memory(ctx, r); over {
 			// Backpressure: claim nothing while Redis is nearly full, and
 			// stay awake meanwhile, so that commits do not notify a relay

@@ -492,7 +492,11 @@ func (s *fleetSession) relisten(ctx context.Context) {
 	routes := map[string]route{}
 	for name, t := range f.tenants {
 		if !t.gone {
-			routes[ChannelName(name)] = route{r: t.r, wake: t.wake}
+			rt := route{r: t.r, wake: t.wake}
+			if d := s.drainer; d != nil {
+				rt.notified = func() { d.notify(t) }
+			}
+			routes[ChannelName(name)] = rt
 		}
 	}
 	if len(routes) == 0 {

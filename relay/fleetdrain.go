@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -58,6 +59,9 @@ type sharedPart struct {
 	r    *Relay
 	jobs []stagedJob
 	l    *landing // once pushed
+	// look, for a schema whose gate was idle, gets the transactions in
+	// progress if a commit held its 'behind' lock (see sharedClaim).
+	look *behindLook
 
 	// The schema's low-water mark (nil: off), and what its claim read for
 	// it (see sharedClaim), if it did (read).
@@ -91,13 +95,18 @@ type sharedDrainer struct {
 	mu   sync.Mutex
 	next []*tenant // found since the last shared drain began
 	// ids are the highest id found of each schema of next.
-	ids  map[*tenant]int64
-	ping chan struct{}
-	done chan struct{}
+	ids map[*tenant]int64
+	// notified are the schemas whose commits notified since the last
+	// shared drain began (a cool fleet's wake-ups, notified): never left
+	// out by take, as a poll's finds are.
+	notified map[*tenant]bool
+	ping     chan struct{}
+	done     chan struct{}
 }
 
 func (f *fleet) startSharedDrainer(ctx context.Context, pool *pgxpool.Pool) *sharedDrainer {
-	d := &sharedDrainer{f: f, pool: pool, ids: make(map[*tenant]int64), ping: make(chan struct{}, 1), done: make(chan struct{})}
+	d := &sharedDrainer{f: f, pool: pool, ids: make(map[*tenant]int64), notified: make(map[*tenant]bool),
+		ping: make(chan struct{}, 1), done: make(chan struct{})}
 	go func() {
 		defer close(d.done)
 		for {
@@ -118,7 +127,9 @@ func (d *sharedDrainer) offer(found []*tenant, ids []int64) {
 	d.mu.Lock()
 	for i, t := range found {
 		if have, ok := d.ids[t]; !ok {
-			d.next = append(d.next, t)
+			if !d.notified[t] {
+				d.next = append(d.next, t)
+			}
 			d.ids[t] = ids[i]
 		} else {
 			d.ids[t] = max(have, ids[i])
@@ -128,14 +139,30 @@ func (d *sharedDrainer) offer(found []*tenant, ids []int64) {
 	trySendWakeup(d.ping)
 }
 
+// notify adds t, whose commit notified, to the next shared drain's
+// schemas (the listener's goroutine calls it, for a fleet's channel).
+func (d *sharedDrainer) notify(t *tenant) {
+	d.mu.Lock()
+	if !d.notified[t] {
+		d.notified[t] = true
+		if _, found := d.ids[t]; !found {
+			d.next = append(d.next, t)
+		}
+	}
+	d.mu.Unlock()
+	trySendWakeup(d.ping)
+}
+
 // take returns the schemas offered since the last shared drain began, but
-// those whose row found the last shared drain deleted (sharedClaimed).
+// those whose row found by a poll the last shared drain deleted
+// (sharedClaimed); a schema whose commit notified is always taken.
 func (d *sharedDrainer) take() []*tenant {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	found := slices.DeleteFunc(d.next, func(t *tenant) bool { return t.r.sharedClaimed(d.ids[t]) })
+	found := slices.DeleteFunc(d.next, func(t *tenant) bool { return !d.notified[t] && t.r.sharedClaimed(d.ids[t]) })
 	d.next = nil
 	clear(d.ids)
+	clear(d.notified)
 	return found
 }
 
@@ -145,7 +172,7 @@ func (d *sharedDrainer) wait() { <-d.done }
 // top of this file): its drain loop runs (its lead goes on), and nothing
 // needs the schema's own drain. r.drainMu is held.
 func (r *Relay) sharable(ctx context.Context) bool {
-	if !r.drainOpen || r.dueOnly || r.cfg.WaitForStandby || !r.syncKnown || r.syncStandby {
+	if !r.drainOpen || r.sharedEnd != nil || r.dueOnly || r.cfg.WaitForStandby || !r.syncKnown || r.syncStandby {
 		return false
 	}
 	if over, _ := r.bp.memory(ctx, r); over || r.bp.any() {
@@ -169,7 +196,11 @@ func (f *fleet) drainShared(ctx context.Context, pool *pgxpool.Pool, found []*te
 			trySendWakeup(t.wake) // its lead has ended, or its own drain is needed
 			continue
 		}
-		parts = append(parts, &sharedPart{t: t, r: c})
+		p := &sharedPart{t: t, r: c}
+		if g := c.gate.Load(); g != nil && !g.awake.Load() {
+			p.look = &behindLook{schema: c.cfg.Schema}
+		}
+		parts = append(parts, p)
 	}
 	if len(parts) == 0 {
 		return
@@ -200,7 +231,7 @@ func (f *fleet) drainShared(ctx context.Context, pool *pgxpool.Pool, found []*te
 			} else {
 				trySendWakeup(c.tidyLater) // its drain loop's timer, from now
 			}
-			if len(p.jobs) == c.cfg.BatchSize || c.bp.any() {
+			if len(p.jobs) == c.cfg.BatchSize || c.bp.any() || p.look != nil && len(p.look.xids) > 0 {
 				// A backlog, or a pause to keep: the schema's own drain
 				// does those.
 				trySendWakeup(p.t.wake)
@@ -361,6 +392,10 @@ func (f *fleet) sharedBatch(ctx context.Context, pool *pgxpool.Pool, parts []*sh
 		case p.l == nil:
 		case errs[i] != nil:
 			// pushLanding has marked the rows its push delivered, if any.
+			if errors.Is(errs[i], errFenced) || isFatal(errs[i]) {
+				// Its drain loop ends the lead (Relay.sharedEnd).
+				p.r.sharedEnd = errs[i]
+			}
 			if failed == nil {
 				failed = fmt.Errorf("schema %q: %w", p.r.cfg.Schema, errs[i])
 			}
@@ -472,6 +507,14 @@ func (f *fleet) pushShared(ctx context.Context, parts []*sharedPart, start time.
 func (f *fleet) sharedClaim(ctx context.Context, conn *pgx.Conn, parts []*sharedPart) error {
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
+	// The looks of the schemas whose gates are idle, each its own
+	// statement before the claims' snapshots, as a schema's own drain
+	// reads it before its first claim (Relay.drain).
+	for _, p := range parts {
+		if p.look != nil {
+			b.Queue(lookBehindSQL, p.look.schema)
+		}
+	}
 	// The low-water marks' reads (lowwater.go), each schema's before any
 	// claim: its snapshot's xmin and S, its sequence's last value. The
 	// transaction takes its id X at the first row any claim locks, after
@@ -510,6 +553,15 @@ func (f *fleet) sharedClaim(ctx context.Context, conn *pgx.Conn, parts []*shared
 	if _, err := br.Exec(); err != nil {
 		_ = br.Close()
 		return fmt.Errorf("begin: %w", err)
+	}
+	for _, p := range parts {
+		if p.look == nil {
+			continue
+		}
+		if err := br.QueryRow().Scan(&p.look.xids); err != nil {
+			_ = br.Close()
+			return fmt.Errorf("shared claim, schema %q: read the transactions in progress: %w", p.r.cfg.Schema, err)
+		}
 	}
 	for _, p := range parts {
 		if !p.read {

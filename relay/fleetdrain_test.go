@@ -340,3 +340,54 @@ func (p *scriptPipes) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 		return next(ctx, cmds)
 	}
 }
+
+// A cool fleet drains together the schemas whose commits notify at about
+// the same time: the listener hands each notification to the fleet's
+// shared drain (sharedDrainer.notify), which takes every schema notified
+// while the drain before it ran, each claim with its schema's look
+// (sharedClaim). One app transaction stages a job in each of four
+// schemas, and their four notifications come together; the fleet stays
+// cool (no hot poll found them; the fallback poll is a minute away), and
+// a shared commit carries more than one schema's batch.
+func TestFleetCoolDrainsNotifiedSchemasTogether(t *testing.T) {
+	t.Parallel()
+	fh := newFleetHarness(t, 4)
+	ctx := context.Background()
+	cfg := fh.fleetConfig()
+	cfg.PollInterval = time.Minute
+	r, err := relay.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fh.run(r)
+	fh.waitLeadsAll(r)
+	for _, schema := range fh.schemas {
+		testenv.WaitFor(t, 15*time.Second, schema+" idle", func() (bool, string) {
+			held := idleHoldersOf(t, schema, nil)
+			return len(held) > 0, fmt.Sprintf("idle lock holders %v", held)
+		})
+	}
+	var jids []string
+	untilShared(t, r, func(run int) {
+		more := fh.stageAcross(ctx, fh.schemas, "together")
+		jids = append(jids, more...)
+		fh.waitJIDs("together", jids)
+	})
+	if relay.FleetHot(r) {
+		t.Fatal("the fleet ran hot: its hot poll, not the notifications, may have found the jobs")
+	}
+	for _, schema := range fh.schemas {
+		testenv.WaitFor(t, 15*time.Second, schema+" drained", func() (bool, string) {
+			var n int
+			if err := fh.conn.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %q.staged_jobs`, schema)).Scan(&n); err != nil {
+				return false, err.Error()
+			}
+			return n == 0, fmt.Sprintf("%d rows staged", n)
+		})
+		// Each schema went idle again after the shared drains: later
+		// commits notify it.
+		if held := idleHoldersOf(t, schema, nil); len(held) == 0 {
+			t.Fatalf("%s: nobody holds its idle lock after the shared drains, want the relay idle", schema)
+		}
+	}
+}

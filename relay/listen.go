@@ -77,6 +77,9 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}, pool *pgxpool.
 type route struct {
 	r    *Relay
 	wake chan<- struct{}
+	// notified, when set, takes a commit's notification instead of wake:
+	// a fleet's shared drain (sharedDrainer.notify).
+	notified func()
 }
 
 // listenAll is listen for many channels on one session (a relay with
@@ -269,7 +272,11 @@ func (l *listener) HandleNotification(_ context.Context, n *pgconn.Notification,
 		}
 		rt := l.routes[n.Channel]
 		rt.r.metrics.wakeNotify.Inc()
-		trySendWakeup(rt.wake)
+		if rt.notified != nil {
+			rt.notified()
+		} else {
+			trySendWakeup(rt.wake)
+		}
 	}
 	return nil
 }

@@ -81,6 +81,14 @@ type Relay struct {
 	// sharedMarkAt is when a shared claim last read what the schema's
 	// low-water mark needs (sharedMarkEvery); under drainMu.
 	sharedMarkAt time.Time
+	// sharedEnd is the error that ends the schema's lead, set by a shared
+	// drain whose push of its batch was refused for good (the fence taken
+	// by another leader, or another cluster's): its drain loop returns it
+	// before it claims again, as it returns its own push's, and no shared
+	// drain takes the schema meanwhile (sharable). Its handoff would
+	// otherwise take the fence back at its next push, and lead on beside
+	// the relay that took it. Under drainMu.
+	sharedEnd error
 	// drainMu is held by the drain loop while it drains, and by a hot
 	// fleet's shared drain while it drains this schema (fleetdrain.go):
 	// one of them at a time works on the schema's batches and state.
