@@ -70,10 +70,10 @@ const sharedDrainIdle = time.Minute
 // four did not fit pgx's cache of 512 prepared statements per session:
 // after a hot phase, every cool claim prepared its statement again until
 // the hot ones aged out (p99 6.9-13.3 ms at 100-1,000 jobs/s, against 1.4
-// ms for a fleet that had not run hot). It is connected when the fleet
-// first runs hot, and closed once it has been idle for sharedDrainIdle,
-// so a fleet holds one more connection only while it runs hot or just
-// after.
+// ms for a fleet that had not run hot). It is connected at the first
+// shared drain (a hot poll's finds, or a notified schema's), and closed
+// once it has been idle for sharedDrainIdle, so a fleet holds one more
+// connection only while its commits come, or just after.
 func sharedDrainPool(ctx context.Context, drain *pgxpool.Pool) (*pgxpool.Pool, error) {
 	cfg := drain.Config()
 	cfg.MaxConns, cfg.MinConns = 1, 0
@@ -246,7 +246,7 @@ func (f *fleet) session(ctx context.Context, pool *pgxpool.Pool) (connected time
 	defer s.letAllGo()
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	if !r.cfg.PollOnly { // only a fleet that runs hot drains schemas together
+	if !r.cfg.PollOnly { // a poll-only fleet neither runs hot nor is notified: no shared drain
 		shared, err := sharedDrainPool(sctx, pool)
 		if err != nil {
 			return connected, err

@@ -41,12 +41,32 @@ import (
 // needs the push's own connection) pushes on its own, at the same time as
 // the pipeline.
 //
+// A cool fleet drains together the schemas its commits notify (the
+// listener hands each notification to the shared drainer, notify,
+// instead of waking the schema's drain): each schema sees a job now and
+// then, and each job was a drain of its own, a wake-up, a claim, a push
+// and a commit on one of the drain pool's sessions, which queued for them
+// when the app's commits came close together over many schemas (at 1,000
+// jobs/s over 200 schemas, p99 109-216ms). The shared drain takes every
+// schema notified while the one before it ran. A schema whose gate is
+// idle (a cool one's) has its claim look first for a commit that did not
+// notify because another was notifying (lookBehindSQL), in the same round
+// trip and before the claims' snapshots, as its own drain's first claim
+// does; when the look finds one, the schema's own drain is woken, and
+// looks again and waits for it. The gate stays idle throughout, so every
+// commit after the claim notifies, or is behind one that does, whose
+// drain looks (sql/014_wake_behind.sql): one claim is enough, whatever
+// it found.
+//
 // A schema drains on its own instead (the poll wakes its drain, as
 // before) when its own drain is running (drainMu: never both at once),
 // when backpressure holds one of its queues back or Redis is nearly full,
 // for a target with no scheduler (streams, celery: its drain arms the
-// wake-up for the next due run_at), and while a commit must wait for the standbys
-// (WaitForStandby, synchronous replication). A batch that comes back full
+// wake-up for the next due run_at), while a commit must wait for the standbys
+// (WaitForStandby, synchronous replication), and until its leadership's
+// first push has read whether replication is synchronous (syncKnown). A
+// shared push that the fence refused ends the schema's lead, as its own
+// push's refusal does (Relay.sharedEnd). A batch that comes back full
 // (a backlog) wakes the schema's own drain too, which claims batch after
 // batch from a cursor.
 

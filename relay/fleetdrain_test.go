@@ -391,3 +391,70 @@ func TestFleetCoolDrainsNotifiedSchemasTogether(t *testing.T) {
 		}
 	}
 }
+
+// A cool fleet's shared drain, woken by a notification, looks for the
+// commits behind the notifier as a schema's own drain does: here a commit
+// that did not notify because another was notifying ends only after the
+// notifier's job is in Redis, and is delivered without the poll (a minute
+// away). The shared claim's look lists it, and wakes the schema's own
+// drain, which looks again and waits for it to end; without the look,
+// nothing would drain it. Repeated until a shared drain, not the
+// schema's own, took the notifier's job (its own drain may be running,
+// say to tidy, when the notification comes).
+func TestFleetSharedDrainLooksBehindTheNotifier(t *testing.T) {
+	t.Parallel()
+	fh := newFleetHarness(t, 2)
+	ctx := context.Background()
+	url := testenv.DatabaseURL()
+	cfg := fh.fleetConfig()
+	cfg.PollInterval = time.Minute
+	r, err := relay.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	idle := idleEvents(r)
+	fh.run(r)
+	fh.waitLeadsAll(r)
+	schema := fh.schemas[0]
+	// A first job, drained by the schema's own drain: the shared drain
+	// waits for a leadership's first push.
+	fh.waitJIDs("warm", []string{fh.stageIn(schema, "warm")})
+	stage := stagerStage(relay.NewStager(schema))
+	for attempt := int64(1); ; attempt++ {
+		if attempt > 5 {
+			t.Fatal("5 notifiers' jobs, none drained by a shared drain")
+		}
+		testenv.WaitFor(t, 15*time.Second, "the relay idle on the schema", func() (bool, string) {
+			held := idleHoldersOf(t, schema, nil)
+			return len(held) > 0, fmt.Sprintf("idle lock holders %v", held)
+		})
+		before, _ := sharedCounters(t, r)
+		n := beginStaged(t, url, stage, "Notifier")
+		behind := beginStaged(t, url, stage, "BehindTheNotifier")
+		for len(idle) > 0 {
+			<-idle
+		}
+		if err := n.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		testenv.WaitFor(t, 15*time.Second, "the notifier's job in Redis", func() (bool, string) {
+			got := fh.queueLenNow("default")
+			return got == 2*attempt-1, fmt.Sprintf("%d jobs", got)
+		})
+		select {
+		case <-idle: // the schema's own drain, woken by the look, is idle again
+		case <-time.After(15 * time.Second):
+			t.Fatal("the schema's own drain did not run within 15s of the notifier's job: the look did not see the commit behind it")
+		}
+		if err := behind.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		testenv.WaitFor(t, 15*time.Second, "the job behind the notifier in Redis (the poll is a minute away)", func() (bool, string) {
+			got := fh.queueLenNow("default")
+			return got == 2*attempt, fmt.Sprintf("%d jobs", got)
+		})
+		if c, _ := sharedCounters(t, r); c > before {
+			return
+		}
+	}
+}
