@@ -63,6 +63,10 @@ const fleetDrainConns = 4
 // about a minute more (pgxpool's health check runs every minute).
 const sharedDrainIdle = time.Minute
 
+// sharedLockTimeout bounds each lock wait of the shared drain's session
+// (sharedDrainPool): a shared drain takes milliseconds.
+const sharedLockTimeout = 200 * time.Millisecond
+
 // sharedDrainPool is the session of the fleet's shared drain
 // (fleetdrain.go), apart from the drain pool's: its statements are two per
 // schema (its claim and its read for the low-water mark), and a schema's
@@ -78,6 +82,16 @@ func sharedDrainPool(ctx context.Context, drain *pgxpool.Pool) (*pgxpool.Pool, e
 	cfg := drain.Config()
 	cfg.MaxConns, cfg.MinConns = 1, 0
 	cfg.MaxConnIdleTime = sharedDrainIdle
+	// A lock one schema's table is under (the app's ALTER TABLE or CREATE
+	// INDEX on one tenant, a migration) would hold every other schema's
+	// batch of a shared drain, and every shared drain after it, until
+	// released: past sharedLockTimeout the shared drain fails, and each of
+	// its schemas drains on its own, that one's drain alone waiting for
+	// the lock (the drain pool has no lock_timeout). For the session, not
+	// the transaction: pgx prepares a statement it has not cached (each
+	// schema's claim, at its first shared drain) before the batch's BEGIN,
+	// and the prepare takes the table's lock too.
+	cfg.ConnConfig.RuntimeParams["lock_timeout"] = millis(sharedLockTimeout)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg) // connects lazily
 	if err != nil {
 		return nil, fmt.Errorf("shared drain pool: %w", err)

@@ -458,3 +458,83 @@ func TestFleetSharedDrainLooksBehindTheNotifier(t *testing.T) {
 		}
 	}
 }
+
+// A shared drain does not wait for a lock one schema's table is under
+// (the app's ALTER TABLE or CREATE INDEX on one tenant): past its
+// lock_timeout it fails, and each of its schemas drains on its own, the
+// locked one's drain alone waiting. Here a job of the first schema is
+// staged without its trigger (no notification; the poll is a minute
+// away), a transaction holds that table in ACCESS EXCLUSIVE mode, and one
+// app transaction notifies the first schema's channel and then stages a
+// job in the second: the shared drain woken by the first notification
+// claims from the locked table. The second schema's job arrives while the
+// lock is held, and the first's once it is released.
+func TestFleetSharedDrainDoesNotWaitForOneSchemasLock(t *testing.T) {
+	t.Parallel()
+	fh := newFleetHarness(t, 2)
+	ctx := context.Background()
+	cfg := fh.fleetConfig()
+	cfg.PollInterval = time.Minute
+	r, err := relay.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fh.run(r)
+	fh.waitLeadsAll(r)
+	locked, other := fh.schemas[0], fh.schemas[1]
+	// Each schema's first push, by its own drain: the shared drain
+	// waits for a leadership's first push.
+	fh.waitJIDs("warm", []string{fh.stageIn(locked, "warm"), fh.stageIn(other, "warm")})
+	for _, schema := range fh.schemas {
+		testenv.WaitFor(t, 15*time.Second, schema+" idle", func() (bool, string) {
+			held := idleHoldersOf(t, schema, nil)
+			return len(held) > 0, fmt.Sprintf("idle lock holders %v", held)
+		})
+	}
+	var quiet string
+	err = pgx.BeginFunc(ctx, fh.conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL session_replication_role = replica"); err != nil { // no trigger
+			return err
+		}
+		var err error
+		quiet, err = relay.NewStager(locked).Stage(ctx, tx, relay.Job{Name: "W", Queue: "blocked"})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lockTx, err := testenv.Conn(t, testenv.DatabaseURL()).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lockTx.Rollback(context.Background()) })
+	if _, err := lockTx.Exec(ctx, "LOCK TABLE "+pgx.Identifier{locked, "staged_jobs"}.Sanitize()+" IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	var free string
+	err = pgx.BeginFunc(ctx, fh.conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_notify($1, 'commit')", relay.ChannelName(locked)); err != nil {
+			return err
+		}
+		var err error
+		free, err = relay.NewStager(other).Stage(ctx, tx, relay.Job{Name: "W", Queue: "free"})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fh.waitJIDs("free", []string{free})
+	const sharedFailed = "a shared drain failed: each of its schemas drains on its own"
+	testenv.WaitFor(t, 15*time.Second, "the shared drain's lock timeout logged", func() (bool, string) {
+		for _, e := range fh.logs.FilterMessage(sharedFailed).All() {
+			if msg := fmt.Sprint(e.ContextMap()["error"]); strings.Contains(msg, "lock timeout") {
+				return true, msg
+			}
+		}
+		return false, fmt.Sprintf("%d shared drains failed", fh.logs.FilterMessage(sharedFailed).Len())
+	})
+	if err := lockTx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	fh.waitJIDs("blocked", []string{quiet})
+}

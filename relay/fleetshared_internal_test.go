@@ -12,7 +12,8 @@ import (
 
 // The shared drain's session is a pool of its own (sharedDrainPool): one
 // connection, with the drain pool's settings (synchronous_commit off, the
-// idle-in-transaction timeout, the planner settings), connected only when
+// idle-in-transaction timeout, the planner settings) and a lock_timeout
+// (sharedLockTimeout), connected only when
 // first used, and closed after sharedDrainIdle unused. Its statements then
 // stay out of the drain pool's sessions' caches (see sharedDrainPool).
 func TestSharedDrainHasASessionOfItsOwn(t *testing.T) {
@@ -46,8 +47,10 @@ func TestSharedDrainHasASessionOfItsOwn(t *testing.T) {
 		t.Fatalf("shared drain pool: MaxConns %d, MinConns %d, MaxConnIdleTime %s; want 1, 0, %s",
 			cfg.MaxConns, cfg.MinConns, cfg.MaxConnIdleTime, sharedDrainIdle)
 	}
-	if !maps.Equal(cfg.ConnConfig.RuntimeParams, dcfg.ConnConfig.RuntimeParams) {
-		t.Fatalf("shared drain session's settings %v, want the drain pool's %v", cfg.ConnConfig.RuntimeParams, dcfg.ConnConfig.RuntimeParams)
+	want := maps.Clone(dcfg.ConnConfig.RuntimeParams)
+	want["lock_timeout"] = "200" // waits for no lock one schema's table is under
+	if !maps.Equal(cfg.ConnConfig.RuntimeParams, want) {
+		t.Fatalf("shared drain session's settings %v, want the drain pool's and its lock_timeout %v", cfg.ConnConfig.RuntimeParams, want)
 	}
 	if n := shared.Stat().TotalConns(); n != 0 {
 		t.Fatalf("the shared drain's pool holds %d connections before its first use, want 0", n)
