@@ -353,20 +353,8 @@ func TestFleetCoolDrainsNotifiedSchemasTogether(t *testing.T) {
 	t.Parallel()
 	fh := newFleetHarness(t, 4)
 	ctx := context.Background()
-	cfg := fh.fleetConfig()
-	cfg.PollInterval = time.Minute
-	r, err := relay.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fh.run(r)
-	fh.waitLeadsAll(r)
-	for _, schema := range fh.schemas {
-		testenv.WaitFor(t, 15*time.Second, schema+" idle", func() (bool, string) {
-			held := idleHoldersOf(t, schema, nil)
-			return len(held) > 0, fmt.Sprintf("idle lock holders %v", held)
-		})
-	}
+	r := startCoolFleet(t, fh)
+	fh.waitIdleAll()
 	var jids []string
 	untilShared(t, r, func(run int) {
 		more := fh.stageAcross(ctx, fh.schemas, "together")
@@ -473,26 +461,14 @@ func TestFleetSharedDrainDoesNotWaitForOneSchemasLock(t *testing.T) {
 	t.Parallel()
 	fh := newFleetHarness(t, 2)
 	ctx := context.Background()
-	cfg := fh.fleetConfig()
-	cfg.PollInterval = time.Minute
-	r, err := relay.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fh.run(r)
-	fh.waitLeadsAll(r)
+	startCoolFleet(t, fh)
 	locked, other := fh.schemas[0], fh.schemas[1]
 	// Each schema's first push, by its own drain: the shared drain
 	// waits for a leadership's first push.
 	fh.waitJIDs("warm", []string{fh.stageIn(locked, "warm"), fh.stageIn(other, "warm")})
-	for _, schema := range fh.schemas {
-		testenv.WaitFor(t, 15*time.Second, schema+" idle", func() (bool, string) {
-			held := idleHoldersOf(t, schema, nil)
-			return len(held) > 0, fmt.Sprintf("idle lock holders %v", held)
-		})
-	}
+	fh.waitIdleAll()
 	var quiet string
-	err = pgx.BeginFunc(ctx, fh.conn, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, fh.conn, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SET LOCAL session_replication_role = replica"); err != nil { // no trigger
 			return err
 		}
@@ -537,4 +513,31 @@ func TestFleetSharedDrainDoesNotWaitForOneSchemasLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	fh.waitJIDs("blocked", []string{quiet})
+}
+
+// startCoolFleet runs a relay of fh's schemas whose fallback poll is a
+// minute away (commits are found by their notifications), and waits
+// until it leads every schema.
+func startCoolFleet(t *testing.T, fh *fleetHarness) *relay.Relay {
+	t.Helper()
+	cfg := fh.fleetConfig()
+	cfg.PollInterval = time.Minute
+	r, err := relay.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fh.run(r)
+	fh.waitLeadsAll(r)
+	return r
+}
+
+// waitIdleAll waits until the relay holds every schema's idle lock.
+func (fh *fleetHarness) waitIdleAll() {
+	fh.t.Helper()
+	for _, schema := range fh.schemas {
+		testenv.WaitFor(fh.t, 15*time.Second, schema+" idle", func() (bool, string) {
+			held := idleHoldersOf(fh.t, schema, nil)
+			return len(held) > 0, fmt.Sprintf("idle lock holders %v", held)
+		})
+	}
 }
