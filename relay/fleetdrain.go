@@ -103,29 +103,32 @@ type sharedPart struct {
 // horizon (at 1,000 jobs/s over 200 schemas, about five).
 const sharedMarkEvery = time.Second
 
-// sharedDrainer runs the shared drains of a hot fleet's session, one at a
-// time, until ctx ends. The polls hand it the schemas they found (offer):
-// those found while a shared drain is in flight wait for the next one,
-// which takes them all, but those whose row that drain deleted: a poll
-// that ran while it claimed found the rows it was taking, and drained
-// again each schema would come back empty (sharedClaimed).
+// sharedDrainer runs a fleet session's shared drains, one at a time,
+// until ctx ends. The hot polls hand it the schemas they found (offer),
+// the listener those whose commits notified (notify): those offered while
+// a shared drain is in flight wait for the next one, which takes them
+// all, but those a poll found by a row that drain deleted: a poll that
+// ran while it claimed found the rows it was taking, and drained again
+// each schema would come back empty (sharedClaimed).
 type sharedDrainer struct {
-	f    *fleet
-	pool *pgxpool.Pool
-	mu   sync.Mutex
-	next []*tenant // found since the last shared drain began
-	// ids are the highest id found of each schema of next.
-	ids map[*tenant]int64
-	// notified are the schemas whose commits notified since the last
-	// shared drain began (a cool fleet's wake-ups, notified): never left
-	// out by take, as a poll's finds are.
-	notified map[*tenant]bool
-	ping     chan struct{}
-	done     chan struct{}
+	f      *fleet
+	pool   *pgxpool.Pool
+	mu     sync.Mutex
+	next   []*tenant               // offered since the last shared drain began, in order
+	offers map[*tenant]sharedOffer // of each schema of next
+	ping   chan struct{}
+	done   chan struct{}
+}
+
+// sharedOffer is how a schema came to the next shared drain.
+type sharedOffer struct {
+	polled   bool  // a hot poll found it,
+	id       int64 // the highest id found, if polled
+	notified bool  // its commit notified: taken whatever the polls found
 }
 
 func (f *fleet) startSharedDrainer(ctx context.Context, pool *pgxpool.Pool) *sharedDrainer {
-	d := &sharedDrainer{f: f, pool: pool, ids: make(map[*tenant]int64), notified: make(map[*tenant]bool),
+	d := &sharedDrainer{f: f, pool: pool, offers: make(map[*tenant]sharedOffer),
 		ping: make(chan struct{}, 1), done: make(chan struct{})}
 	go func() {
 		defer close(d.done)
@@ -146,14 +149,12 @@ func (f *fleet) startSharedDrainer(ctx context.Context, pool *pgxpool.Pool) *sha
 func (d *sharedDrainer) offer(found []*tenant, ids []int64) {
 	d.mu.Lock()
 	for i, t := range found {
-		if have, ok := d.ids[t]; !ok {
-			if !d.notified[t] {
-				d.next = append(d.next, t)
-			}
-			d.ids[t] = ids[i]
-		} else {
-			d.ids[t] = max(have, ids[i])
+		o := d.add(t)
+		if !o.polled || ids[i] > o.id {
+			o.id = ids[i]
 		}
+		o.polled = true
+		d.offers[t] = o
 	}
 	d.mu.Unlock()
 	trySendWakeup(d.ping)
@@ -163,26 +164,35 @@ func (d *sharedDrainer) offer(found []*tenant, ids []int64) {
 // schemas (the listener's goroutine calls it, for a fleet's channel).
 func (d *sharedDrainer) notify(t *tenant) {
 	d.mu.Lock()
-	if !d.notified[t] {
-		d.notified[t] = true
-		if _, found := d.ids[t]; !found {
-			d.next = append(d.next, t)
-		}
-	}
+	o := d.add(t)
+	o.notified = true
+	d.offers[t] = o
 	d.mu.Unlock()
 	trySendWakeup(d.ping)
 }
 
+// add puts t in next if it is not there yet, and returns its offer so
+// far. d.mu is held.
+func (d *sharedDrainer) add(t *tenant) sharedOffer {
+	o, ok := d.offers[t]
+	if !ok {
+		d.next = append(d.next, t)
+	}
+	return o
+}
+
 // take returns the schemas offered since the last shared drain began, but
-// those whose row found by a poll the last shared drain deleted
-// (sharedClaimed); a schema whose commit notified is always taken.
+// those only a poll found, by a row the last shared drain deleted
+// (sharedClaimed).
 func (d *sharedDrainer) take() []*tenant {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	found := slices.DeleteFunc(d.next, func(t *tenant) bool { return !d.notified[t] && t.r.sharedClaimed(d.ids[t]) })
+	found := slices.DeleteFunc(d.next, func(t *tenant) bool {
+		o := d.offers[t]
+		return !o.notified && t.r.sharedClaimed(o.id)
+	})
 	d.next = nil
-	clear(d.ids)
-	clear(d.notified)
+	clear(d.offers)
 	return found
 }
 

@@ -104,7 +104,6 @@ func TestFleetSharedDrainRollsBackAsOne(t *testing.T) {
 	_, bc := startHotFleet(t, fh, cfg)
 	fh.waitJIDs("busy", bc.stop())
 
-	const sharedFailed = "a shared drain failed: each of its schemas drains on its own"
 	fence, _ := relay.HandoffKeys(fh.ns, fh.conn.Config().Database, fh.schemas[2])
 	var jids []string
 	// A schema's own drain may take the jobs instead of the fleet's poll:
@@ -467,18 +466,18 @@ func TestFleetSharedDrainDoesNotWaitForOneSchemasLock(t *testing.T) {
 	// waits for a leadership's first push.
 	fh.waitJIDs("warm", []string{fh.stageIn(locked, "warm"), fh.stageIn(other, "warm")})
 	fh.waitIdleAll()
-	var quiet string
-	err := pgx.BeginFunc(ctx, fh.conn, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SET LOCAL session_replication_role = replica"); err != nil { // no trigger
-			return err
+	// And its tidy, a second after that drain: the locked schema's own
+	// drain, tidying, would hold the schema, and the shared drain would
+	// leave it to it without claiming from its table.
+	_, record := relay.HandoffKeys(fh.ns, fh.conn.Config().Database, locked)
+	testenv.WaitFor(t, 15*time.Second, locked+"'s handoff record tidied", func() (bool, string) {
+		m, err := fh.rdb.HGetAll(ctx, record).Result()
+		if err != nil {
+			return false, err.Error()
 		}
-		var err error
-		quiet, err = relay.NewStager(locked).Stage(ctx, tx, relay.Job{Name: "W", Queue: "blocked"})
-		return err
+		return len(m) == 0, fmt.Sprintf("%d fields", len(m))
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	quiet := fh.stageAfter(ctx, locked, "blocked", "SET LOCAL session_replication_role = replica") // no trigger
 	lockTx, err := testenv.Conn(t, testenv.DatabaseURL()).Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -487,20 +486,8 @@ func TestFleetSharedDrainDoesNotWaitForOneSchemasLock(t *testing.T) {
 	if _, err := lockTx.Exec(ctx, "LOCK TABLE "+pgx.Identifier{locked, "staged_jobs"}.Sanitize()+" IN ACCESS EXCLUSIVE MODE"); err != nil {
 		t.Fatal(err)
 	}
-	var free string
-	err = pgx.BeginFunc(ctx, fh.conn, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SELECT pg_notify($1, 'commit')", relay.ChannelName(locked)); err != nil {
-			return err
-		}
-		var err error
-		free, err = relay.NewStager(other).Stage(ctx, tx, relay.Job{Name: "W", Queue: "free"})
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	free := fh.stageAfter(ctx, other, "free", "SELECT pg_notify($1, 'commit')", relay.ChannelName(locked))
 	fh.waitJIDs("free", []string{free})
-	const sharedFailed = "a shared drain failed: each of its schemas drains on its own"
 	testenv.WaitFor(t, 15*time.Second, "the shared drain's lock timeout logged", func() (bool, string) {
 		for _, e := range fh.logs.FilterMessage(sharedFailed).All() {
 			if msg := fmt.Sprint(e.ContextMap()["error"]); strings.Contains(msg, "lock timeout") {
@@ -513,6 +500,28 @@ func TestFleetSharedDrainDoesNotWaitForOneSchemasLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	fh.waitJIDs("blocked", []string{quiet})
+}
+
+// sharedFailed is the log line of a shared drain that failed.
+const sharedFailed = "a shared drain failed: each of its schemas drains on its own"
+
+// stageAfter commits, in one transaction, sql (with args) and then a job
+// of queue q in schema, and returns its jid.
+func (fh *fleetHarness) stageAfter(ctx context.Context, schema, q, sql string, args ...any) string {
+	fh.t.Helper()
+	var jid string
+	err := pgx.BeginFunc(ctx, fh.conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, sql, args...); err != nil {
+			return err
+		}
+		var err error
+		jid, err = relay.NewStager(schema).Stage(ctx, tx, relay.Job{Name: "W", Queue: q})
+		return err
+	})
+	if err != nil {
+		fh.t.Fatal(err)
+	}
+	return jid
 }
 
 // startCoolFleet runs a relay of fh's schemas whose fallback poll is a

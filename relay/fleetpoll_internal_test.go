@@ -188,7 +188,7 @@ func TestFleetHotPollSkipsRowsSharedDrainsTook(t *testing.T) {
 	led := []*tenant{fx.tn}
 	stage := fx.stage
 	first := stage()
-	d := &sharedDrainer{f: r.fleet, ids: make(map[*tenant]int64), ping: make(chan struct{}, 1)}
+	d := &sharedDrainer{f: r.fleet, offers: make(map[*tenant]sharedOffer), ping: make(chan struct{}, 1)}
 	s := &fleetSession{f: r.fleet, pool: pool, drainer: d}
 	polled := func(hot bool) (int, []*tenant) {
 		t.Helper()
@@ -210,6 +210,13 @@ func TestFleetHotPollSkipsRowsSharedDrainsTook(t *testing.T) {
 	own.sharedIDs.Store(&sharedDeleted{ids: []int64{first}, at: justNow})
 	if n, got := polled(true); n != 0 || len(got) != 0 {
 		t.Fatalf("a hot poll found %d schemas and offered %d for a row the last shared drain deleted, want none", n, len(got))
+	}
+	// A schema whose commit notified is taken all the same: the
+	// notification is of a commit the polls may not have seen.
+	d.offer(led, []int64{first})
+	d.notify(fx.tn)
+	if got := d.take(); len(got) != 1 {
+		t.Fatalf("the shared drain took %d schemas of one found by a deleted row and notified, want it", len(got))
 	}
 	if n, _ := polled(false); n != 1 {
 		t.Fatalf("a fallback poll found %d schemas, want 1: it looks from the mark", n)
