@@ -765,3 +765,40 @@ func TestMigrateWithSource(t *testing.T) {
 		t.Fatalf("Migrate WithSource(SourceStagedJobs) = %+v, %v; want %v applied, version %d", res, err, files, latest)
 	}
 }
+
+// stagedrain_last_id(), which every claim of the low-water mark calls, is
+// PL/pgSQL since 017 (its plan kept for the session, not made again at
+// every claim), and still SECURITY DEFINER with a fixed search_path; it
+// reads the sequence's last value, NULL before the first.
+func TestLastIDIsPLpgSQL(t *testing.T) {
+	t.Parallel()
+	schema := testenv.Schema(t)
+	conn := testenv.Conn(t, testenv.DatabaseURL())
+	ctx := context.Background()
+	if _, err := relay.Migrate(ctx, conn, schema); err != nil {
+		t.Fatal(err)
+	}
+	fn := pgx.Identifier{schema, "stagedrain_last_id"}.Sanitize()
+	var lang string
+	var definer bool
+	var config []string
+	if err := conn.QueryRow(ctx, `SELECT l.lanname, p.prosecdef, coalesce(p.proconfig, '{}')
+		FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang WHERE p.oid = $1::regprocedure`, fn+"()").Scan(&lang, &definer, &config); err != nil {
+		t.Fatal(err)
+	}
+	if lang != "plpgsql" || !definer || !slices.Equal(config, []string{"search_path=pg_catalog, pg_temp"}) {
+		t.Fatalf("stagedrain_last_id(): language %s, SECURITY DEFINER %v, config %v; want plpgsql, true, [search_path=pg_catalog, pg_temp]", lang, definer, config)
+	}
+	var last *int64
+	if err := conn.QueryRow(ctx, "SELECT "+fn+"()").Scan(&last); err != nil || last != nil {
+		t.Fatalf("stagedrain_last_id() before any row = %v, %v; want NULL", last, err)
+	}
+	var id int64
+	if err := conn.QueryRow(ctx, "INSERT INTO "+pgx.Identifier{schema, "staged_jobs"}.Sanitize()+
+		" (job_name, job_args) VALUES ('J', '[]') RETURNING id").Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.QueryRow(ctx, "SELECT "+fn+"()").Scan(&last); err != nil || last == nil || *last != id {
+		t.Fatalf("stagedrain_last_id() after a row of id %d = %v, %v", id, last, err)
+	}
+}
