@@ -576,12 +576,10 @@ func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (left []
 	// In the same round trip, after the COMMIT: how far the WAL is
 	// flushed, here and on the standbys, and a position past the commit's
 	// record. The handoff record keeps this batch until the flush passes
-	// it (internal/handoff, standby.go).
+	// it (internal/handoff, standby.go). Within walFresh of the last read
+	// of them all, the insert position alone, and the flush read then.
 	var wal, flush uint64
-	batch.Queue(walPositionsSQL).QueryRow(func(row pgx.Row) (err error) {
-		wal, flush, err = r.readWAL(row)
-		return err
-	})
+	r.queueWAL(batch, time.Now(), &wal, &flush)
 	if err := b.conn.SendBatch(bctx, batch).Close(); err != nil {
 		// The push delivered these rows; the delete may not have
 		// committed. Claimed again, they are deleted, not pushed.

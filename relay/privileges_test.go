@@ -164,7 +164,10 @@ func (e *privilegeEnv) statements(ctx context.Context) error {
 			var insert, flush uint64
 			var n, known int
 			var unknown, sync, readable bool
-			if err := tx.QueryRow(ctx, walPositionsSQL).Scan(&insert, &flush, &unknown, &sync); err != nil {
+			if err := tx.QueryRow(ctx, walPositionsSQL).Scan(&insert, &flush, &unknown, &sync, new(time.Time)); err != nil {
+				return err
+			}
+			if err := tx.QueryRow(ctx, walInsertSQL).Scan(&insert, new(time.Time)); err != nil {
 				return err
 			}
 			if err := tx.QueryRow(ctx, standbyFlushSQL).Scan(&insert, &n, &known, &flush, &readable); err != nil {
