@@ -578,8 +578,7 @@ func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (left []
 	// record. The handoff record keeps this batch until the flush passes
 	// it (internal/handoff, standby.go). Within walFresh of the last read
 	// of them all, the insert position alone, and the flush read then.
-	var wal, flush uint64
-	r.queueWAL(batch, time.Now(), &wal, &flush)
+	walRead := r.queueWAL(batch, time.Now())
 	if err := b.conn.SendBatch(bctx, batch).Close(); err != nil {
 		// The push delivered these rows; the delete may not have
 		// committed. Claimed again, they are deleted, not pushed.
@@ -587,6 +586,7 @@ func (r *Relay) finish(ctx context.Context, b claimed, log *zap.Logger) (left []
 		return nil, fmt.Errorf("commit: %w", err)
 	}
 	b.conn.Release()
+	wal, flush := walRead()
 	r.landed(l, wal, flush, log)
 	return l.left, nil
 }

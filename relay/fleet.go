@@ -123,6 +123,9 @@ type fleet struct {
 	sharedCommits, sharedBatches prometheus.Counter
 	hotGauge                     prometheus.Gauge
 	hotEntries                   *prometheus.CounterVec
+	// sharedWAL is the shared drains' last full read of the WAL positions
+	// (walFresh); their goroutine's only.
+	sharedWAL walCache
 
 	memberKey string // the fleet's lock name (fleetLockName)
 	system    string // PostgreSQL's system_identifier, for every fence

@@ -448,11 +448,11 @@ func (f *fleet) sharedBatch(ctx context.Context, pool *pgxpool.Pool, parts []*sh
 		return nil
 	}
 	batch.Queue("COMMIT")
+	// Every WAL position, or within walFresh of the last full read, the
+	// insert position alone, as a schema's own commit reads them.
 	var wal walRead
-	batch.Queue(walPositionsSQL).QueryRow(func(row pgx.Row) (err error) {
-		wal, err = scanWAL(row)
-		return err
-	})
+	var full bool
+	f.sharedWAL.queue(batch, time.Now(), &wal, &full)
 	if err := conn.SendBatch(bctx, batch).Close(); err != nil {
 		return fmt.Errorf("shared commit: %w", err)
 	}
@@ -460,7 +460,9 @@ func (f *fleet) sharedBatch(ctx context.Context, pool *pgxpool.Pool, parts []*sh
 	f.sharedCommits.Inc()
 	for _, p := range pushed {
 		c := p.r
-		c.noteWAL(wal)
+		if full {
+			c.noteWAL(wal)
+		}
 		c.landed(p.l, wal.insert, wal.flush, c.drainLog)
 		for _, id := range p.l.left {
 			p.w.lower(id) // put back: claims start below it

@@ -119,11 +119,10 @@ type Relay struct {
 	// that it logged, once, that it cannot read their positions.
 	// syncKnown says that syncStandby was read in this leadership.
 	syncStandby, syncWarned, syncKnown bool
-	// walAt is when walPositionsSQL was last read in this leadership
-	// (zero: not yet), and wal what it read: a batch's commit within
-	// walFresh of it reads the insert position alone (drain.go, finish).
-	walAt time.Time
-	wal   walRead
+	// walLast is the last read of walPositionsSQL in this leadership: a
+	// batch's commit within walFresh of it reads the insert position
+	// alone (drain.go, finish).
+	walLast walCache
 	// listens counts the listener's completed LISTENs, for hooks.idle.
 	listens atomic.Int64
 	// summary counts what the drain did for the info line logged every
@@ -566,7 +565,7 @@ func (r *Relay) leadWith(ctx context.Context, lockConn *pgx.Conn, lockMu *sync.M
 	r.handoff.Reset() // a new leadership takes the fence at its first push
 	r.poisoned = nil  // and looks at every row again
 	r.syncKnown = false
-	r.walAt = time.Time{} // the first commit reads every position
+	r.walLast = walCache{} // the first commit reads every position
 	r.summary.poisonKept(0, 0)
 	// Awake at first (commits do not notify): the drain at start goes idle
 	// when it has found nothing left; in poll-only mode it never does,

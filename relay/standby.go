@@ -87,31 +87,55 @@ const walInsertSQL = `SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigi
 // where it was seen one batch later before.
 const walFresh = 20 * time.Millisecond
 
-// queueWAL queues in batch, after a batch's COMMIT, the read of the WAL's
-// insert position into *wal and of the flush position into *flush: all of
-// walPositionsSQL, or within walFresh of its last read (at now) the insert
-// position alone, with the flush position of that read if the server has
-// not started since, and 0 (nothing flushed) if it has.
-func (r *Relay) queueWAL(batch *pgx.Batch, now time.Time, wal, flush *uint64) {
-	if r.walAt.IsZero() || now.Sub(r.walAt) >= walFresh {
+// walCache is the last full read of walPositionsSQL (walFresh): when it
+// was made (zero: none yet) and what it read.
+type walCache struct {
+	at   time.Time
+	read walRead
+}
+
+// queue queues in batch, after a COMMIT, the read of the WAL's positions
+// into *w: all of walPositionsSQL, which *full then says and c keeps, or,
+// within walFresh of c's read (at now), the insert position alone, with
+// the flush position of c's read if the server has not started since,
+// and 0 (nothing flushed) if it has; the rest of *w is c's.
+func (c *walCache) queue(batch *pgx.Batch, now time.Time, w *walRead, full *bool) {
+	if c.at.IsZero() || now.Sub(c.at) >= walFresh {
 		batch.Queue(walPositionsSQL).QueryRow(func(row pgx.Row) (err error) {
-			*wal, *flush, err = r.readWAL(row)
+			if *w, err = scanWAL(row); err == nil {
+				*c, *full = walCache{at: now, read: *w}, true
+			}
 			return err
 		})
 		return
 	}
-	last := r.wal
+	last := c.read
 	batch.Queue(walInsertSQL).QueryRow(func(row pgx.Row) error {
-		var started time.Time
-		if err := row.Scan(wal, &started); err != nil {
+		*w = last
+		if err := row.Scan(&w.insert, &w.started); err != nil {
 			return err
 		}
-		*flush = 0
-		if started.Equal(last.started) {
-			*flush = last.flush
+		if !w.started.Equal(last.started) {
+			w.flush = 0
 		}
 		return nil
 	})
+}
+
+// queueWAL queues in batch, after a batch's COMMIT, the read of the WAL's
+// positions (walCache.queue, with the relay's own cache). Once the batch
+// has run, after notes a full read (noteWAL) and returns the insert
+// position and the flush position.
+func (r *Relay) queueWAL(batch *pgx.Batch, now time.Time) (after func() (wal, flush uint64)) {
+	var w walRead
+	var full bool
+	r.walLast.queue(batch, now, &w, &full)
+	return func() (uint64, uint64) {
+		if full {
+			r.noteWAL(w)
+		}
+		return w.insert, w.flush
+	}
 }
 
 // readWAL scans walPositionsSQL's row: the insert position and the
@@ -143,7 +167,6 @@ func scanWAL(row pgx.Row) (w walRead, err error) {
 // must hold batches for StandbyRetention (positions the role cannot read),
 // and whether replication is synchronous.
 func (r *Relay) noteWAL(w walRead) {
-	r.walAt, r.wal = time.Now(), w
 	r.handoff.Hold = 0
 	if w.unknown {
 		r.handoff.Hold = r.cfg.StandbyRetention
