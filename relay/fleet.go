@@ -328,6 +328,20 @@ func (f *fleet) session(ctx context.Context, pool *pgxpool.Pool) (connected time
 	}
 }
 
+// pollTimeout bounds a fleet poll: a third of the lock connection's
+// idle_session_timeout (lockIdleTimeout, 417ms by default). The poll runs
+// in the fleet session's loop, which also keeps that connection alive
+// (balance, every LeaderInterval/2, jittered): a poll that waited longer
+// than the timeout less a ping's interval let PostgreSQL end the
+// connection, and with it every schema's lead. A poll waits that long
+// for a lock on one tenant's table (the app's ALTER TABLE, a CREATE INDEX
+// that is not CONCURRENTLY, LOCK TABLE); it waited up to
+// lockQueryTimeout (2s). A poll cut short wakes every schema it was for,
+// as a failed one does, and the next comes at the next interval.
+func pollTimeout(leaderInterval time.Duration) time.Duration {
+	return lockIdleTimeout(leaderInterval) / 3
+}
+
 // fallbackPolled are the schemas of led that the fallback poll looks at:
 // all of them while the fleet is cool; while it runs hot, those the hot
 // poll leaves out (backpressure holds them back). The hot poll looks at the
@@ -799,7 +813,7 @@ func (s *fleetSession) poll(ctx context.Context, led []*tenant, hot bool) (found
 		stmts = s.hotPollSQL
 	}
 	args := pollArgs(led, s.f.r.cfg.Queues, hot)
-	err := withDeadline(ctx, lockQueryTimeout(s.f.r.cfg.LeaderInterval), func(ctx context.Context) error {
+	err := withDeadline(ctx, pollTimeout(s.f.r.cfg.LeaderInterval), func(ctx context.Context) error {
 		// Prepared (pgx's statement cache): a hot fleet polls hundreds
 		// of times a second, and planning a union over 200 schemas each
 		// time cost PostgreSQL more than the probes. They change only with

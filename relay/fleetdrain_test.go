@@ -550,3 +550,59 @@ func (fh *fleetHarness) waitIdleAll() {
 		})
 	}
 }
+
+// A lock on one tenant's table (the app's ALTER TABLE, LOCK TABLE) makes
+// the fleet's fallback poll wait. The poll runs in the loop that keeps
+// the fleet's lock connection alive, and it waited up to 2s, past that
+// connection's idle_session_timeout (2.5 leader intervals): PostgreSQL
+// ended it, and the relay lost every schema's lead. Now the poll gives up
+// well within the timeout, and the fleet leads on.
+func TestFleetPollBlockedByOneTenantsLockKeepsTheLead(t *testing.T) {
+	t.Parallel()
+	fh := newFleetHarness(t, 2)
+	ctx := context.Background()
+	cfg := fh.fleetConfig()
+	cfg.PollInterval = 100 * time.Millisecond
+	r, err := relay.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fh.run(r)
+	fh.waitLeadsAll(r)
+	locked, other := fh.schemas[0], fh.schemas[1]
+	lockTx, err := testenv.Conn(t, testenv.DatabaseURL()).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lockTx.Rollback(context.Background()) })
+	if _, err := lockTx.Exec(ctx, "LOCK TABLE "+pgx.Identifier{locked, "staged_jobs"}.Sanitize()+" IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	lockedAt := time.Now()
+	// Held for three of the lock connection's idle timeouts (2.5 leader
+	// intervals, at least 1s), while polls wait for it.
+	hold := 3 * max(cfg.LeaderInterval*5/2, time.Second)
+	waited := false
+	testenv.WaitFor(t, hold+30*time.Second, "a poll waiting for the lock, the lock held "+hold.String(), func() (bool, string) {
+		if !waited {
+			var n int
+			err := fh.conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+				WHERE wait_event_type = 'Lock' AND application_name LIKE 'stagedrain%' AND query LIKE '%' || $1 || '%'`, locked).Scan(&n)
+			if err != nil {
+				return false, err.Error()
+			}
+			waited = n > 0
+		}
+		return waited && time.Since(lockedAt) >= hold, fmt.Sprintf("a poll waited: %v; held %s", waited, time.Since(lockedAt).Round(time.Millisecond))
+	})
+	if err := lockTx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	fh.waitJIDs("after", []string{fh.stageIn(locked, "after"), fh.stageIn(other, "after")})
+	if n := fh.logs.FilterMessage("database session failed, retrying").Len(); n != 0 {
+		t.Fatalf("the fleet's session failed %d times while one tenant's table was locked: %v", n, fh.logs.FilterMessage("database session failed, retrying").All()[0].ContextMap())
+	}
+	if got := leads(r); len(got) != len(fh.schemas) {
+		t.Fatalf("the relay leads %v, want every schema %v", got, fh.schemas)
+	}
+}
