@@ -155,9 +155,17 @@ func TestMetrics(t *testing.T) {
 	)
 	h.waitStaged(0)
 	h.waitQueueLen("alpha", 3, 10*time.Second)
+	// A scrape is not atomic: the registry reads each metric in turn while
+	// the relay counts a batch, so wait for a scrape that has all of it.
 	s = waitMetric(t, url, "the batch counted and a poll wake-up", func(s scraped) (bool, string) {
 		d, p := s.value("stagedrain_jobs_dead_lettered_total"), s.value("stagedrain_wakeups_total", "cause", "poll")
-		return d == 1 && p >= 1, fmt.Sprintf("dead %v, poll wake-ups %v", d, p)
+		b := s.value("stagedrain_batches_total")
+		n, sum := s.histogram("stagedrain_batch_size")
+		nd, _ := s.histogram("stagedrain_batch_duration_seconds")
+		nl, _ := s.histogram("stagedrain_job_latency_seconds")
+		pa, pb := s.value("stagedrain_jobs_pushed_total", "queue", "alpha", "target", "sidekiq"), s.value("stagedrain_jobs_pushed_total", "queue", "beta", "target", "sidekiq")
+		return d == 1 && p >= 1 && b >= 1 && float64(n) == b && sum == 6 && float64(nd) == b && nl == 5 && pa == 3 && pb == 2,
+			fmt.Sprintf("dead %v, poll wake-ups %v, batches %v, batch sizes %d summing to %v, durations %d, latencies %d, pushed %v and %v", d, p, b, n, sum, nd, nl, pa, pb)
 	})
 	for _, c := range []struct {
 		queue string
