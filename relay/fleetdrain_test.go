@@ -609,3 +609,41 @@ func TestFleetPollBlockedByOneTenantsLockKeepsTheLead(t *testing.T) {
 		t.Fatalf("the relay leads %v, want every schema %v", got, fh.schemas)
 	}
 }
+
+// A shared drain that takes a schema's last job leaves the candidate its
+// claim made for the low-water mark to a later claim to confirm
+// (lowwater.go). With no later commit none came, and the mark stayed below
+// that job for good (TestFleetClaimCostDoesNotGrowWithDeadRows waited for
+// it in vain when a shared drain took the last rows). The schema's own
+// drain now claims once from the mark, a tidy's interval after the
+// shared drain, and the mark reaches the job.
+func TestFleetMarkFollowsASharedDrain(t *testing.T) {
+	t.Parallel()
+	fh := newFleetHarness(t, 2)
+	ctx := context.Background()
+	r := startCoolFleet(t, fh)
+	schema := fh.schemas[0]
+	tenant := relay.FleetTenant(r, schema)
+	// A first job, drained by the schema's own drain: the shared drain
+	// waits for a leadership's first push.
+	fh.waitJIDs("warm", []string{fh.stageIn(schema, "warm")})
+	var jids []string
+	for attempt := 1; ; attempt++ {
+		if attempt > 5 {
+			t.Fatal("5 jobs, none drained by a shared drain")
+		}
+		fh.waitIdleAll()
+		before, _ := sharedCounters(t, r)
+		jids = append(jids, fh.stageIn(schema, "default"))
+		fh.waitJIDs("default", jids)
+		if c, _ := sharedCounters(t, r); c == before {
+			continue // the schema's own drain took it
+		}
+		var last int64
+		if err := fh.conn.QueryRow(ctx, "SELECT last_value FROM "+pgx.Identifier{schema, "staged_jobs_id_seq"}.Sanitize()).Scan(&last); err != nil {
+			t.Fatal(err)
+		}
+		waitMark(t, tenant, last)
+		return
+	}
+}
