@@ -87,20 +87,6 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 	tidy.Stop()
 	defer tidy.Stop()
 	var tidyC <-chan time.Time
-	// confirm wakes the drain to claim from the low-water mark after a
-	// shared drain took the schema's jobs: that drain's claim made a
-	// candidate that only a later claim confirms (lowwater.go), and no
-	// commit may come to make one, so the mark would stay below those
-	// jobs for good. The claim is the one this drain makes after its own
-	// last short batch. It confirms nothing while a transaction older
-	// than the candidate is open (another session's), so it is tried
-	// again, confirmWait apart, doubling from tidyEvery, while candidates
-	// wait, up to maxConfirmWait; a shared drain starts it over.
-	confirm := time.NewTimer(time.Hour)
-	confirm.Stop()
-	defer confirm.Stop()
-	var confirmC <-chan time.Time
-	var confirmWait time.Duration
 	for {
 		unlock()
 		select {
@@ -116,23 +102,10 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 			}
 			continue
 		case <-tidyLater:
-			// A shared drain left the handoff record to tidy later, and
-			// the mark to confirm.
+			// A shared drain left the handoff record to tidy later.
 			tidy.Reset(tidyEvery)
 			tidyC = tidy.C
-			confirmWait = tidyEvery
-			confirm.Reset(confirmWait)
-			confirmC = confirm.C
 			continue
-		case <-confirmC:
-			confirmC = nil
-			if !mark.unconfirmed() {
-				continue
-			}
-			if confirmWait *= 2; confirmWait <= maxConfirmWait {
-				confirm.Reset(confirmWait)
-				confirmC = confirm.C
-			}
 		case <-wake:
 		case <-probeFound:
 		case <-pausedC:
@@ -483,11 +456,6 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 		cur = next
 	}
 }
-
-// maxConfirmWait is the longest a drain waits between its claims that
-// confirm the low-water mark after a shared drain (drainLoop's confirm):
-// tidyEvery, then twice as long each time, six claims at most.
-const maxConfirmWait = 32 * tidyEvery
 
 // fromStart is the cursor of a claim from the table's start: any id, even
 // zero or negative in a hand-made table. Passed to claim, it means the

@@ -256,16 +256,6 @@ func (w *lowWater) confirm(xmin uint64, lowered uint64) {
 	w.cands = kept
 }
 
-// unconfirmed reports whether candidates wait for a claim to confirm them.
-func (w *lowWater) unconfirmed() bool {
-	if w == nil {
-		return false
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return len(w.cands) > 0
-}
-
 // lower moves L below id: a row with that id is staged, or may be.
 func (w *lowWater) lower(id int64) {
 	if w == nil {
