@@ -296,7 +296,7 @@ func claimBatchMark(ctx context.Context, conn *pgx.Conn, sql string, scan rowSca
 		skip = []int64{} // an empty array: NULL would make "id <> ALL" NULL
 	}
 	b := &pgx.Batch{}
-	b.Queue("BEGIN")
+	b.Queue(beginClaimSQL)
 	if look != nil {
 		// Its own statement, before the claim's snapshot (READ
 		// COMMITTED): a transaction not listed here had released

@@ -31,7 +31,7 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 	// take a batch (drainOpen) until after it no longer can, and nil (the
 	// index's start) between leaderships. A mark left from the last
 	// leadership would be older than what another leader did since.
-	tidyLater := make(chan struct{}, 1)
+	tidyLater, markLater := make(chan struct{}, 1), make(chan struct{}, 1)
 	defer func() {
 		r.drainMu.Lock()
 		r.drainOpen = false
@@ -60,7 +60,7 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 	}
 	r.drainMu.Lock()
 	r.mark.Store(mark)
-	r.drainOpen, r.tidyLater, r.sharedEnd = true, tidyLater, nil
+	r.drainOpen, r.tidyLater, r.markLater, r.sharedEnd = true, tidyLater, markLater, nil
 	r.drainMu.Unlock()
 	var probeFound chan struct{} // nil, never ready, without the mark
 	if mark != nil {
@@ -87,6 +87,25 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 	tidy.Stop()
 	defer tidy.Stop()
 	var tidyC <-chan time.Time
+	// confirm wakes the drain to claim from the low-water mark a while
+	// after a shared drain claimed from the schema (markLater). The mark
+	// moves only when a claim confirms a candidate an earlier claim made
+	// (lowwater.go), and a shared claim reads S once a second at most: the
+	// last rows a shared drain took may be under no candidate, or under
+	// one that no later claim comes to confirm until the schema's next
+	// commit, and the mark would stay below them meanwhile, every claim
+	// walking their dead index entries while a long transaction holds the
+	// horizon. The drain's claim (empty, most often) makes a candidate
+	// past them, and confirms it at once when no older transaction is in
+	// progress; while candidates wait (one is), it claims again,
+	// confirmWait apart, doubling from markConfirmFirst up to
+	// markConfirmLast. Each shared drain starts it over, so a schema that
+	// stays in shared drains pays nothing for it.
+	confirm := time.NewTimer(time.Hour)
+	confirm.Stop()
+	defer confirm.Stop()
+	var confirmC <-chan time.Time
+	var confirmWait time.Duration
 	for {
 		unlock()
 		select {
@@ -106,6 +125,23 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 			tidy.Reset(tidyEvery)
 			tidyC = tidy.C
 			continue
+		case <-markLater:
+			confirmWait = markConfirmFirst
+			confirm.Reset(confirmWait)
+			confirmC = confirm.C
+			continue
+		case <-confirmC:
+			confirmC = nil
+			if confirmWait > markConfirmFirst && !mark.unconfirmed() {
+				continue
+			}
+			if confirmWait *= 2; confirmWait <= markConfirmLast {
+				confirm.Reset(confirmWait)
+				confirmC = confirm.C
+			}
+			if r.hooks.markConfirm != nil {
+				r.hooks.markConfirm()
+			}
 		case <-wake:
 		case <-probeFound:
 		case <-pausedC:
@@ -456,6 +492,18 @@ func (r *Relay) drain(ctx context.Context, pool *pgxpool.Pool, bufs *[2][]staged
 		cur = next
 	}
 }
+
+// markConfirmFirst is how long after a shared drain claimed from a
+// schema its own drain claims from the low-water mark to move it past
+// those rows (drainLoop's confirm); markConfirmLast is the longest wait
+// between such claims while candidates wait: 2 s after the shared drain,
+// then 4, 8, 16, 32 and 64 s after the claim before, six claims at most,
+// the later ones only while an older transaction elsewhere keeps a
+// candidate from being confirmed.
+const (
+	markConfirmFirst = 2 * time.Second
+	markConfirmLast  = 32 * markConfirmFirst
+)
 
 // fromStart is the cursor of a claim from the table's start: any id, even
 // zero or negative in a hand-made table. Passed to claim, it means the

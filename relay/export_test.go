@@ -26,6 +26,11 @@ func SetOnClaim(r *Relay, f func(jobs int)) { r.hooks.claimed = f }
 // at a drain's end, else by its drain loop's timer.
 func SetOnTidy(r *Relay, f func(atEnd bool)) { r.hooks.tidied = f }
 
+// SetOnMarkConfirm sets a function called when the drain loop claims from
+// the low-water mark after a shared drain (drainLoop's confirm); on a
+// fleet's Relay, before Run, for every schema it finds.
+func SetOnMarkConfirm(r *Relay, f func()) { r.hooks.markConfirm = f }
+
 // SetOnIdle makes r call f each time its drain loop goes idle, with the
 // number of LISTENs completed before its last drain began.
 func SetOnIdle(r *Relay, f func(listens int64)) { r.hooks.idle = f }

@@ -444,6 +444,7 @@ func (s *fleetSession) discover(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("schema %q: %w", name, err)
 		}
+		c.hooks.markConfirm = r.hooks.markConfirm
 		f.mu.Lock()
 		f.tenants[name] = &tenant{schema: name, r: c, wake: make(chan struct{}, 1)}
 		f.mu.Unlock()

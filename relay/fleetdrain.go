@@ -261,6 +261,9 @@ func (f *fleet) drainShared(ctx context.Context, pool *pgxpool.Pool, found []*te
 			} else {
 				trySendWakeup(c.tidyLater) // its drain loop's timer, from now
 			}
+			if p.w != nil {
+				trySendWakeup(c.markLater) // its drain loop claims from the mark later
+			}
 			if len(p.jobs) == c.cfg.BatchSize || c.bp.any() || p.look != nil && len(p.look.xids) > 0 {
 				// A backlog, or a pause to keep: the schema's own drain
 				// does those.
@@ -538,7 +541,7 @@ func (f *fleet) pushShared(ctx context.Context, parts []*sharedPart, start time.
 // from its low-water mark, skipping the poison its source leaves staged.
 func (f *fleet) sharedClaim(ctx context.Context, conn *pgx.Conn, parts []*sharedPart) error {
 	b := &pgx.Batch{}
-	b.Queue("BEGIN")
+	b.Queue(beginClaimSQL)
 	// The looks of the schemas whose gates are idle, each its own
 	// statement before the claims' snapshots, as a schema's own drain
 	// reads it before its first claim (Relay.drain).
@@ -580,7 +583,7 @@ func (f *fleet) sharedClaim(ctx context.Context, conn *pgx.Conn, parts []*shared
 		args = append(args, []string{}) // no queue left out: none is paused (sharable)
 		b.Queue(c.sql.claim, args...)
 	}
-	b.Queue(`SELECT pg_current_xact_id_if_assigned()::text`)
+	b.Queue(`SELECT ` + markXidSQL) // X, after every S
 	br := conn.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
 		_ = br.Close()

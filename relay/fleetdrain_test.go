@@ -609,3 +609,58 @@ func TestFleetPollBlockedByOneTenantsLockKeepsTheLead(t *testing.T) {
 		t.Fatalf("the relay leads %v, want every schema %v", got, fh.schemas)
 	}
 }
+
+// A shared drain that takes a schema's last job leaves the low-water mark
+// below it: its claim's candidate waits for a later claim to confirm it,
+// and a shared claim reads S once a second at most, so it may have made
+// none (lowwater.go). With no later commit no claim came, and the mark
+// stayed below that job for good (TestFleetClaimCostDoesNotGrowWithDeadRows
+// waited for it in vain when a shared drain took the last rows). The
+// schema's own drain now claims from the mark a while after the shared
+// drain, and again while candidates wait, and the mark reaches the job.
+func TestFleetMarkFollowsASharedDrain(t *testing.T) {
+	t.Parallel()
+	fh := newFleetHarness(t, 2)
+	ctx := context.Background()
+	cfg := fh.fleetConfig()
+	cfg.PollInterval = time.Minute
+	r, err := relay.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	confirms := make(chan struct{}, 100)
+	relay.SetOnMarkConfirm(r, func() { confirms <- struct{}{} })
+	fh.run(r)
+	fh.waitLeadsAll(r)
+	schema := fh.schemas[0]
+	tenant := relay.FleetTenant(r, schema)
+	// A first job, drained by the schema's own drain: the shared drain
+	// waits for a leadership's first push.
+	fh.waitJIDs("warm", []string{fh.stageIn(schema, "warm")})
+	var jids []string
+	for attempt := 1; ; attempt++ {
+		if attempt > 5 {
+			t.Fatal("5 jobs, none drained by a shared drain")
+		}
+		fh.waitIdleAll()
+		before, _ := sharedCounters(t, r)
+		jids = append(jids, fh.stageIn(schema, "default"))
+		fh.waitJIDs("default", jids)
+		if c, _ := sharedCounters(t, r); c == before {
+			continue // the schema's own drain took it
+		}
+		break
+	}
+	// The claim after the shared drain, which other claims (a wake-up
+	// for a notification the shared drain took) need not make.
+	select {
+	case <-confirms:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no claim from the mark within 30s of a shared drain")
+	}
+	var last int64
+	if err := fh.conn.QueryRow(ctx, "SELECT last_value FROM "+pgx.Identifier{schema, "staged_jobs_id_seq"}.Sanitize()).Scan(&last); err != nil {
+		t.Fatal(err)
+	}
+	waitMark(t, tenant, last)
+}

@@ -43,11 +43,21 @@ import (
 // (stagedrain_last_id(): a value handed out, to any session, committed or
 // not). The one-time filter that reads them runs before the claim locks its
 // first row, which is what gives the claim's own transaction its id X(c);
-// a second statement in the same round trip reads X(c) (NULL when the
-// claim locked nothing: then c makes no candidate). By (I), every T
+// a second statement in the same round trip reads X(c). By (I), every T
 // holding a default id <= S(c) got x(T) before S(c) was read, so before
 // X(c) was assigned: x(T) < X(c), since transaction ids are handed out in
 // order. (S(c), X(c)) is a candidate.
+//
+// A claim that locked nothing has no transaction id. Its second
+// statement reads instead the xmax of that statement's own snapshot (the
+// first transaction id not yet handed out), taken after the claim
+// statement ended (READ COMMITTED: each statement takes a snapshot of its
+// own; the claims begin so explicitly), so after S(c) was read: every such
+// x(T) < xmax too, and (S(c), xmax) is a candidate. It costs no
+// transaction id, and it is what lets an empty claim after a fleet's
+// shared drains carry the mark past their rows (drainLoop's confirm): a
+// shared claim reads S once a second at most (sharedMarkEvery), so the
+// last rows a shared drain took may be under no candidate at all.
 //
 // A later claim q confirms a candidate when xmin(q) >= X(c): then every
 // x(T) < X(c) <= xmin(q), and a transaction id below a snapshot's xmin is
@@ -160,15 +170,27 @@ const probeEvery = 5 * time.Second
 type markRead struct {
 	xmin    uint64
 	last    int64
-	lastOK  bool // the sequence had handed out a value
-	xid     uint64
-	xidOK   bool // the claim locked a row (its transaction has an id)
+	lastOK  bool   // the sequence had handed out a value
+	xid     uint64 // X: its transaction id, or, if it took none, the xmax read after S
+	xidOK   bool
 	present bool // the claim ran with the mark and read these
 }
 
 // claimMarkSQL is read after the claim, in the same round trip: what its
-// one-time filter kept (xmin, S), and the transaction id it took.
-const claimMarkSQL = `SELECT current_setting('stagedrain.claim_mark', true), pg_current_xact_id_if_assigned()::text`
+// one-time filter kept (xmin, S), and the transaction id it took, or, if it
+// took none, its own snapshot's xmax (see lowWater).
+const claimMarkSQL = `SELECT current_setting('stagedrain.claim_mark', true), ` + markXidSQL
+
+// markXidSQL is a claim's X (lowwater.go): its transaction's id, or, when
+// it locked nothing, the xmax of this statement's snapshot, taken after
+// the statement that read S.
+const markXidSQL = `coalesce(pg_current_xact_id_if_assigned(), pg_snapshot_xmax(pg_current_snapshot()))::text`
+
+// beginClaimSQL begins a claim's transaction. READ COMMITTED, whatever the
+// database's default_transaction_isolation: each statement of the claim's
+// round trip reads a snapshot of its own (lookBehindSQL before the claim,
+// markXidSQL after it).
+const beginClaimSQL = "BEGIN ISOLATION LEVEL READ COMMITTED"
 
 // scan reads claimMarkSQL's row.
 func (m *markRead) scan(row pgx.Row) error {
@@ -254,6 +276,16 @@ func (w *lowWater) confirm(xmin uint64, lowered uint64) {
 		}
 	}
 	w.cands = kept
+}
+
+// unconfirmed reports whether candidates wait for a claim to confirm them.
+func (w *lowWater) unconfirmed() bool {
+	if w == nil {
+		return false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.cands) > 0
 }
 
 // lower moves L below id: a row with that id is staged, or may be.

@@ -405,3 +405,59 @@ func TestQueuesClaimCostDoesNotGrowWithDeadRows(t *testing.T) {
 	}
 	h.waitStaged(1)
 }
+
+// An empty claim makes a candidate too (its snapshot's xmax, read after
+// S, stands for the transaction id it did not take; lowwater.go): rows
+// that were staged and deleted before the relay claimed them (as a fleet's
+// shared drain deletes them, or an app that took its job back in its own
+// transaction) carry the mark past them once the claims that find nothing
+// go on. Before, an empty claim made none, and the mark stayed below the
+// last rows of a shared drain for good (TestFleetClaimCostDoesNotGrowWithDeadRows
+// failed so on a busy machine).
+func TestEmptyClaimsCarryTheMark(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	r, err := relay.New(h.config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay.SetProbeEvery(r, time.Hour) // not while the test runs
+	h.run(r)
+	h.stage(relay.Job{Name: "First"})
+	h.waitQueueLen("default", 1, 15*time.Second)
+	first := h.maxStagedID()
+	waitMark(t, r, first)
+
+	ctx := context.Background()
+	table := pgx.Identifier{h.schema, "staged_jobs"}.Sanitize()
+	tx, err := h.conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO `+table+` (job_name, job_args) SELECT 'Gone', '[]' FROM generate_series(1, 5)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `DELETE FROM `+table+` WHERE job_name = 'Gone'`); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	last := h.maxStagedID()
+	if last != first+5 {
+		t.Fatalf("the sequence is at %d, want %d", last, first+5)
+	}
+	// Each notification wakes the relay to a claim that finds nothing;
+	// a claim confirms an earlier one's candidate once every transaction
+	// older than it has ended (the shared server has others).
+	testenv.WaitFor(t, 15*time.Second, fmt.Sprintf("the low-water mark at %d", last), func() (bool, string) {
+		if _, err := h.conn.Exec(ctx, `SELECT pg_notify($1, 'poke')`, relay.ChannelName(h.schema)); err != nil {
+			t.Fatal(err)
+		}
+		l, _ := relay.LowWater(r)
+		return l >= last, fmt.Sprintf("mark %d", l)
+	})
+	if n := h.queueLenNow("default"); n != 1 {
+		t.Fatalf("queue holds %d jobs, want 1", n)
+	}
+}

@@ -99,6 +99,10 @@ type Relay struct {
 	// tidyLater asks the drain loop to tidy the handoff record in a while
 	// (under drainMu, while drainOpen): a shared drain's batch left it.
 	tidyLater chan struct{}
+	// markLater asks the drain loop to claim from the low-water mark in a
+	// while (under drainMu, while drainOpen): a shared drain claimed from
+	// the schema, and only a later claim confirms it (drainLoop's confirm).
+	markLater chan struct{}
 	// deaf is true while no listener session has LISTENed on the schema's
 	// channel (at start, and from a listener's failure until it LISTENs
 	// again): the relay does not go idle then, since a commit's
@@ -215,6 +219,10 @@ type testHooks struct {
 	// tidied runs after each tidy of the handoff record: atEnd at a
 	// drain's end, else by the drain loop's timer.
 	tidied func(atEnd bool)
+	// markConfirm runs when the drain loop claims from the low-water mark
+	// after a shared drain (drainLoop's confirm), before the claim. A
+	// fleet's schemas get their fleet's.
+	markConfirm func()
 }
 
 // New checks cfg and returns a Relay. It starts nothing and connects to
