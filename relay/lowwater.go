@@ -49,15 +49,21 @@ import (
 // order. (S(c), X(c)) is a candidate.
 //
 // A claim that locked nothing has no transaction id. Its second
-// statement reads instead the xmax of that statement's own snapshot (the
-// first transaction id not yet handed out), taken after the claim
-// statement ended (READ COMMITTED: each statement takes a snapshot of its
-// own; the claims begin so explicitly), so after S(c) was read: every such
-// x(T) < xmax too, and (S(c), xmax) is a candidate. It costs no
-// transaction id, and it is what lets an empty claim after a fleet's
-// shared drains carry the mark past their rows (drainLoop's confirm): a
-// shared claim reads S once a second at most (sharedMarkEvery), so the
-// last rows a shared drain took may be under no candidate at all.
+// statement reads instead the next transaction id to be handed out, N(c),
+// after the claim statement ended, so after S(c) was read: every such
+// x(T) < N(c) too, and (S(c), N(c)) is a candidate. PostgreSQL gives it
+// by age(xid), which counts from the transaction's own id or, when it has
+// none, from the next id, read at the transaction's first call of it (the
+// claims call it nowhere else; markXidSQL). Not the snapshot's xmax: that
+// is one past the latest *completed* id, and a transaction that took a
+// newer id and is still open is at or above it (with xmax, the mark
+// passed such a transaction's row while it was open, and the row reached
+// Redis after rows staged after it: TestEmptyClaimsDoNotPassAnOpenID).
+// It costs no transaction id, and it is what lets an empty claim after a
+// fleet's shared drains carry the mark past their rows (drainLoop's
+// confirm): a shared claim reads S once a second at most
+// (sharedMarkEvery), so the last rows a shared drain took may be under no
+// candidate at all.
 //
 // A later claim q confirms a candidate when xmin(q) >= X(c): then every
 // x(T) < X(c) <= xmin(q), and a transaction id below a snapshot's xmin is
@@ -171,25 +177,30 @@ type markRead struct {
 	xmin    uint64
 	last    int64
 	lastOK  bool   // the sequence had handed out a value
-	xid     uint64 // X: its transaction id, or, if it took none, the xmax read after S
+	xid     uint64 // X: its transaction id, or, if it took none, the next id read after S
 	xidOK   bool
 	present bool // the claim ran with the mark and read these
 }
 
 // claimMarkSQL is read after the claim, in the same round trip: what its
-// one-time filter kept (xmin, S), and the transaction id it took, or, if it
-// took none, its own snapshot's xmax (see lowWater).
+// one-time filter kept (xmin, S), and its X (markXidSQL).
 const claimMarkSQL = `SELECT current_setting('stagedrain.claim_mark', true), ` + markXidSQL
 
-// markXidSQL is a claim's X (lowwater.go): its transaction's id, or, when
-// it locked nothing, the xmax of this statement's snapshot, taken after
-// the statement that read S.
-const markXidSQL = `coalesce(pg_current_xact_id_if_assigned(), pg_snapshot_xmax(pg_current_snapshot()))::text`
+// markXidSQL is a claim's X (lowwater.go), read in the statement after the
+// claim: its transaction's id or, when it locked nothing, the next
+// transaction id to be handed out. age(xid) is PostgreSQL's next id (read
+// at the transaction's first call, which this is) less xid, modulo 2^32:
+// from the 32 bits of this statement's snapshot's xmin it gives the next
+// id in full. (An xmin of 0-2, at a wrap of the 32 bits, gives age's
+// INT_MAX: an X two billion ids on, never confirmed, which is safe.)
+const markXidSQL = `coalesce(pg_current_xact_id_if_assigned()::text, (SELECT (m + age((m % 4294967296)::text::xid))::text
+	FROM (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS m) s))`
 
 // beginClaimSQL begins a claim's transaction. READ COMMITTED, whatever the
-// database's default_transaction_isolation: each statement of the claim's
-// round trip reads a snapshot of its own (lookBehindSQL before the claim,
-// markXidSQL after it).
+// database's default_transaction_isolation: lookBehindSQL, a statement
+// before the claim, must read the transactions in progress before the
+// claim's snapshot is taken, and the claim must see each commit before it
+// (REPEATABLE READ would give every statement the first one's snapshot).
 const beginClaimSQL = "BEGIN ISOLATION LEVEL READ COMMITTED"
 
 // scan reads claimMarkSQL's row.

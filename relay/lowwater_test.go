@@ -461,3 +461,70 @@ func TestEmptyClaimsCarryTheMark(t *testing.T) {
 		t.Fatalf("queue holds %d jobs, want 1", n)
 	}
 }
+
+// An empty claim's candidate must come after every transaction that holds
+// an id up to its S, the newest writer included: a snapshot's xmax is one
+// past the latest *completed* transaction id, and an open transaction that
+// took the newest id is not below it (with xmax as X, the mark passed such
+// a row while its transaction was open, and it reached Redis after the
+// rows staged after it: TestQueueGroups saw two jobs of a queue swapped).
+// On a server of its own, so that no later transaction completes while
+// the writer is open.
+func TestEmptyClaimsDoNotPassAnOpenID(t *testing.T) {
+	t.Parallel()
+	h, pg := privateHarness(t)
+	cfg := h.config()
+	cfg.DatabaseURL = pg.URL()
+	// The poll wakes the relay: a notification would take a transaction
+	// id of its own (PostgreSQL's NOTIFY does), and its commit would move
+	// the latest completed one past the writer's.
+	cfg.PollInterval = 50 * time.Millisecond
+	r, err := relay.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay.SetProbeEvery(r, time.Hour) // not while the test runs
+	claims := make(chan int, 1000)
+	relay.SetOnClaim(r, func(n int) {
+		select {
+		case claims <- n:
+		default:
+		}
+	})
+	h.run(r)
+	h.stage(relay.Job{Name: "First"})
+	h.waitQueueLen("default", 1, 15*time.Second)
+	waitMark(t, r, h.maxStagedID())
+
+	ctx := context.Background()
+	table := pgx.Identifier{h.schema, "staged_jobs"}.Sanitize()
+	writer := testenv.Conn(t, pg.URL())
+	tx, err := writer.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	var open int64
+	if err := tx.QueryRow(ctx, `INSERT INTO `+table+` (job_name, job_args) VALUES ('Open', '[]') RETURNING id`).Scan(&open); err != nil {
+		t.Fatal(err)
+	}
+	// Claims that find nothing, the fallback poll's.
+	for len(claims) > 0 {
+		<-claims
+	}
+	for range 5 {
+		select {
+		case <-claims:
+		case <-time.After(15 * time.Second):
+			t.Fatal("no claim within 15s")
+		}
+	}
+	if l, _ := relay.LowWater(r); l >= open {
+		t.Fatalf("low-water mark %d passed id %d, whose transaction is still open", l, open)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	h.waitQueueLen("default", 2, 15*time.Second)
+	waitMark(t, r, open)
+}
