@@ -76,8 +76,16 @@ func (h *harness) drainedToMark(r *relay.Relay, queue string, total int64, stage
 	h.waitStaged(staged)
 	top := h.maxStagedID()
 	waitMark(h.t, r, top)
+	// The claim that moved the mark started below it, and no claim need
+	// come after it: a notification wakes one (a fleet's shared drain, or
+	// the schema's own drain, claims from the mark too).
 	testenv.WaitFor(h.t, 15*time.Second, "a claim from the mark at the last id", func() (bool, string) {
 		from := relay.LastClaimFrom(r)
+		if from < top {
+			if _, err := h.conn.Exec(context.Background(), `SELECT pg_notify($1, 'claim')`, relay.ChannelName(h.schema)); err != nil {
+				h.t.Fatal(err)
+			}
+		}
 		return from >= top, fmt.Sprintf("last claim from %d, last id %d", from, top)
 	})
 	return relay.LastClaimFrom(r)
