@@ -537,13 +537,16 @@ func (fh *fleetHarness) stageAfter(ctx context.Context, schema, q, sql string, a
 // startCoolFleet runs a relay of fh's schemas whose fallback poll is a
 // minute away (commits are found by their notifications), and waits
 // until it leads every schema.
-func startCoolFleet(t *testing.T, fh *fleetHarness) *relay.Relay {
+func startCoolFleet(t *testing.T, fh *fleetHarness, setup ...func(*relay.Relay)) *relay.Relay {
 	t.Helper()
 	cfg := fh.fleetConfig()
 	cfg.PollInterval = time.Minute
 	r, err := relay.New(cfg)
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, f := range setup {
+		f(r) // before Run: hooks
 	}
 	fh.run(r)
 	fh.waitLeadsAll(r)
@@ -622,16 +625,15 @@ func TestFleetMarkFollowsASharedDrain(t *testing.T) {
 	t.Parallel()
 	fh := newFleetHarness(t, 2)
 	ctx := context.Background()
-	cfg := fh.fleetConfig()
-	cfg.PollInterval = time.Minute
-	r, err := relay.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
 	confirms := make(chan struct{}, 100)
-	relay.SetOnMarkConfirm(r, func() { confirms <- struct{}{} })
-	fh.run(r)
-	fh.waitLeadsAll(r)
+	r := startCoolFleet(t, fh, func(r *relay.Relay) {
+		relay.SetOnMarkConfirm(r, func() {
+			select {
+			case confirms <- struct{}{}:
+			default:
+			}
+		})
+	})
 	schema := fh.schemas[0]
 	tenant := relay.FleetTenant(r, schema)
 	// A first job, drained by the schema's own drain: the shared drain

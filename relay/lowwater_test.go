@@ -28,6 +28,17 @@ func (h *harness) lastValue(seq string) int64 {
 	return id
 }
 
+// firstJobToMark stages a first job, waits for it in Redis and for the
+// relay's low-water mark to reach it, and returns its id.
+func (h *harness) firstJobToMark(r *relay.Relay) int64 {
+	h.t.Helper()
+	h.stage(relay.Job{Name: "First"})
+	h.waitQueueLen("default", 1, 15*time.Second)
+	id := h.maxStagedID()
+	waitMark(h.t, r, id)
+	return id
+}
+
 // waitMark waits until the relay's low-water mark is at least id.
 func waitMark(t *testing.T, r *relay.Relay, id int64) {
 	t.Helper()
@@ -230,9 +241,7 @@ func TestLateLowIDIsDrainedAboveTheMark(t *testing.T) {
 	relay.SetProbeEvery(r, time.Hour) // not while the test runs
 	idle := idleEvents(r)
 	h.run(r)
-	h.stage(relay.Job{Name: "First"})
-	h.waitQueueLen("default", 1, 15*time.Second)
-	waitMark(t, r, h.maxStagedID())
+	h.firstJobToMark(r)
 
 	ctx := context.Background()
 	late := testenv.Conn(t, testenv.DatabaseURL())
@@ -414,8 +423,8 @@ func TestQueuesClaimCostDoesNotGrowWithDeadRows(t *testing.T) {
 	h.waitStaged(1)
 }
 
-// An empty claim makes a candidate too (its snapshot's xmax, read after
-// S, stands for the transaction id it did not take; lowwater.go): rows
+// An empty claim makes a candidate too (the next transaction id, read
+// after S, stands for the id it did not take; lowwater.go): rows
 // that were staged and deleted before the relay claimed them (as a fleet's
 // shared drain deletes them, or an app that took its job back in its own
 // transaction) carry the mark past them once the claims that find nothing
@@ -431,10 +440,7 @@ func TestEmptyClaimsCarryTheMark(t *testing.T) {
 	}
 	relay.SetProbeEvery(r, time.Hour) // not while the test runs
 	h.run(r)
-	h.stage(relay.Job{Name: "First"})
-	h.waitQueueLen("default", 1, 15*time.Second)
-	first := h.maxStagedID()
-	waitMark(t, r, first)
+	first := h.firstJobToMark(r)
 
 	ctx := context.Background()
 	table := pgx.Identifier{h.schema, "staged_jobs"}.Sanitize()
@@ -500,9 +506,7 @@ func TestEmptyClaimsDoNotPassAnOpenID(t *testing.T) {
 		}
 	})
 	h.run(r)
-	h.stage(relay.Job{Name: "First"})
-	h.waitQueueLen("default", 1, 15*time.Second)
-	waitMark(t, r, h.maxStagedID())
+	h.firstJobToMark(r)
 
 	ctx := context.Background()
 	table := pgx.Identifier{h.schema, "staged_jobs"}.Sanitize()
