@@ -65,7 +65,7 @@ type tableSQL struct {
 	// (lowwater.go); "" for a table that cannot have the mark.
 	claimMark string
 	// lastID is the quoted function that reads the table's sequence's last
-	// value for the mark (011's stagedrain_last_id, gem_001.sql's
+	// value for the mark (011's stagedrain_last_id, gem_002.sql's
 	// stagedrain_staged_push_last_id); markTable the quoted table and
 	// markCheck the statement that says whether the table suits the mark
 	// ($1 the table, $2 lastID's signature), and markOff the log line when

@@ -44,7 +44,7 @@
 // rather than wait more than 5s for a table lock. [MigrateResult] says what
 // it applied and the version reached. With [WithSource] it migrates a
 // [Source]: for [SourceSidekiqStagedPush] it adds the wake trigger and the
-// low-water mark's statement trigger (sql/gem_001.sql) to the
+// low-water mark's statement trigger (sql/gem_002.sql) to the
 // sidekiq-staged_push gem's table, and changes none of its columns. A fresh schema gets the baseline
 // (sql/baseline_009.sql) and later migrations; an existing one the
 // migrations it lacks: both end with identical catalogs. See

@@ -14,7 +14,7 @@ import (
 	"github.com/stagedrain/stagedrain/relay/internal/testenv"
 )
 
-// The low-water mark on the sidekiq-staged_push gem's table (sql/gem_001.sql):
+// The low-water mark on the sidekiq-staged_push gem's table (sql/gem_002.sql):
 // a statement trigger gives each INSERT its transaction id before the id's
 // default draws from the sequence.
 

@@ -133,7 +133,7 @@ import (
 // group's rows only; the other groups' rows below L are theirs to claim.
 //
 // The gem's table (SourceSidekiqStagedPush) keeps the gem's id default,
-// plain nextval(): sql/gem_001.sql adds a BEFORE INSERT statement trigger
+// plain nextval(): sql/gem_002.sql adds a BEFORE INSERT statement trigger
 // that takes the transaction id before any row's default runs, which is
 // (I) for every default id, and stagedrain_staged_push_last_id() for S.
 //
@@ -332,7 +332,7 @@ const markCheckSQL = `SELECT coalesce((
 	FROM pg_attrdef d JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
 	WHERE d.adrelid = $1::regclass AND a.attname = 'id'), false), now()`
 
-// gemMarkCheckSQL is markCheckSQL for the gem's table (gem_001.sql): its
+// gemMarkCheckSQL is markCheckSQL for the gem's table (gem_002.sql): its
 // id's default is the plain nextval() of its own sequence, which hands out
 // one value at a time, and the enabled stagedrain_xid_first statement
 // trigger gives every INSERT its transaction id before that default runs.

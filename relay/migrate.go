@@ -28,7 +28,7 @@ type sqlSet struct {
 	migrations []migration
 	baselines  []migration
 	wakes      []migration
-	gems       []migration // gem_NNN.sql: the gem's table's own (gem_001.sql)
+	gems       []migration // gem_NNN.sql: the gem's table's own (gem_001.sql, gem_002.sql)
 }
 
 // readSQL reads sql/ by file name only: what a file holds is never looked
@@ -159,7 +159,7 @@ type migrateOptions struct {
 // WithSource migrates schema for the relay of source src (Config.Source):
 // SourceStagedJobs (or ""), the default, is Migrate's staged_jobs schema;
 // SourceSidekiqStagedPush adds the wake trigger (the stagedrain_wake()
-// function and a deferred constraint trigger) and sql/gem_001.sql's
+// function and a deferred constraint trigger) and sql/gem_002.sql's
 // statement trigger (stagedrain_xid_first, with the mark's reader of the
 // sequence) to the gem's table in schema, which must exist, and creates
 // nothing else, no column changed. The wake trigger's comment

@@ -778,7 +778,21 @@ func TestLastIDIsPLpgSQL(t *testing.T) {
 	if _, err := relay.Migrate(ctx, conn, schema); err != nil {
 		t.Fatal(err)
 	}
-	fn := pgx.Identifier{schema, "stagedrain_last_id"}.Sanitize()
+	checkLastIDFunc(t, conn, pgx.Identifier{schema, "stagedrain_last_id"}.Sanitize(), func() (id int64) {
+		if err := conn.QueryRow(ctx, "INSERT INTO "+pgx.Identifier{schema, "staged_jobs"}.Sanitize()+
+			" (job_name, job_args) VALUES ('J', '[]') RETURNING id").Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	})
+}
+
+// checkLastIDFunc checks the low-water mark's reader of a sequence, fn
+// (quoted): PL/pgSQL, SECURITY DEFINER, its search_path fixed; NULL before
+// the first row, then the id insert returns.
+func checkLastIDFunc(t *testing.T, conn *pgx.Conn, fn string, insert func() int64) {
+	t.Helper()
+	ctx := context.Background()
 	var lang string
 	var definer bool
 	var config []string
@@ -787,18 +801,52 @@ func TestLastIDIsPLpgSQL(t *testing.T) {
 		t.Fatal(err)
 	}
 	if lang != "plpgsql" || !definer || !slices.Equal(config, []string{"search_path=pg_catalog, pg_temp"}) {
-		t.Fatalf("stagedrain_last_id(): language %s, SECURITY DEFINER %v, config %v; want plpgsql, true, [search_path=pg_catalog, pg_temp]", lang, definer, config)
+		t.Fatalf("%s(): language %s, SECURITY DEFINER %v, config %v; want plpgsql, true, [search_path=pg_catalog, pg_temp]", fn, lang, definer, config)
 	}
 	var last *int64
 	if err := conn.QueryRow(ctx, "SELECT "+fn+"()").Scan(&last); err != nil || last != nil {
-		t.Fatalf("stagedrain_last_id() before any row = %v, %v; want NULL", last, err)
+		t.Fatalf("%s() before any row = %v, %v; want NULL", fn, last, err)
 	}
-	var id int64
-	if err := conn.QueryRow(ctx, "INSERT INTO "+pgx.Identifier{schema, "staged_jobs"}.Sanitize()+
-		" (job_name, job_args) VALUES ('J', '[]') RETURNING id").Scan(&id); err != nil {
+	id := insert()
+	if err := conn.QueryRow(ctx, "SELECT "+fn+"()").Scan(&last); err != nil || last == nil || *last != id {
+		t.Fatalf("%s() after a row of id %d = %v, %v", fn, id, last, err)
+	}
+}
+
+// The gem's reader of its sequence, stagedrain_staged_push_last_id(), is
+// PL/pgSQL since gem_002.sql, as stagedrain_last_id() since 017, and a
+// table of gem_001 (its trigger's comment "stagedrain_gem 1") gets it from
+// Migrate, which records version 2 and keeps one statement trigger.
+func TestGemLastIDIsPLpgSQL(t *testing.T) {
+	t.Parallel()
+	h := newStagedPushHarness(t)
+	ctx := context.Background()
+	old, err := sqlfiles.Files.ReadFile("gem_001.sql")
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := conn.QueryRow(ctx, "SELECT "+fn+"()").Scan(&last); err != nil || last == nil || *last != id {
-		t.Fatalf("stagedrain_last_id() after a row of id %d = %v, %v", id, last, err)
+	table := h.gemTable()
+	if _, err := h.conn.Exec(ctx, "SET search_path TO "+pgx.Identifier{h.schema}.Sanitize()+";\n"+string(old)+
+		"\nCOMMENT ON TRIGGER stagedrain_xid_first ON "+table+" IS 'stagedrain_gem 1'; RESET search_path;"); err != nil {
+		t.Fatalf("apply gem_001.sql as an earlier release did: %v", err)
 	}
+	res, err := relay.Migrate(ctx, h.conn, h.schema, relay.WithSource(relay.SourceSidekiqStagedPush))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "stagedrain_xid_first trigger on sidekiq_staged_push_jobs (gem_002.sql)"; !slices.Contains(res.Applied, want) {
+		t.Fatalf("Migrate applied %q, want %q among them", res.Applied, want)
+	}
+	var comment string
+	var triggers int
+	if err := h.conn.QueryRow(ctx, `SELECT max(coalesce(obj_description(t.oid, 'pg_trigger'), '')), count(*) FROM pg_trigger t
+		WHERE t.tgrelid = $1::regclass AND t.tgname = 'stagedrain_xid_first'`, table).Scan(&comment, &triggers); err != nil {
+		t.Fatal(err)
+	}
+	if comment != "stagedrain_gem 2" || triggers != 1 {
+		t.Fatalf("stagedrain_xid_first: %d triggers, comment %q; want 1, %q", triggers, comment, "stagedrain_gem 2")
+	}
+	checkLastIDFunc(t, h.conn, pgx.Identifier{h.schema, "stagedrain_staged_push_last_id"}.Sanitize(), func() int64 {
+		return h.pushStaged(`{"class":"J","args":[],"jid":"j1","queue":"default"}`)[0]
+	})
 }

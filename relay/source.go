@@ -31,7 +31,7 @@ const (
 	// SourceSidekiqStagedPush drains <schema>.sidekiq_staged_push_jobs, the
 	// table of the sidekiq-staged_push gem (payload: a Sidekiq job hash as
 	// JSON). Migrate with WithSource adds only triggers to it: the wake
-	// trigger, and the low-water mark's (sql/gem_001.sql).
+	// trigger, and the low-water mark's (sql/gem_002.sql).
 	// Poison rows stay in the table: the relay skips them (see
 	// Relay.poisoned).
 	SourceSidekiqStagedPush Source = "sidekiq_staged_push"
@@ -159,14 +159,14 @@ func newStagedPushSource(schema string) *stagedPushSource {
 	return &stagedPushSource{schema: schema, table: table, sql: tableSQL{
 		claim: claim.sql(""),
 		// From the low-water mark, as staged_jobs' (lowwater.go), with
-		// gem_001.sql's trigger. Not for a target with no scheduler: the
+		// gem_NNN.sql's trigger. Not for a target with no scheduler: the
 		// payload's "at" has no index to find the future rows below the
 		// mark by when they come due (claimDueMark, nextDueLook unset).
 		claimMark: markClaim.sql(""),
 		lastID:    markClaim.mark,
 		markTable: table,
 		markCheck: gemMarkCheckSQL,
-		markOff:   "claims start at the id index's start: sidekiq_staged_push_jobs has no enabled stagedrain_xid_first trigger, or its id's default is not nextval() of a sequence with CACHE 1 (run 'stagedrain migrate --source sidekiq_staged_push'; sql/gem_001.sql)",
+		markOff:   "claims start at the id index's start: sidekiq_staged_push_jobs has no enabled stagedrain_xid_first trigger, or its id's default is not nextval() of a sequence with CACHE 1 (run 'stagedrain migrate --source sidekiq_staged_push'; sql/gem_002.sql)",
 		probe:     `SELECT id FROM ` + table + ` WHERE id <= $1 AND id > $2::bigint ORDER BY id LIMIT 1`,
 		backlogMark: `SELECT (SELECT count(*) FROM (SELECT FROM ` + table + ` WHERE id > $2 ORDER BY id LIMIT $1) c), ` +
 			oldest(` WHERE id > $2`),
