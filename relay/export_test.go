@@ -107,6 +107,10 @@ func ExpireMemoryCheck(r *Relay) { r.bp.memChecked = time.Time{} }
 // FleetHot reports whether the fleet r runs hot (fleethot.go).
 func FleetHot(r *Relay) bool { return r.fleet != nil && r.fleet.hot.Load() }
 
+// FleetHotEnter is the rate of commits (a second) from which a fleet whose
+// role sees no waits runs hot (fleethot.go).
+const FleetHotEnter = hotEnter
+
 // SetOnStandbyBehind sets a hook run each time a batch, before its push,
 // finds that the standbys have not flushed its commits (standby.go).
 func SetOnStandbyBehind(r *Relay, f func(lsn uint64)) { r.hooks.standbyBehind = f }
@@ -120,7 +124,9 @@ func SetFleetHotLeave(r *Relay, perSec float64) { r.fleet.hotLeave = perSec }
 // SetFleetHotEnter sets the rate of commits (a second) at which r's fleet
 // runs hot, waits or not: a test that needs each schema's own drain sets it
 // out of reach.
-func SetFleetHotEnter(r *Relay, perSec float64) { r.fleet.hotEnter, r.fleet.hotAlways = perSec, perSec }
+func SetFleetHotEnter(r *Relay, perSec float64) {
+	r.fleet.hotEnter, r.fleet.hotWaitFrom, r.fleet.hotAlways = perSec, perSec, perSec
+}
 
 // SetFleetHotOnRate makes r's fleet run hot on the rate of its commits
 // alone, from hotEnter a second, whether or not they wait for the notify
@@ -128,7 +134,7 @@ func SetFleetHotEnter(r *Relay, perSec float64) { r.fleet.hotEnter, r.fleet.hotA
 // hot with a busy app's commits, whose waits depend on the machine
 // (fleethot.go). Before Run.
 func SetFleetHotOnRate(r *Relay) {
-	r.fleet.hotAlways, r.fleet.hotProbe = r.fleet.hotEnter, time.Hour
+	r.fleet.hotWaitFrom, r.fleet.hotAlways, r.fleet.hotProbe = r.fleet.hotEnter, r.fleet.hotEnter, time.Hour
 }
 
 // SetFleetHotOnWaits makes r's fleet run hot from perSec commits a second
@@ -136,7 +142,7 @@ func SetFleetHotOnRate(r *Relay) {
 // alone; tryAfter is how long after it went hot it first tries cool
 // (hotProbe). Before Run.
 func SetFleetHotOnWaits(r *Relay, perSec float64, tryAfter time.Duration) {
-	r.fleet.hotEnter, r.fleet.hotAlways, r.fleet.hotProbe = perSec, math.Inf(1), tryAfter
+	r.fleet.hotEnter, r.fleet.hotWaitFrom, r.fleet.hotAlways, r.fleet.hotProbe = perSec, perSec, math.Inf(1), tryAfter
 }
 
 // LowWater returns the relay's low-water mark (lowwater.go), and false

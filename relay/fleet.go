@@ -113,10 +113,10 @@ type fleet struct {
 	hot   atomic.Bool
 	noted atomic.Int64
 	found atomic.Int64
-	// The thresholds, hotEnter, hotAlways and hotLeave (tests change
-	// them).
-	hotEnter, hotAlways, hotLeave float64
-	hotProbe                      time.Duration
+	// The thresholds, hotEnter, hotWaitFrom, hotAlways and hotLeave
+	// (tests change them).
+	hotEnter, hotWaitFrom, hotAlways, hotLeave float64
+	hotProbe                                   time.Duration
 
 	// The shared drains' counters (fleetdrain.go), and the heat's
 	// (fleethot.go), of the process.
@@ -192,7 +192,7 @@ func newFleet(cfg Config) (*Relay, error) {
 	r.state.init(prometheus.NewGauge(prometheus.GaugeOpts{Name: "unused"}))
 	f := &fleet{r: r, tenants: map[string]*tenant{}, missing: map[string]bool{},
 		memberKey: fleetLockName(cfg.Schemas, r.group), table: "staged_jobs",
-		hotEnter: hotEnter, hotAlways: hotAlways, hotLeave: hotLeave, hotProbe: hotProbe}
+		hotEnter: hotEnter, hotWaitFrom: hotWaitFrom, hotAlways: hotAlways, hotLeave: hotLeave, hotProbe: hotProbe}
 	if cfg.Source == SourceSidekiqStagedPush {
 		f.table = "sidekiq_staged_push_jobs"
 	}

@@ -3,6 +3,7 @@ package relay_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -312,6 +313,110 @@ func TestFleetRunsHotWhileCommitsWait(t *testing.T) {
 		return hot == 0 || relay.FleetHot(r), fmt.Sprintf("%v while cool", hot)
 	})
 	fh.waitJIDs("busy", bc.stop())
+}
+
+// A disk that flushes slowly holds the app's notifying commits under
+// hotEnter a second: each holds PostgreSQL's notify lock through its WAL
+// flush, and the others queue behind it. A fleet that counted waits only
+// from hotEnter stayed cool, and beside a fleet of 200 schemas the app kept
+// 13% of its TPS (stagedrain bench --scenarios app-cost on a server with
+// commit_delay=8ms; 95% with waits counted from hotWaitFrom). Here the
+// app's sessions flush in 20ms (commit_delay, which needs fsync on), on a
+// server of the test's own, so that its waits reach no other test's fleet;
+// the fleet must run hot on the waits, and every job is delivered.
+func TestFleetRunsHotWhenSlowCommitsQueue(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	// commit_delay sleeps in the WAL flush only with fsync on.
+	pg := testenv.StartPostgres(t, "fsync=on")
+	h := &harness{t: t, conn: testenv.ConnTo(t, pg.URL())}
+	h.rdb, h.ns = testenv.Redis(t)
+	// Many schemas, each seeing a trickle of the commits, as in the
+	// bench: a schema whose commits come often keeps its drain awake, and
+	// its commits do not notify.
+	fh := &fleetHarness{harness: h, base: "sdslow"}
+	for i := range 40 {
+		name := fmt.Sprintf("%s_%d", fh.base, i)
+		if _, err := relay.Migrate(ctx, h.conn, name); err != nil {
+			t.Fatalf("migrate %s: %v", name, err)
+		}
+		fh.schemas = append(fh.schemas, name)
+	}
+	cfg := fh.fleetConfig()
+	cfg.DatabaseURL = pg.URL()
+	cfg.PollInterval = time.Hour
+	r, err := relay.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fh.run(r)
+	fh.waitLeadsAll(r)
+
+	var (
+		mu     sync.Mutex
+		staged []string
+		wg     sync.WaitGroup
+	)
+	stop := make(chan struct{})
+	start := time.Now()
+	for w := range 4 {
+		conn := testenv.ConnTo(t, pg.URL())
+		if _, err := conn.Exec(ctx, "SET commit_delay = 20000; SET commit_siblings = 0"); err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				var jid string
+				err := conn.QueryRow(ctx, fmt.Sprintf(`INSERT INTO %q.staged_jobs (job_name, job_args, queue) VALUES ('W', '[]', 'slow') RETURNING jid`,
+					fh.schemas[(w*7+i*13)%len(fh.schemas)])).Scan(&jid)
+				if err != nil {
+					t.Errorf("stage: %v", err)
+					return
+				}
+				mu.Lock()
+				staged = append(staged, jid)
+				mu.Unlock()
+			}
+		})
+	}
+	stopped := false
+	stopWriters := func() []string {
+		if !stopped {
+			stopped = true
+			close(stop)
+			wg.Wait()
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(staged)
+	}
+	defer stopWriters()
+
+	testenv.WaitFor(t, 30*time.Second, "the fleet runs hot while slow commits queue for the notify lock", func() (bool, string) {
+		var waits string
+		if err := h.conn.QueryRow(ctx, `SELECT coalesce(string_agg(wait_event_type || '/' || wait_event, ', '), 'none') FROM pg_stat_activity WHERE wait_event_type = 'Lock' OR wait_event = 'WALWrite'`).Scan(&waits); err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		n := len(staged)
+		mu.Unlock()
+		return relay.FleetHot(r), fmt.Sprintf("cool; %d staged; waiting: %s", n, waits)
+	})
+	mu.Lock()
+	cool := float64(len(staged)) / time.Since(start).Seconds()
+	mu.Unlock()
+	if cool >= relay.FleetHotEnter {
+		t.Fatalf("the app committed %.0f jobs a second before the fleet ran hot, not under hotEnter (%v): its commits did not flush slowly", cool, relay.FleetHotEnter)
+	}
+	if _, entries := hotMetrics(t, r); entries["waits"] < 1 || entries["rate"] != 0 {
+		t.Errorf("entries %v; want on waits only", entries)
+	}
+	fh.waitJIDs("slow", stopWriters())
 }
 
 // A fleet whose role cannot see other roles' wait events (no

@@ -3,7 +3,9 @@ package relay_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -31,16 +33,55 @@ func listen(t *testing.T, url, schema string) *pgx.Conn {
 // listener heartbeats, and returns the backend that sent it.
 func nextNotifier(t *testing.T, listener *pgx.Conn) uint32 {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	pid, err := notifierWithin(listener, 10*time.Second)
+	if err != nil {
+		t.Fatalf("no notification: %v", err)
+	}
+	return pid
+}
+
+// notifierWithin is nextNotifier, waiting at most d; on a timeout the
+// listener stays usable.
+func notifierWithin(listener *pgx.Conn, d time.Duration) (uint32, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	for {
 		n, err := listener.WaitForNotification(ctx)
 		if err != nil {
-			t.Fatalf("no notification: %v", err)
+			return 0, err
 		}
 		if n.Payload != "heartbeat" {
-			return n.PID
+			return n.PID, nil
 		}
+	}
+}
+
+// notifiesBesideIdle runs stage, a commit by the app's session appPID,
+// beside the idle relay whose lock connection is holderPID, until one such
+// commit notifies (five at most), and fails if a notification comes from
+// another backend. Beside the full suite a single-schema relay on the
+// shared database wakes now and then with no commit of its own (a
+// transaction in progress when it went idle ended: the late-commit check,
+// wake.go), and a commit made while it is awake rightly does not notify:
+// its drain finds the row.
+func notifiesBesideIdle(t *testing.T, h *harness, listener *pgx.Conn, holderPID, appPID uint32, stage func()) {
+	t.Helper()
+	for try := 1; ; try++ {
+		testenv.WaitFor(t, 15*time.Second, "the relay idle, its lock connection holding the idle lock", func() (bool, string) {
+			got := idleHolders(t, h.conn, h.schema)
+			return slices.Equal(got, []uint32{holderPID}), fmt.Sprintf("held by %v, want %d", got, holderPID)
+		})
+		stage()
+		pid, err := notifierWithin(listener, 5*time.Second)
+		switch {
+		case err == nil && pid != appPID:
+			t.Fatalf("notification from backend %d, want the commit beside the idle relay (%d)", pid, appPID)
+		case err == nil:
+			return
+		case try == 5:
+			t.Fatalf("none of %d commits beside the idle relay notified: %v", try, err)
+		}
+		t.Logf("commit %d beside the idle relay did not notify (%v): the relay was awake, try again", try, err)
 	}
 }
 
