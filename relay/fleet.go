@@ -259,6 +259,7 @@ func (f *fleet) session(ctx context.Context, pool *pgxpool.Pool) (connected time
 	s := &fleetSession{f: f, conn: conn, mu: &mu, pool: pool, seesWaits: seesWaits,
 		ended: make(chan *tenant), stop: make(chan struct{}),
 		late: lateCommits{window: r.cfg.PollInterval}}
+	defer s.drops.Wait()
 	defer s.late.stop()
 	defer s.letAllGo()
 	sctx, cancel := context.WithCancel(ctx)
@@ -387,6 +388,10 @@ type fleetSession struct {
 	// late are the transactions in progress when the fleet cooled
 	// (coolDown; session loop only).
 	late lateCommits
+
+	// drops are the deletes of gone schemas' handoff records in flight
+	// (forget); the session waits for them before it returns.
+	drops sync.WaitGroup
 }
 
 // exec runs f on the lock connection, under its mutex, within the lock
@@ -474,7 +479,15 @@ func (s *fleetSession) discover(ctx context.Context) error {
 // settled (dropHandoff).
 func (s *fleetSession) forget(t *tenant) {
 	f := s.f
-	s.dropHandoff(t)
+	// Not on the session's loop: the delete waits for Redis (up to 2s
+	// when it hangs), and the loop keeps the lock connection alive, whose
+	// idle_session_timeout is 2.5 leader intervals (417ms by default):
+	// waiting there, the fleet lost every schema's lead when Redis hung
+	// as a tenant's schema was dropped (TestFleetSchemaGoneWhileRedisHangs).
+	// The tenant is no one else's once forgotten: a schema created again
+	// under its name is a new tenant, with a handoff of its own, and the
+	// delete takes the fence only while it still holds this one's token.
+	s.drops.Go(func() { s.dropHandoff(t) })
 	f.mu.Lock()
 	delete(f.tenants, t.schema)
 	f.mu.Unlock()

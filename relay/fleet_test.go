@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/stagedrain/stagedrain/relay"
 	"github.com/stagedrain/stagedrain/relay/admin"
@@ -267,12 +269,64 @@ func TestFleetDropsTheHandoffOfASchemaGone(t *testing.T) {
 
 	dropSchema(t, fh.conn, gone)
 	fh.waitLog("schema gone: let go", 1)
-	if n, err := fh.rdb.Exists(ctx, fence, record).Result(); err != nil || n != 0 {
-		t.Errorf("%d of %s's fence and record left after it was let go (%v), want none", n, gone, err)
-	}
+	// Deleted beside the fleet's loop, not on it (forget).
+	testenv.WaitFor(t, 10*time.Second, gone+"'s fence and record deleted", func() (bool, string) {
+		n, err := fh.rdb.Exists(ctx, fence, record).Result()
+		return err == nil && n == 0, fmt.Sprintf("%d of them left (%v)", n, err)
+	})
 	keptFence, _ := relay.HandoffKeys(fh.ns, db, kept)
 	if n, err := fh.rdb.Exists(ctx, keptFence).Result(); err != nil || n != 1 {
 		t.Errorf("the fence of %s, still led: EXISTS %d (%v), want 1", kept, n, err)
+	}
+}
+
+// A schema dropped under a fleet while its Redis hangs: deleting the
+// schema's handoff record waits for Redis (2s), and it waited on the loop
+// that keeps the fleet's lock connection alive, past that connection's
+// idle_session_timeout (2.5 leader intervals, at least 1s): PostgreSQL ended
+// it, and the fleet lost every schema's lead. Now the fleet leads the other
+// schema on over the same lock connection, and once Redis answers, that
+// schema's job is delivered.
+func TestFleetSchemaGoneWhileRedisHangs(t *testing.T) {
+	t.Parallel()
+	fh := newFleetHarness(t, 2)
+	srv := testenv.StartRedis(t)
+	rdb := redis.NewClient(testenv.RedisOptions(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", srv.Port)}))
+	t.Cleanup(func() { _ = rdb.Close() })
+	fh.rdb = rdb
+	cfg := fh.fleetConfig()
+	cfg.Redis = rdb
+	r := fh.start(cfg)
+	gone, kept := fh.schemas[0], fh.schemas[1]
+	fh.waitJIDs("default", []string{fh.stageIn(gone, "default"), fh.stageIn(kept, "default")})
+	testenv.WaitFor(t, 10*time.Second, "both schemas led", func() (bool, string) {
+		got := leads(r)
+		return len(got) == 2, fmt.Sprintf("leads %q", got)
+	})
+	pid := leaderPIDOf(t, fh.conn, kept)
+
+	srv.Signal(syscall.SIGSTOP)
+	hung := true
+	t.Cleanup(func() {
+		if hung {
+			srv.Signal(syscall.SIGCONT) // a stopped server would not stop
+		}
+	})
+	dropSchema(t, fh.conn, gone)
+	fh.waitLog("schema gone: let go", 1)
+	fh.waitLog("could not delete the handoff record of a schema gone", 1)
+	if got := leaderPIDOf(t, fh.conn, kept); got != pid {
+		t.Fatalf("%s is led by backend %d after the delete waited for Redis, want the same lock connection %d", kept, got, pid)
+	}
+	if got := leads(r); !slices.Equal(got, []string{kept}) {
+		t.Fatalf("leads %q, want %q", got, kept)
+	}
+
+	srv.Signal(syscall.SIGCONT)
+	hung = false
+	fh.waitJIDs("default", append(fh.queueJIDs("default"), fh.stageIn(kept, "default")))
+	if got := leaderPIDOf(t, fh.conn, kept); got != pid {
+		t.Errorf("%s is led by backend %d, want %d", kept, got, pid)
 	}
 }
 
