@@ -3,7 +3,6 @@ package relay_test
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -138,10 +137,22 @@ func (b *busyCommits) stop() []string {
 }
 
 func commitBusy(t *testing.T, busy []string) *busyCommits {
+	return commitBusyOn(t, testenv.DatabaseURL(), "busy", "", func(w, i int) string { return busy[(w+i)%len(busy)] })
+}
+
+// commitBusyOn is commitBusy on the database at url, to queue q, each
+// session running setup first (if not ""); writer w's i-th commit stages
+// in the schema pick(w, i).
+func commitBusyOn(t *testing.T, url, q, setup string, pick func(w, i int) string) *busyCommits {
 	b := &busyCommits{stopc: make(chan struct{})}
 	stop, wg, mu := b.stopc, &b.wg, &b.mu
 	for w := range 4 {
-		conn := testenv.ConnTo(t, testenv.DatabaseURL())
+		conn := testenv.ConnTo(t, url)
+		if setup != "" {
+			if _, err := conn.Exec(context.Background(), setup); err != nil {
+				t.Fatal(err)
+			}
+		}
 		wg.Go(func() {
 			for i := 0; ; i++ {
 				select {
@@ -149,10 +160,10 @@ func commitBusy(t *testing.T, busy []string) *busyCommits {
 					return
 				default:
 				}
-				schema := busy[(w+i)%len(busy)]
+				schema := pick(w, i)
 				var jid string
 				err := conn.QueryRow(context.Background(), fmt.Sprintf(
-					`INSERT INTO %q.staged_jobs (job_name, job_args, queue) VALUES ('W', '[]', 'busy') RETURNING jid`, schema)).Scan(&jid)
+					`INSERT INTO %q.staged_jobs (job_name, job_args, queue) VALUES ('W', '[]', $1) RETURNING jid`, schema), q).Scan(&jid)
 				if err != nil {
 					t.Errorf("stage in %s: %v", schema, err)
 					return
@@ -164,6 +175,13 @@ func commitBusy(t *testing.T, busy []string) *busyCommits {
 		})
 	}
 	return b
+}
+
+// count is how many jobs b has staged so far.
+func (b *busyCommits) count() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.staged)
 }
 
 // A fleet that cools takes every schema's idle lock in one statement
@@ -352,71 +370,29 @@ func TestFleetRunsHotWhenSlowCommitsQueue(t *testing.T) {
 	fh.run(r)
 	fh.waitLeadsAll(r)
 
-	var (
-		mu     sync.Mutex
-		staged []string
-		wg     sync.WaitGroup
-	)
-	stop := make(chan struct{})
 	start := time.Now()
-	for w := range 4 {
-		conn := testenv.ConnTo(t, pg.URL())
-		if _, err := conn.Exec(ctx, "SET commit_delay = 20000; SET commit_siblings = 0"); err != nil {
-			t.Fatal(err)
-		}
-		wg.Go(func() {
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				var jid string
-				err := conn.QueryRow(ctx, fmt.Sprintf(`INSERT INTO %q.staged_jobs (job_name, job_args, queue) VALUES ('W', '[]', 'slow') RETURNING jid`,
-					fh.schemas[(w*7+i*13)%len(fh.schemas)])).Scan(&jid)
-				if err != nil {
-					t.Errorf("stage: %v", err)
-					return
-				}
-				mu.Lock()
-				staged = append(staged, jid)
-				mu.Unlock()
-			}
-		})
-	}
-	stopped := false
-	stopWriters := func() []string {
-		if !stopped {
-			stopped = true
-			close(stop)
-			wg.Wait()
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		return slices.Clone(staged)
-	}
-	defer stopWriters()
+	// Spread: a schema's commits from the four writers come apart, so
+	// that its drain goes idle between them and each notifies.
+	bc := commitBusyOn(t, pg.URL(), "slow", "SET commit_delay = 20000; SET commit_siblings = 0", func(w, i int) string {
+		return fh.schemas[(w*7+i*13)%len(fh.schemas)]
+	})
+	defer bc.stop()
 
 	testenv.WaitFor(t, 30*time.Second, "the fleet runs hot while slow commits queue for the notify lock", func() (bool, string) {
 		var waits string
 		if err := h.conn.QueryRow(ctx, `SELECT coalesce(string_agg(wait_event_type || '/' || wait_event, ', '), 'none') FROM pg_stat_activity WHERE wait_event_type = 'Lock' OR wait_event = 'WALWrite'`).Scan(&waits); err != nil {
 			t.Fatal(err)
 		}
-		mu.Lock()
-		n := len(staged)
-		mu.Unlock()
-		return relay.FleetHot(r), fmt.Sprintf("cool; %d staged; waiting: %s", n, waits)
+		return relay.FleetHot(r), fmt.Sprintf("cool; %d staged; waiting: %s", bc.count(), waits)
 	})
-	mu.Lock()
-	cool := float64(len(staged)) / time.Since(start).Seconds()
-	mu.Unlock()
+	cool := float64(bc.count()) / time.Since(start).Seconds()
 	if cool >= relay.FleetHotEnter {
 		t.Fatalf("the app committed %.0f jobs a second before the fleet ran hot, not under hotEnter (%v): its commits did not flush slowly", cool, relay.FleetHotEnter)
 	}
 	if _, entries := hotMetrics(t, r); entries["waits"] < 1 || entries["rate"] != 0 {
 		t.Errorf("entries %v; want on waits only", entries)
 	}
-	fh.waitJIDs("slow", stopWriters())
+	fh.waitJIDs("slow", bc.stop())
 }
 
 // A fleet whose role cannot see other roles' wait events (no
