@@ -299,10 +299,7 @@ func TestFleetSchemaGoneWhileRedisHangs(t *testing.T) {
 	r := fh.start(cfg)
 	gone, kept := fh.schemas[0], fh.schemas[1]
 	fh.waitJIDs("default", []string{fh.stageIn(gone, "default"), fh.stageIn(kept, "default")})
-	testenv.WaitFor(t, 10*time.Second, "both schemas led", func() (bool, string) {
-		got := leads(r)
-		return len(got) == 2, fmt.Sprintf("leads %q", got)
-	})
+	fh.waitLeadsAll(r)
 	pid := leaderPIDOf(t, fh.conn, kept)
 
 	srv.Signal(syscall.SIGSTOP)
