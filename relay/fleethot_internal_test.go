@@ -101,7 +101,13 @@ func TestFleetRunsHotOnWaits(t *testing.T) {
 		{"1,000/s, hotWaitHeavy waiting over 3 windows", []step{{mid, 0}, {mid, 3}, {mid, 0}, {mid, hotWaitHeavy - 3}}, true, 3},
 		{"1,000/s, hotWaitHeavy waiting at once", []step{{mid, 0}, {mid, hotWaitHeavy}}, true, 1},
 		{"1,000/s, hotWaitHeavy-1 over 3 windows, and as many 3 windows on", []step{{mid, 0}, {mid, 4}, {mid, 0}, {mid, hotWaitHeavy - 5}, {mid, 0}, {mid, 0}, {mid, hotWaitHeavy - 1}, {mid, 0}}, true, -1},
-		{"twice hotAlways, nobody asked", rep(perWindow(2*hotAlways), -1, 5), true, 0},
+		{"hotAlways sustained, nobody waiting", rep(perWindow(hotAlways), 0, 6), true, 4},
+		{"twice hotAlways sustained, nobody waiting", rep(perWindow(2*hotAlways), 0, 5), true, 2},
+		// An app that stalled and catches up: a burst, its commits
+		// notifying one after the other without queueing.
+		{"a burst of twice hotAlways in one window, nobody waiting", []step{{mid, 0}, {perWindow(2 * hotAlways), 0}, {mid, 0}, {mid, 0}}, true, -1},
+		{"a burst of twice hotAlways in one window, hotWaitHeavy waiting", []step{{mid, 0}, {perWindow(2 * hotAlways), hotWaitHeavy}}, true, 1},
+		{"the role sees no waits: a burst of twice hotAlways", []step{{slow, -1}, {perWindow(2 * hotAlways), -1}}, false, 1},
 		{"under hotWaitFrom, waiters not asked", rep(perWindow(hotWaitFrom)/2, -1, 20), true, -1},
 		// A disk that flushes slowly holds notifying commits under hotEnter
 		// a second, queued for the notify lock; counted from hotWaitFrom.
