@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // SetAfterPush makes r run f between each batch's push and its delete; an
@@ -104,13 +103,6 @@ func StoppedOnBackpressure(r *Relay) bool { return r.bp.stop() }
 // memory, however recent the last read. Only from a hook that runs on r's
 // drain goroutine (SetOnIdle, SetBeforePush, SetAfterPush), which owns it.
 func ExpireMemoryCheck(r *Relay) { r.bp.memChecked = time.Time{} }
-
-// SetOnDrainPool sets a function called with r's drain pool once it is
-// made, before any session uses it. Before Run.
-func SetOnDrainPool(r *Relay, f func(*pgxpool.Pool)) { r.hooks.drainPool = f }
-
-// FleetDrainConns is the size of a fleet's drain pool.
-const FleetDrainConns = fleetDrainConns
 
 // FleetHot reports whether the fleet r runs hot (fleethot.go).
 func FleetHot(r *Relay) bool { return r.fleet != nil && r.fleet.hot.Load() }

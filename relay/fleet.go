@@ -58,33 +58,6 @@ import (
 // share.
 const fleetDrainConns = 4
 
-// hotPollPool is the session of a hot fleet's polls, apart from the drain
-// pool's. On the drain pool, under the app's full speed over 200 schemas
-// (the bench's app-cost, 16 writers on two cores), a hot poll waited for a
-// session behind the schemas' own drains past pollTimeout; one cut short
-// wakes every schema led, and 200 own drains on the pool's four sessions
-// made the next poll wait as long: 85 to 114 polls failed in a run of
-// 20s, the fleet cooled and went hot again, and the app kept 81-94% of its
-// TPS. Its statements are the union polls of the schemas led (pgx's cache,
-// always warm). lock_timeout bounds a wait for a tenant's table lock (the
-// app's ALTER TABLE), which fails the poll as before, and statement_timeout
-// ends a slow poll on the server before the client's pollTimeout would
-// (pgx closes a session whose query outlives its context). It is connected
-// at the first hot poll and closed once idle for sharedDrainIdle, as the
-// shared drain's is.
-func hotPollPool(ctx context.Context, drain *pgxpool.Pool, timeout time.Duration) (*pgxpool.Pool, error) {
-	cfg := drain.Config()
-	cfg.MaxConns, cfg.MinConns = 1, 0
-	cfg.MaxConnIdleTime = sharedDrainIdle
-	cfg.ConnConfig.RuntimeParams["lock_timeout"] = millis(sharedLockTimeout)
-	cfg.ConnConfig.RuntimeParams["statement_timeout"] = millis(timeout * 3 / 4)
-	pool, err := pgxpool.NewWithConfig(ctx, cfg) // connects lazily
-	if err != nil {
-		return nil, fmt.Errorf("hot poll pool: %w", err)
-	}
-	return pool, nil
-}
-
 // sharedDrainIdle is how long the shared drain's session stays open
 // unused (sharedDrainPool): a fleet that has cooled closes it within
 // about a minute more (pgxpool's health check runs every minute).
@@ -299,10 +272,6 @@ func (f *fleet) session(ctx context.Context, pool *pgxpool.Pool) (connected time
 		defer shared.Close()
 		s.drainer = f.startSharedDrainer(sctx, shared)
 		defer func() { cancel(); s.drainer.wait() }()
-		if s.hotPool, err = hotPollPool(sctx, pool, pollTimeout(r.cfg.LeaderInterval)); err != nil {
-			return connected, err
-		}
-		defer s.hotPool.Close()
 	}
 	for _, t := range f.tenants {
 		t.joined = false
@@ -401,10 +370,9 @@ type fleetSession struct {
 	listenStop context.CancelFunc
 	listenDone chan struct{}
 
-	// drainer drains together the schemas a hot poll finds, and hotPool
-	// is the hot poll's session (hotPollPool); both nil with PollOnly.
+	// drainer drains together the schemas a hot poll finds (nil with
+	// PollOnly).
 	drainer *sharedDrainer
-	hotPool *pgxpool.Pool
 
 	// pollFor, pollSQL and hotPollSQL: the poll's statements for the
 	// schemas pollFor, cool and hot (session loop only).
@@ -859,10 +827,6 @@ func (s *fleetSession) poll(ctx context.Context, led []*tenant, hot bool) (found
 		stmts = s.hotPollSQL
 	}
 	args := pollArgs(led, s.f.r.cfg.Queues, hot)
-	pool := s.pool
-	if hot && s.hotPool != nil {
-		pool = s.hotPool
-	}
 	err := withDeadline(ctx, pollTimeout(s.f.r.cfg.LeaderInterval), func(ctx context.Context) error {
 		// Prepared (pgx's statement cache): a hot fleet polls hundreds
 		// of times a second, and planning a union over 200 schemas each
@@ -872,7 +836,7 @@ func (s *fleetSession) poll(ctx context.Context, led []*tenant, hot bool) (found
 		for _, sql := range stmts {
 			b.Queue(sql, args...)
 		}
-		br := pool.SendBatch(ctx, b)
+		br := s.pool.SendBatch(ctx, b)
 		var staged []polled
 		for range stmts {
 			rows, err := br.Query()
@@ -918,19 +882,9 @@ func (s *fleetSession) poll(ctx context.Context, led []*tenant, hot bool) (found
 		return nil
 	})
 	if err != nil && ctx.Err() == nil {
-		if hot && timedOut(err) {
-			// A server too busy to answer within pollTimeout: the next
-			// hot poll comes within hotStep, and 200 own drains woken
-			// would only make it busier (hotPollPool). Rows it missed
-			// are found by a later poll, or, should none succeed for
-			// hotLeaveAfter, by the poll that follows the fleet's
-			// cooling, which wakes them all if it fails too.
-			s.f.r.log.Debug("hot fleet poll timed out; polling again", zap.Error(err))
-			return found
-		}
-		// A table dropped between discover and now, a tenant's table
-		// locked, or the pool's sessions failing, which the drains
-		// report: wake them all, as the poll of one schema does.
+		// A table dropped between discover and now, or the pool's
+		// sessions failing, which the drains report: wake them all, as
+		// the poll of one schema does.
 		s.f.r.log.Debug("fleet poll failed; waking every schema led", zap.Error(err))
 		for _, t := range led {
 			t.r.metrics.wakePoll.Inc()

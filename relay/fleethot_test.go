@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/stagedrain/stagedrain/relay"
 	"github.com/stagedrain/stagedrain/relay/internal/testenv"
 )
@@ -473,66 +471,4 @@ func hotMetrics(t *testing.T, r *relay.Relay) (hot float64, entries map[string]f
 		}
 	}
 	return hot, entries
-}
-
-// A hot fleet polls on a session of its own, not the drain pool's: with
-// every session of the drain pool taken (as the schemas' own drains take
-// them under the app's full speed), its polls go on finding commits, and
-// its shared drain delivers them. On the drain pool, each poll waited for
-// a session past pollTimeout and woke every schema's own drain, which
-// waited for one too: nothing was delivered until the pool came back.
-func TestFleetHotPollsBesideABusyDrainPool(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	fh := newFleetHarness(t, 3)
-	quiet, busy := fh.schemas[0], fh.schemas[1:]
-	cfg := fh.fleetConfig()
-	cfg.PollInterval = time.Hour
-	r, err := relay.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pools := make(chan *pgxpool.Pool, 1)
-	relay.SetOnDrainPool(r, func(p *pgxpool.Pool) { pools <- p })
-	relay.SetFleetHotLeave(r, 1)
-	relay.SetFleetHotOnRate(r)
-	fh.run(r)
-	fh.waitLeadsAll(r)
-	drainPool := <-pools
-	// A schema's first push of a leadership is its own drain's (it reads
-	// whether replication is synchronous): the quiet one's, here.
-	fh.waitJIDs("first", []string{fh.stageIn(quiet, "first")})
-
-	bc := commitBusy(t, busy)
-	defer bc.stop()
-	testenv.WaitFor(t, 30*time.Second, "the fleet runs hot", func() (bool, string) {
-		return relay.FleetHot(r), "not hot"
-	})
-	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	var held []*pgxpool.Conn
-	release := func() {
-		for _, c := range held {
-			c.Release()
-		}
-		held = nil
-	}
-	defer release()
-	for range relay.FleetDrainConns {
-		c, err := drainPool.Acquire(actx)
-		if err != nil {
-			t.Fatalf("take the drain pool's sessions: %v", err)
-		}
-		held = append(held, c)
-	}
-	if !relay.FleetHot(r) {
-		t.Fatal("the fleet cooled while its schemas took commits")
-	}
-	// Delivered, then checked that it did not notify (stageHot's marker,
-	// sent first, would wake the fleet for the schema).
-	listener := listen(t, testenv.DatabaseURL(), quiet)
-	fh.waitJIDs("default", []string{fh.stageIn(quiet, "default")})
-	checkDidNotNotify(t, listener, quiet, "a commit while the fleet runs hot")
-	release()
-	fh.waitJIDs("busy", bc.stop())
 }

@@ -2,7 +2,6 @@ package relay
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -11,7 +10,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/stagedrain/stagedrain/relay/internal/testenv"
@@ -529,29 +527,5 @@ func TestFleetSharedTidiesReadTheWALOnce(t *testing.T) {
 	}
 	if n := counter.n.Load(); n != 1 {
 		t.Fatalf("%d queries for the tidies of %d schemas, want one WAL read", n, len(relays))
-	}
-}
-
-// A hot poll that timed out (the client's deadline, or the server's
-// statement_timeout) polls again without waking every schema's own drain;
-// any other failure, a tenant's table locked past lock_timeout among
-// them, wakes them all (fleetSession.poll).
-func TestTimedOut(t *testing.T) {
-	for _, c := range []struct {
-		err  error
-		want bool
-	}{
-		{context.DeadlineExceeded, true},
-		{fmt.Errorf("timeout: %w", context.DeadlineExceeded), true},
-		{&pgconn.PgError{Code: "57014"}, true}, // query_canceled
-		{fmt.Errorf("poll: %w", &pgconn.PgError{Code: "57014"}), true},
-		{&pgconn.PgError{Code: "55P03"}, false}, // lock_not_available
-		{&pgconn.PgError{Code: "42P01"}, false}, // undefined_table
-		{context.Canceled, false},
-		{errors.New("conn closed"), false},
-	} {
-		if got := timedOut(c.err); got != c.want {
-			t.Errorf("timedOut(%v) = %v, want %v", c.err, got, c.want)
-		}
 	}
 }

@@ -192,9 +192,6 @@ type tenancy struct {
 // River's testsignal: a test waits on the exact code point, not on a log
 // line written near it.
 type testHooks struct {
-	// drainPool runs once the drain pool is made, before any session
-	// uses it.
-	drainPool func(*pgxpool.Pool)
 	// beforePush runs before each batch's push script, after the fence
 	// is taken and the record read.
 	beforePush func(ctx context.Context)
@@ -400,9 +397,6 @@ func (r *Relay) runSessions(ctx context.Context, maxConns int32, session func(co
 		return fmt.Errorf("pool: %w", err)
 	}
 	defer pool.Close()
-	if r.hooks.drainPool != nil {
-		r.hooks.drainPool(pool)
-	}
 	// The database's xmin horizon, for the whole process (horizon.go).
 	w := &horizonWatch{table: "staged_jobs"}
 	if r.cfg.Source == SourceSidekiqStagedPush {

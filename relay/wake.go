@@ -448,10 +448,3 @@ func isLockTimeout(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "55P03" // lock_not_available
 }
-
-// timedOut reports whether err is a deadline's: the context's, or the
-// server's statement_timeout (query_canceled).
-func timedOut(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &pgErr) && pgErr.Code == "57014"
-}
