@@ -174,6 +174,12 @@ var FullProbeDue = fullProbeDue
 // SetProbeEvery sets how often the probe below the low-water mark runs.
 func SetProbeEvery(r *Relay, d time.Duration) { r.hooks.probeEvery = d }
 
+// SetOnProbeTurn sets a function run at each turn of the probe below the
+// low-water mark, with the schema and the time since its turn before (or
+// since the probe began). A fleet's schemas get it, and SetProbeEvery's
+// interval, when they are found.
+func SetOnProbeTurn(r *Relay, f func(schema string, since time.Duration)) { r.hooks.probeTurn = f }
+
 // SetOnProbeFound sets a function called with each id the probe finds.
 func SetOnProbeFound(r *Relay, f func(id int64)) { r.hooks.probeFound = f }
 

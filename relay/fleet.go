@@ -450,6 +450,7 @@ func (s *fleetSession) discover(ctx context.Context) error {
 			return fmt.Errorf("schema %q: %w", name, err)
 		}
 		c.hooks.markConfirm = r.hooks.markConfirm
+		c.hooks.probeEvery, c.hooks.probeTurn = r.hooks.probeEvery, r.hooks.probeTurn
 		f.mu.Lock()
 		f.tenants[name] = &tenant{schema: name, r: c, wake: make(chan struct{}, 1)}
 		f.mu.Unlock()

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"sync"
 	"testing"
 	"time"
 
@@ -539,4 +540,50 @@ func TestEmptyClaimsDoNotPassAnOpenID(t *testing.T) {
 	}
 	h.waitQueueLen("default", 2, 15*time.Second)
 	waitMark(t, r, open)
+}
+
+// A fleet takes its schemas' leads in one round trip, so their probes
+// below the low-water mark start together. Each waiting the same interval,
+// a fleet of 200 ran 200 probes at once every probeEvery on the drain
+// pool's sessions, ahead of the drains (all 200 timed out together at the
+// bench's start beside the app's full speed). Each probe now waits its
+// interval less up to a quarter of it at random: the schemas' first turns
+// spread over that quarter, and none comes sooner than 3/4 of it.
+func TestFleetProbesDoNotRunTogether(t *testing.T) {
+	t.Parallel()
+	const n = 20
+	const every = time.Second
+	fh := newFleetHarness(t, n)
+	var mu sync.Mutex
+	first := map[string]time.Duration{}
+	startCoolFleet(t, fh, func(r *relay.Relay) {
+		relay.SetProbeEvery(r, every)
+		relay.SetOnProbeTurn(r, func(schema string, since time.Duration) {
+			mu.Lock()
+			defer mu.Unlock()
+			if _, ok := first[schema]; !ok {
+				first[schema] = since
+			}
+		})
+	})
+	testenv.WaitFor(t, 30*time.Second, fmt.Sprintf("a first probe turn in each of %d schemas", n), func() (bool, string) {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(first) == n, fmt.Sprintf("%d: %v", len(first), first)
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	lo, hi := time.Duration(math.MaxInt64), time.Duration(0)
+	for schema, d := range first {
+		if d < every*3/4 {
+			t.Errorf("%s: first probe turn %v after the probe began, sooner than 3/4 of %v", schema, d, every)
+		}
+		lo, hi = min(lo, d), max(hi, d)
+	}
+	// 20 waits spread at random over 250ms span less than 100ms about
+	// once in two million runs; waiting 1s each, they span the timers'
+	// lateness, a few milliseconds.
+	if hi-lo < 100*time.Millisecond {
+		t.Errorf("the %d schemas' first probe turns came %v to %v after their probes began: together (want spread over a quarter of %v)", n, lo, hi, every)
+	}
 }

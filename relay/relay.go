@@ -213,6 +213,10 @@ type testHooks struct {
 	probeFound func(id int64)
 	// probeEvery, when set, replaces probeEvery (lowwater.go).
 	probeEvery time.Duration
+	// probeTurn runs at each turn of the probe below the low-water mark,
+	// with the schema and the time since the turn before (or since the
+	// probe began).
+	probeTurn func(schema string, since time.Duration)
 	// claimed runs after each claim of the schema's own drain, with the
 	// number of rows it took (0: it came back empty).
 	claimed func(jobs int)
