@@ -58,31 +58,94 @@ func notifierWithin(listener *pgx.Conn, d time.Duration) (uint32, error) {
 
 // notifiesBesideIdle runs stage, a commit by the app's session appPID,
 // beside the idle relay whose lock connection is holderPID, until one such
-// commit notifies (five at most), and fails if a notification comes from
-// another backend. Beside the full suite a single-schema relay on the
-// shared database wakes now and then with no commit of its own (a
-// transaction in progress when it went idle ended: the late-commit check,
-// wake.go), and a commit made while it is awake rightly does not notify:
-// its drain finds the row.
+// commit notifies (notifiesWhenIdle).
 func notifiesBesideIdle(t *testing.T, h *harness, listener *pgx.Conn, holderPID, appPID uint32, stage func()) {
 	t.Helper()
+	notifiesWhenIdle(t, listener, appPID, func() (uint32, string) {
+		got := idleHolders(t, h.conn, h.schema)
+		if slices.Equal(got, []uint32{holderPID}) {
+			return holderPID, ""
+		}
+		return 0, fmt.Sprintf("its idle lock held by %v, want %d", got, holderPID)
+	}, stage)
+}
+
+// notifiesWhenIdle checks that a commit beside an idle relay notifies: it
+// waits until idle reports the relay idle (the backend of its lock
+// connection, holding its idle lock as an idle relay does; 0 and what it
+// sees otherwise), runs stage, one commit by the app's session appPID,
+// and waits for its notification. It fails on a notification from
+// another backend. It returns how many commits it staged: one, unless a
+// commit did not notify while the relay may have left idle around it,
+// which it logs and tries again, up to maxIdleCommits.
+//
+// The relay leaves idle now and then by itself on a busy machine (a push
+// that takes over 100ms marks it awake, its listener goes deaf, a batch
+// fails, its lock connection times out, a fleet runs hot), and a commit
+// made then rightly does not notify: the relay finds the row itself. So
+// a missing notification fails at once only when the relay provably was
+// idle throughout the commit: its lock connection held the idle lock
+// between two looks at pg_stat_activity, before and after the commit,
+// and ran no statement in between (its state_change did not move; the
+// relay takes and gives back the lock only with statements on that
+// connection, and the commit's trigger ran between the looks). Anything
+// the lock connection ran meanwhile (its keepalive pings too) leaves it
+// open, and the commit is tried again.
+func notifiesWhenIdle(t *testing.T, listener *pgx.Conn, appPID uint32, idle func() (uint32, string), stage func()) int {
+	t.Helper()
+	looks := testenv.ConnTo(t, listener.Config().ConnString())
+	var tries []string
 	for try := 1; ; try++ {
-		testenv.WaitFor(t, 15*time.Second, "the relay idle, its lock connection holding the idle lock", func() (bool, string) {
-			got := idleHolders(t, h.conn, h.schema)
-			return slices.Equal(got, []uint32{holderPID}), fmt.Sprintf("held by %v, want %d", got, holderPID)
+		var holder uint32
+		testenv.WaitFor(t, 15*time.Second, "the relay idle, its lock connection holding its idle lock", func() (bool, string) {
+			var what string
+			holder, what = idle()
+			return holder != 0, what
 		})
+		before := sessionStateOf(t, looks, holder)
+		still, _ := idle()
 		stage()
+		after := sessionStateOf(t, looks, holder)
 		pid, err := notifierWithin(listener, 5*time.Second)
 		switch {
 		case err == nil && pid != appPID:
 			t.Fatalf("notification from backend %d, want the commit beside the idle relay (%d)", pid, appPID)
 		case err == nil:
-			return
-		case try == 5:
-			t.Fatalf("none of %d commits beside the idle relay notified: %v", try, err)
+			return try
+		case still == holder && before.state == "idle" && after == before:
+			t.Fatalf("a commit beside the idle relay did not notify (%v): its lock connection %d held the idle lock and ran no statement from before the commit to after it (%s); commits before it: [%s]",
+				err, holder, before, strings.Join(tries, "; "))
 		}
-		t.Logf("commit %d beside the idle relay did not notify (%v): the relay was awake, try again", try, err)
+		tries = append(tries, fmt.Sprintf("%d: lock connection %d %s, then %s; the idle lock held by %d after the first look", try, holder, before, after, still))
+		if try == maxIdleCommits {
+			t.Fatalf("none of %d commits beside the idle relay notified (%v), the relay not provably idle around any: %s", try, err, strings.Join(tries, "; "))
+		}
+		t.Logf("commit %d beside the idle relay did not notify (%v), and the relay may have left idle around it (%s): try again", try, err, tries[len(tries)-1])
 	}
+}
+
+// maxIdleCommits bounds notifiesWhenIdle's commits.
+const maxIdleCommits = 5
+
+// sessionState is a backend's state in pg_stat_activity and when it last
+// changed: a statement changes both.
+type sessionState struct {
+	state string // "" when the session is gone
+	since string // state_change, to the microsecond
+}
+
+func (s sessionState) String() string { return fmt.Sprintf("%s since %s", s.state, s.since) }
+
+// sessionStateOf reads the state of the backend pid, on conn.
+func sessionStateOf(t *testing.T, conn *pgx.Conn, pid uint32) sessionState {
+	t.Helper()
+	var s sessionState
+	err := conn.QueryRow(context.Background(), `SELECT coalesce(state, ''), coalesce(to_char(state_change, 'YYYY-MM-DD HH24:MI:SS.US'), '')
+		FROM pg_stat_activity WHERE pid = $1`, int64(pid)).Scan(&s.state, &s.since)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		t.Fatalf("read pg_stat_activity: %v", err)
+	}
+	return s
 }
 
 // A COMMIT cancelled while it runs the wake trigger's function (as a

@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -176,24 +178,27 @@ func TestDefaultsFleetWakeGateAfterSplit(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	looks := relaytest.Conn(t, d.databaseURL)
 	var took []string
 	for _, s := range schemas {
-		relaytest.WaitFor(t, 10*time.Second, s+"'s leader idle (holding its wake gate, alone)", func() (bool, string) {
-			l := d.fleetLocks([]string{s})[0]
-			return l.leader != 0 && len(l.idle) == 1 && l.idle[0] == l.leader, fmt.Sprintf("led by %d, held by %s", l.leader, l.who)
-		})
-		start := time.Now()
-		jid := d.stageIn(s)
-		if !notifiedBy(t, listener, relay.ChannelName(s), d.conn.PgConn().PID(), 3*time.Second) {
-			t.Errorf("schema %s: the commit of one job sent no NOTIFY within 3s", s)
-		}
-		got, err := d.rdb.BRPop(ctx, 10*time.Second, "queue:default").Result()
-		if err != nil {
-			t.Fatalf("schema %s: the job was not delivered within 10s: %v", s, err)
-		}
-		latency := time.Since(start)
-		if !strings.Contains(got[1], jid) {
-			t.Fatalf("schema %s: delivered %s, want jid %s", s, got[1], jid)
+		jids, start := d.commitNotifying(listener, looks, s)
+		// Every job committed is delivered, and the one whose commit
+		// notified long before a poll.
+		notified, latency := jids[len(jids)-1], time.Duration(0)
+		pending := slices.Clone(jids)
+		for len(pending) > 0 {
+			got, err := d.rdb.BRPop(ctx, 10*time.Second, "queue:default").Result()
+			if err != nil {
+				t.Fatalf("schema %s: jobs %v were not delivered within 10s: %v", s, pending, err)
+			}
+			i := slices.IndexFunc(pending, func(jid string) bool { return strings.Contains(got[1], jid) })
+			if i < 0 {
+				t.Fatalf("schema %s: delivered %s, want one of the jids %v", s, got[1], pending)
+			}
+			if pending[i] == notified {
+				latency = time.Since(start)
+			}
+			pending = slices.Delete(pending, i, i+1)
 		}
 		took = append(took, fmt.Sprintf("%s %s", s, latency.Round(time.Millisecond)))
 		if latency >= 2*time.Second {
@@ -202,6 +207,75 @@ func TestDefaultsFleetWakeGateAfterSplit(t *testing.T) {
 	}
 	t.Logf("one job at a time after the split: %s", strings.Join(took, ", "))
 	checkUp(t, a, b)
+}
+
+// commitNotifying commits one job in schema once its leader is idle (its
+// lock connection alone holds the schema's wake gate), and checks that the
+// commit notifies listener, LISTENing on the schema's channel. It returns
+// the jids of the jobs it committed, the last the one whose commit
+// notified, and when that commit began.
+//
+// A leader leaves idle now and then by itself on a busy machine (a push
+// that takes over 100ms marks it awake, its listener goes deaf, the fleet
+// runs hot), and a commit made then rightly does not notify: its drain
+// finds the row. So a commit that did not notify fails the test at once
+// only when the leader provably was idle throughout it: its lock
+// connection held the gate, and ran no statement from a look at
+// pg_stat_activity (on looks) before the commit to one after it (the
+// relay takes and gives back the gate only with statements on that
+// connection). Otherwise the commit is tried again, up to five.
+func (d *defaultsEnv) commitNotifying(listener, looks *pgx.Conn, schema string) (jids []string, start time.Time) {
+	t := d.t
+	t.Helper()
+	var tries []string
+	for try := 1; ; try++ {
+		var l schemaLocks
+		relaytest.WaitFor(t, 10*time.Second, schema+"'s leader idle (holding its wake gate, alone)", func() (bool, string) {
+			l = d.fleetLocks([]string{schema})[0]
+			return l.leader != 0 && len(l.idle) == 1 && l.idle[0] == l.leader, fmt.Sprintf("led by %d, held by %s", l.leader, l.who)
+		})
+		before := sessionStateOf(t, looks, l.leader)
+		still := d.fleetLocks([]string{schema})[0]
+		start = time.Now()
+		jids = append(jids, d.stageIn(schema))
+		after := sessionStateOf(t, looks, l.leader)
+		if notifiedBy(t, listener, relay.ChannelName(schema), d.conn.PgConn().PID(), 3*time.Second) {
+			return jids, start
+		}
+		tries = append(tries, fmt.Sprintf("%d: lock connection %d %s, then %s; the gate held by %v after the first look",
+			try, l.leader, before, after, still.idle))
+		if still.leader == l.leader && slices.Equal(still.idle, []int32{l.leader}) && before.state == "idle" && after == before {
+			t.Errorf("schema %s: the commit of one job sent no NOTIFY within 3s, though its leader was idle throughout: its lock connection %d held the wake gate and ran no statement from before the commit to after it; commits: %s",
+				schema, l.leader, strings.Join(tries, "; "))
+			return jids, start
+		}
+		if try == 5 {
+			t.Errorf("schema %s: none of %d commits of one job sent a NOTIFY within 3s, its leader not provably idle around any: %s", schema, try, strings.Join(tries, "; "))
+			return jids, start
+		}
+		t.Logf("schema %s: commit %d of one job sent no NOTIFY within 3s, and its leader may have left idle around it (%s): try again", schema, try, tries[len(tries)-1])
+	}
+}
+
+// sessionState is a backend's state in pg_stat_activity and when it last
+// changed: a statement changes both.
+type sessionState struct {
+	state string // "" when the session is gone
+	since string // state_change, to the microsecond
+}
+
+func (s sessionState) String() string { return fmt.Sprintf("%s since %s", s.state, s.since) }
+
+// sessionStateOf reads the state of the backend pid, on conn.
+func sessionStateOf(t *testing.T, conn *pgx.Conn, pid int32) sessionState {
+	t.Helper()
+	var s sessionState
+	err := conn.QueryRow(context.Background(), `SELECT coalesce(state, ''), coalesce(to_char(state_change, 'YYYY-MM-DD HH24:MI:SS.US'), '')
+		FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&s.state, &s.since)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		t.Fatalf("read pg_stat_activity: %v", err)
+	}
+	return s
 }
 
 // notifiedBy waits up to timeout for a notification on channel from the
