@@ -102,17 +102,17 @@ func notifiesWhenIdle(t *testing.T, listener *pgx.Conn, appPID uint32, idle func
 			holder, what = idle()
 			return holder != 0, what
 		})
-		before := sessionStateOf(t, looks, holder)
+		before := testenv.SessionStateOf(t, looks, holder)
 		still, _ := idle()
 		stage()
-		after := sessionStateOf(t, looks, holder)
+		after := testenv.SessionStateOf(t, looks, holder)
 		pid, err := notifierWithin(listener, 5*time.Second)
 		switch {
 		case err == nil && pid != appPID:
 			t.Fatalf("notification from backend %d, want the commit beside the idle relay (%d)", pid, appPID)
 		case err == nil:
 			return try
-		case still == holder && before.state == "idle" && after == before:
+		case still == holder && before.State == "idle" && after == before:
 			t.Fatalf("a commit beside the idle relay did not notify (%v): its lock connection %d held the idle lock and ran no statement from before the commit to after it (%s); commits before it: [%s]",
 				err, holder, before, strings.Join(tries, "; "))
 		}
@@ -126,27 +126,6 @@ func notifiesWhenIdle(t *testing.T, listener *pgx.Conn, appPID uint32, idle func
 
 // maxIdleCommits bounds notifiesWhenIdle's commits.
 const maxIdleCommits = 5
-
-// sessionState is a backend's state in pg_stat_activity and when it last
-// changed: a statement changes both.
-type sessionState struct {
-	state string // "" when the session is gone
-	since string // state_change, to the microsecond
-}
-
-func (s sessionState) String() string { return fmt.Sprintf("%s since %s", s.state, s.since) }
-
-// sessionStateOf reads the state of the backend pid, on conn.
-func sessionStateOf(t *testing.T, conn *pgx.Conn, pid uint32) sessionState {
-	t.Helper()
-	var s sessionState
-	err := conn.QueryRow(context.Background(), `SELECT coalesce(state, ''), coalesce(to_char(state_change, 'YYYY-MM-DD HH24:MI:SS.US'), '')
-		FROM pg_stat_activity WHERE pid = $1`, int64(pid)).Scan(&s.state, &s.since)
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		t.Fatalf("read pg_stat_activity: %v", err)
-	}
-	return s
-}
 
 // A COMMIT cancelled while it runs the wake trigger's function (as a
 // driver cancels when the app's context ends) leaves the app's session

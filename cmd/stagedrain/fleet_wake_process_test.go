@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -234,17 +233,17 @@ func (d *defaultsEnv) commitNotifying(listener, looks *pgx.Conn, schema string) 
 			l = d.fleetLocks([]string{schema})[0]
 			return l.leader != 0 && len(l.idle) == 1 && l.idle[0] == l.leader, fmt.Sprintf("led by %d, held by %s", l.leader, l.who)
 		})
-		before := sessionStateOf(t, looks, l.leader)
+		before := relaytest.SessionStateOf(t, looks, uint32(l.leader))
 		still := d.fleetLocks([]string{schema})[0]
 		start = time.Now()
 		jids = append(jids, d.stageIn(schema))
-		after := sessionStateOf(t, looks, l.leader)
+		after := relaytest.SessionStateOf(t, looks, uint32(l.leader))
 		if notifiedBy(t, listener, relay.ChannelName(schema), d.conn.PgConn().PID(), 3*time.Second) {
 			return jids, start
 		}
 		tries = append(tries, fmt.Sprintf("%d: lock connection %d %s, then %s; the gate held by %v after the first look",
 			try, l.leader, before, after, still.idle))
-		if still.leader == l.leader && slices.Equal(still.idle, []int32{l.leader}) && before.state == "idle" && after == before {
+		if still.leader == l.leader && slices.Equal(still.idle, []int32{l.leader}) && before.State == "idle" && after == before {
 			t.Errorf("schema %s: the commit of one job sent no NOTIFY within 3s, though its leader was idle throughout: its lock connection %d held the wake gate and ran no statement from before the commit to after it; commits: %s",
 				schema, l.leader, strings.Join(tries, "; "))
 			return jids, start
@@ -255,27 +254,6 @@ func (d *defaultsEnv) commitNotifying(listener, looks *pgx.Conn, schema string) 
 		}
 		t.Logf("schema %s: commit %d of one job sent no NOTIFY within 3s, and its leader may have left idle around it (%s): try again", schema, try, tries[len(tries)-1])
 	}
-}
-
-// sessionState is a backend's state in pg_stat_activity and when it last
-// changed: a statement changes both.
-type sessionState struct {
-	state string // "" when the session is gone
-	since string // state_change, to the microsecond
-}
-
-func (s sessionState) String() string { return fmt.Sprintf("%s since %s", s.state, s.since) }
-
-// sessionStateOf reads the state of the backend pid, on conn.
-func sessionStateOf(t *testing.T, conn *pgx.Conn, pid int32) sessionState {
-	t.Helper()
-	var s sessionState
-	err := conn.QueryRow(context.Background(), `SELECT coalesce(state, ''), coalesce(to_char(state_change, 'YYYY-MM-DD HH24:MI:SS.US'), '')
-		FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&s.state, &s.since)
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		t.Fatalf("read pg_stat_activity: %v", err)
-	}
-	return s
 }
 
 // notifiedBy waits up to timeout for a notification on channel from the

@@ -3,6 +3,7 @@ package relaytest
 import (
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/stagedrain/stagedrain/relay/internal/testenv"
@@ -131,4 +132,16 @@ type Sidekiq = testenv.Sidekiq
 func StartSidekiq(t testing.TB, file, redisURL string) *Sidekiq {
 	t.Helper()
 	return testenv.StartSidekiq(t, file, redisURL)
+}
+
+// SessionState is a backend's state in pg_stat_activity and when it last
+// changed (testenv.SessionState).
+type SessionState = testenv.SessionState
+
+// SessionStateOf reads the state of the backend pid, on conn: a test that
+// must know whether a session ran a statement between two reads compares
+// them. A session that is gone reads as State "".
+func SessionStateOf(t testing.TB, conn *pgx.Conn, pid uint32) SessionState {
+	t.Helper()
+	return testenv.SessionStateOf(t, conn, pid)
 }

@@ -2,6 +2,8 @@ package testenv
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net/url"
 	"testing"
 	"time"
@@ -166,4 +168,25 @@ func RunUntilCleanup(t testing.TB, run func(context.Context) error) {
 			t.Errorf("Run did not return within 15s of cancel")
 		}
 	})
+}
+
+// SessionState is a backend's state in pg_stat_activity and when it last
+// changed: a statement changes both.
+type SessionState struct {
+	State string // "" when the session is gone
+	Since string // state_change, to the microsecond
+}
+
+func (s SessionState) String() string { return fmt.Sprintf("%s since %s", s.State, s.Since) }
+
+// SessionStateOf reads the state of the backend pid, on conn.
+func SessionStateOf(t testing.TB, conn *pgx.Conn, pid uint32) SessionState {
+	t.Helper()
+	var s SessionState
+	err := conn.QueryRow(context.Background(), `SELECT coalesce(state, ''), coalesce(to_char(state_change, 'YYYY-MM-DD HH24:MI:SS.US'), '')
+		FROM pg_stat_activity WHERE pid = $1`, int64(pid)).Scan(&s.State, &s.Since)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		t.Fatalf("read pg_stat_activity: %v", err)
+	}
+	return s
 }
