@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
 )
 
 // How the relay's PostgreSQL sessions notice that the other end is gone,
@@ -110,3 +112,38 @@ func (r *Relay) connConfig(role string) *pgx.ConnConfig {
 
 // millis is d as a PostgreSQL time setting in milliseconds.
 func millis(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
+
+// poolCloseWait bounds how long closing a pool waits for its connections.
+//
+// pgxpool's Close waits until every connection has closed, and pgx (since
+// v5.12) closes a connection whose statement was interrupted (the relay
+// stopping mid-statement, a statement's own timeout) by sending Terminate
+// and reading until the server hangs up, for up to 15s. The server never
+// hangs up when it is stalled, or when the Terminate could not be sent: a
+// TLS connection whose write was interrupted by the statement's deadline
+// refuses every write after (crypto/tls), and the backend waits for the
+// next message. Seen: a relay on sslmode=prefer, stopped beside the app's
+// full write load, took 15s to exit after SIGTERM. Past poolCloseWait the
+// relay goes on without those connections: their goroutines end within
+// the 15s, or with the process, and PostgreSQL ends a backend whose
+// client is gone (a transaction it held is rolled back, as after a
+// crash, which the relay is built to survive).
+const poolCloseWait = 2 * time.Second
+
+// closePool closes pool, waiting for its connections at most
+// poolCloseWait (logged at warn past it).
+func closePool(log *zap.Logger, name string, pool *pgxpool.Pool) {
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		pool.Close()
+	}()
+	t := time.NewTimer(poolCloseWait)
+	defer t.Stop()
+	select {
+	case <-closed:
+	case <-t.C:
+		log.Warn("a connection of the "+name+" pool is still closing: not waiting for it",
+			zap.Duration("waited", poolCloseWait))
+	}
+}

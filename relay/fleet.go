@@ -269,7 +269,7 @@ func (f *fleet) session(ctx context.Context, pool *pgxpool.Pool) (connected time
 		if err != nil {
 			return connected, err
 		}
-		defer shared.Close()
+		defer closePool(r.log, "shared drain", shared)
 		s.drainer = f.startSharedDrainer(sctx, shared)
 		defer func() { cancel(); s.drainer.wait() }()
 	}

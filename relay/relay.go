@@ -400,7 +400,7 @@ func (r *Relay) runSessions(ctx context.Context, maxConns int32, session func(co
 	if err != nil {
 		return fmt.Errorf("pool: %w", err)
 	}
-	defer pool.Close()
+	defer closePool(r.log, "drain", pool)
 	// The database's xmin horizon, for the whole process (horizon.go).
 	w := &horizonWatch{table: "staged_jobs"}
 	if r.cfg.Source == SourceSidekiqStagedPush {

@@ -503,7 +503,7 @@ func (p *relayProc) cpu() (time.Duration, error) {
 }
 
 // stopRelay records the running relay's peak RSS, then stops it with
-// SIGTERM (SIGKILL if it has not exited 15s later). It returns the peak RSS.
+// SIGTERM (SIGQUIT, then SIGKILL, if it has not exited 15s later). It returns the peak RSS.
 func (b *bench) stopRelay() (int64, error) {
 	p := b.relay
 	b.relay = nil
@@ -531,9 +531,16 @@ func (b *bench) stopProc(p *relayProc) (int64, error) {
 	select {
 	case <-p.done:
 	case <-time.After(15 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-		return rss, errors.New("relay still running 15s after SIGTERM: killed")
+		// SIGQUIT makes the Go runtime print every goroutine's stack to
+		// the relay's stderr (ours) and exit: what it was stuck on.
+		_ = p.cmd.Process.Signal(syscall.SIGQUIT)
+		select {
+		case <-p.done:
+		case <-time.After(5 * time.Second):
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+		return rss, errors.New("relay still running 15s after SIGTERM: stopped with SIGQUIT (its goroutines are above)")
 	}
 	if p.err != nil {
 		return rss, fmt.Errorf("relay: %w", p.err)
