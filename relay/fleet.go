@@ -301,7 +301,9 @@ func (f *fleet) session(ctx context.Context, pool *pgxpool.Pool) (connected time
 			continue
 		case <-heat.pollC():
 			led := s.led()
-			heat.hits += s.poll(sctx, led, true)
+			found, err := s.poll(sctx, led, true)
+			heat.hits += found
+			heat.pollFailed = heat.pollFailed || err != nil
 			heat.pollAgain(len(led))
 			continue
 		case <-ctx.Done():
@@ -813,12 +815,12 @@ func (s *fleetSession) led() []*tenant {
 // wakes their drains (or, hot, hands them to the shared drain) and returns
 // how many; the fallback poll, and a hot fleet's (hot: counted as
 // hot_poll).
-func (s *fleetSession) poll(ctx context.Context, led []*tenant, hot bool) (found int) {
+func (s *fleetSession) poll(ctx context.Context, led []*tenant, hot bool) (found int, err error) {
 	if hot {
 		led = slices.DeleteFunc(led, func(t *tenant) bool { return t.r.heldBack.Load() })
 	}
 	if len(led) == 0 {
-		return 0
+		return 0, nil
 	}
 	if !slices.Equal(led, s.pollFor) {
 		s.pollFor, s.pollSQL, s.hotPollSQL = slices.Clone(led), pollSQL(led, s.f.table, false), pollSQL(led, s.f.table, true)
@@ -828,7 +830,7 @@ func (s *fleetSession) poll(ctx context.Context, led []*tenant, hot bool) (found
 		stmts = s.hotPollSQL
 	}
 	args := pollArgs(led, s.f.r.cfg.Queues, hot)
-	err := withDeadline(ctx, pollTimeout(s.f.r.cfg.LeaderInterval), func(ctx context.Context) error {
+	err = withDeadline(ctx, pollTimeout(s.f.r.cfg.LeaderInterval), func(ctx context.Context) error {
 		// Prepared (pgx's statement cache): a hot fleet polls hundreds
 		// of times a second, and planning a union over 200 schemas each
 		// time cost PostgreSQL more than the probes. They change only with
@@ -892,7 +894,7 @@ func (s *fleetSession) poll(ctx context.Context, led []*tenant, hot bool) (found
 			trySendWakeup(t.wake)
 		}
 	}
-	return found
+	return found, err
 }
 
 // pollArgs are pollSQL's arguments: each schema's low-water mark (below it

@@ -194,3 +194,41 @@ func TestFleetTriesCool(t *testing.T) {
 		t.Errorf("after %s cool: interval %s, want %s", hotProbeReset, h.probeEvery, hotProbe)
 	}
 }
+
+// A hot fleet whose poll failed in a window does not cool on that
+// window's quiet: the failed poll found nothing, most often because it
+// timed out beside a saturated server. The next window without a failure
+// is weighed as before.
+func TestFleetStaysHotThroughFailedPolls(t *testing.T) {
+	now := time.Now()
+	var h fleetHeat
+	for i := 0; !h.hot; i++ {
+		if i > hotEnterWindows {
+			t.Fatal("not hot")
+		}
+		now = now.Add(hotWindow)
+		h.heats(now, 1000, hotEnter, hotWaitFrom, hotAlways, func() (int, error) { return hotWaitHeavy, nil })
+	}
+	// Hot polls that failed all second: nothing found, no commits seen.
+	for range 3 {
+		h.pollFailed = true
+		for range int(hotLeaveAfter / hotWindow) {
+			now = now.Add(hotWindow)
+			if cool, trying := h.cools(now, 0, 0, hotLeave, hotAlways); cool {
+				t.Fatalf("cooled (trying %v) on a window whose hot poll failed", trying)
+			}
+		}
+	}
+	// A quiet second with no failure cools it.
+	cooled := false
+	for range int(hotLeaveAfter/hotWindow) + 1 {
+		now = now.Add(hotWindow)
+		if cool, _ := h.cools(now, 0, 0, hotLeave, hotAlways); cool {
+			cooled = true
+			break
+		}
+	}
+	if !cooled {
+		t.Fatal("a quiet second whose polls succeeded did not cool the fleet")
+	}
+}

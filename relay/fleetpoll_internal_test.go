@@ -66,8 +66,8 @@ func TestFleetPollIsPrepared(t *testing.T) {
 		return names
 	}
 	for range 3 {
-		if n := s.poll(ctx, led, true); n != 1 {
-			t.Fatalf("the poll found %d schemas with rows, want 1 (%s)", n, led[1].schema)
+		if n, err := s.poll(ctx, led, true); err != nil || n != 1 {
+			t.Fatalf("the poll found %d schemas with rows, want 1 (%s); error: %v", n, led[1].schema, err)
 		}
 		if got := woken(); !slices.Equal(got, []string{led[1].schema}) {
 			t.Fatalf("the poll woke %v, want %s only", got, led[1].schema)
@@ -151,8 +151,8 @@ func TestFleetPollChunks(t *testing.T) {
 	}
 	defer pool.Close()
 	s := &fleetSession{f: r.fleet, pool: pool}
-	if n := s.poll(ctx, led, false); n != len(want) {
-		t.Fatalf("the poll found %d schemas with rows, want %d (%v)", n, len(want), want)
+	if n, err := s.poll(ctx, led, false); err != nil || n != len(want) {
+		t.Fatalf("the poll found %d schemas with rows, want %d (%v); error: %v", n, len(want), want, err)
 	}
 	if len(s.pollSQL) != 3 {
 		t.Fatalf("the poll over %d schemas is %d statements, want 3 of %d at most", len(led), len(s.pollSQL), pollChunk)
@@ -192,7 +192,7 @@ func TestFleetHotPollSkipsRowsSharedDrainsTook(t *testing.T) {
 	s := &fleetSession{f: r.fleet, pool: pool, drainer: d}
 	polled := func(hot bool) (int, []*tenant) {
 		t.Helper()
-		n := s.poll(ctx, led, hot)
+		n, _ := s.poll(ctx, led, hot)
 		select {
 		case <-led[0].wake:
 		default:
@@ -437,7 +437,7 @@ func TestFleetHotPollLeavesFutureRowsOut(t *testing.T) {
 			s := &fleetSession{f: fx.fleet.fleet, pool: fx.pool}
 			polled := func(hot bool) (found int, woken bool) {
 				t.Helper()
-				found = s.poll(ctx, led, hot)
+				found, _ = s.poll(ctx, led, hot)
 				select {
 				case <-led[0].wake:
 					woken = true
