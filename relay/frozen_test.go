@@ -87,14 +87,7 @@ func TestFrozenBatchIsRolledBack(t *testing.T) {
 // LISTEN follows after the reconnect backoff (100ms).
 func TestSilentListenerIsReplaced(t *testing.T) {
 	t.Parallel()
-	pg := testenv.StartPostgres(t)
-	h := &harness{t: t, schema: "jobs"}
-	h.rdb, h.ns = testenv.Redis(t)
-	h.conn = testenv.Conn(t, pg.URL())
-	if _, err := relay.Migrate(context.Background(), h.conn, h.schema); err != nil {
-		t.Fatal(err)
-	}
-	h.stager = relay.NewStager(h.schema)
+	h, pg := privateHarness(t)
 	cfg := h.config()
 	cfg.DatabaseURL = pg.URL()
 	cfg.PollInterval = time.Minute
@@ -170,14 +163,7 @@ func TestSilentListenerIsReplaced(t *testing.T) {
 // the LISTEN completed), logs at warn, and listens on a new connection.
 func TestFrozenListenIsReplaced(t *testing.T) {
 	t.Parallel()
-	pg := testenv.StartPostgres(t)
-	h := &harness{t: t, schema: "jobs"}
-	h.rdb, h.ns = testenv.Redis(t)
-	h.conn = testenv.Conn(t, pg.URL())
-	if _, err := relay.Migrate(context.Background(), h.conn, h.schema); err != nil {
-		t.Fatal(err)
-	}
-	h.stager = relay.NewStager(h.schema)
+	h, pg := privateHarness(t)
 	cfg := h.config()
 	cfg.DatabaseURL = pg.URL()
 	cfg.PollInterval = time.Minute

@@ -236,14 +236,7 @@ func migrateAndRecord(t *testing.T, conn *pgx.Conn, schema, sql string) {
 // retries with backoff, and drains once the server is back.
 func TestPostgresDownAtStartAndMidRun(t *testing.T) {
 	t.Parallel()
-	pg := testenv.StartPostgres(t)
-	h := &harness{t: t, schema: "jobs"}
-	h.rdb, h.ns = testenv.Redis(t)
-	h.conn = testenv.Conn(t, pg.URL())
-	if _, err := relay.Migrate(context.Background(), h.conn, h.schema); err != nil {
-		t.Fatal(err)
-	}
-	h.stager = relay.NewStager(h.schema)
+	h, pg := privateHarness(t)
 	h.conn.Close(context.Background())
 	pg.Stop()
 

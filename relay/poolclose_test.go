@@ -24,14 +24,7 @@ import (
 // to exit.
 func TestStopsWithADrainBackendFrozen(t *testing.T) {
 	t.Parallel()
-	pg := testenv.StartPostgres(t)
-	h := &harness{t: t, schema: "jobs"}
-	h.rdb, h.ns = testenv.Redis(t)
-	h.conn = testenv.Conn(t, pg.URL())
-	if _, err := relay.Migrate(context.Background(), h.conn, h.schema); err != nil {
-		t.Fatal(err)
-	}
-	h.stager = relay.NewStager(h.schema)
+	h, pg := privateHarness(t)
 	cfg := h.config()
 	cfg.DatabaseURL = pg.URL()
 	cfg.PollInterval = 100 * time.Millisecond // a poll soon after the freeze
