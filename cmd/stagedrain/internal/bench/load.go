@@ -335,6 +335,28 @@ func (b *bench) waitReadyOn(ctx context.Context, p *relayProc, fast bool, tables
 		want = 3
 	}
 	deadline := time.Now().Add(timeout)
+	// next waits up to 500ms for a probe job and returns its id (-1 for
+	// none, or one it cannot read), or an error: the relay exited, or
+	// the deadline passed (late says how far it got).
+	next := func(late func() string) (int64, error) {
+		if err := p.exited(); err != nil {
+			return -1, err
+		}
+		if time.Now().After(deadline) {
+			return -1, errors.New(late())
+		}
+		res, err := b.rdb.BRPop(ctx, 500*time.Millisecond, key).Result()
+		if errors.Is(err, redis.Nil) {
+			return -1, nil
+		}
+		if err != nil {
+			return -1, fmt.Errorf("BRPOP probe: %w", err)
+		}
+		if got, ok := argID(res[1]); ok {
+			return got, nil
+		}
+		return -1, nil
+	}
 	// A relay of many tables first delivers a probe from each, so that
 	// its first drain of each schema (which prepares that schema's
 	// statements) comes before the measured runs, not in the first.
@@ -347,20 +369,13 @@ func (b *bench) waitReadyOn(ctx context.Context, p *relayProc, fast bool, tables
 			}
 		}
 		for seen := int64(0); seen < warm; {
-			if err := p.exited(); err != nil {
+			got, err := next(func() string {
+				return fmt.Sprintf("the relay delivered %d of %d probe jobs, one staged in each of its tables, in %s", seen, warm, timeout)
+			})
+			if err != nil {
 				return err
 			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("the relay delivered %d of %d probe jobs, one staged in each of its tables, in %s", seen, warm, timeout)
-			}
-			res, err := b.rdb.BRPop(ctx, 500*time.Millisecond, key).Result()
-			if errors.Is(err, redis.Nil) {
-				continue
-			}
-			if err != nil {
-				return fmt.Errorf("BRPOP probe: %w", err)
-			}
-			if got, ok := argID(res[1]); ok && got < warm {
+			if got >= 0 && got < warm {
 				seen++
 			}
 		}
@@ -371,21 +386,13 @@ func (b *bench) waitReadyOn(ctx context.Context, p *relayProc, fast bool, tables
 		}
 		committed := time.Now()
 		for delivered := false; !delivered; {
-			if err := p.exited(); err != nil {
+			got, err := next(func() string {
+				return fmt.Sprintf("the relay did not deliver %d probe jobs in a row, each within %s, in %s", want, fastProbe, timeout)
+			})
+			if err != nil {
 				return err
 			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("the relay did not deliver %d probe jobs in a row, each within %s, in %s", want, fastProbe, timeout)
-			}
-			res, err := b.rdb.BRPop(ctx, 500*time.Millisecond, key).Result()
-			if errors.Is(err, redis.Nil) {
-				continue
-			}
-			if err != nil {
-				return fmt.Errorf("BRPOP probe: %w", err)
-			}
-			got, ok := argID(res[1])
-			delivered = ok && got == id
+			delivered = got == id
 		}
 		if !fast || time.Since(committed) <= fastProbe {
 			streak++
