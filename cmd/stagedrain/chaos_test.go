@@ -76,17 +76,22 @@ func testChaos(t *testing.T, schemas int) {
 		if !t.Failed() {
 			return
 		}
+		// What failed comes last of all: CI may show only the last
+		// lines of the output.
 		var b strings.Builder
 		fmt.Fprintf(&b, "chaos %s FAILED, seed %d", plan.name, seed)
+		if c != nil {
+			tl := strings.Split(strings.TrimRight(c.timelineText(), "\n"), "\n")
+			fmt.Fprintf(&b, "\ntimeline, the last %d lines:\n%s", min(len(tl), 15), strings.Join(tl[max(0, len(tl)-15):], "\n"))
+		}
 		if f != nil {
 			fmt.Fprintf(&b, "\n%s", f.summary())
 			for _, p := range f.problems {
 				fmt.Fprintf(&b, "\n- %s", p)
 			}
 		}
-		if c != nil {
-			tl := strings.Split(strings.TrimRight(c.timelineText(), "\n"), "\n")
-			fmt.Fprintf(&b, "\ntimeline, the last %d lines:\n%s", min(len(tl), 15), strings.Join(tl[max(0, len(tl)-15):], "\n"))
+		if f == nil || len(f.problems) == 0 {
+			fmt.Fprintf(&b, "\nthe figures found nothing wrong: what failed is logged above (a fault, a relay's exit or a wait)")
 		}
 		t.Log(b.String())
 	})
