@@ -1,11 +1,14 @@
 package relay
 
 import (
+	"context"
 	"net"
 	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 )
@@ -146,4 +149,65 @@ func closePool(log *zap.Logger, name string, pool *pgxpool.Pool) {
 		log.Warn("a connection of the "+name+" pool is still closing: not waiting for it",
 			zap.Duration("waited", poolCloseWait))
 	}
+}
+
+// cancelOnServer marks ctx: a statement of the drain pools whose context
+// ends is cancelled by PostgreSQL (a cancel request), and its session
+// stays; see drainWatcher.
+func cancelOnServer(ctx context.Context) context.Context {
+	return context.WithValue(ctx, cancelOnServerKey{}, true)
+}
+
+type cancelOnServerKey struct{}
+
+// cancelDeadlineDelay is how long a statement cancelled on the server
+// may take to end before its socket is cut after all (a server that does
+// not answer). Within a fleet poll's budget: pollTimeout plus this, plus
+// the 100ms pgx waits after a cancel request, stays under the lock
+// connection's idle_session_timeout less a keepalive's interval.
+const cancelDeadlineDelay = 200 * time.Millisecond
+
+// drainWatcher is how a drain pool's connection stops a statement whose
+// context ended. pgx's default cuts the socket (a deadline), which ends
+// the session: the pool dials a new one, whose statement cache starts
+// empty. That is what a drain wants: a claim whose context ended is
+// abandoned, its transaction rolled back with the session.
+//
+// A fleet's poll is one statement over every schema it leads, prepared
+// once (fleetSession.poll). Beside an app at full speed, polls over 200
+// schemas timed out (pollTimeout) every ~450 ms: each timed-out poll took
+// its session with it, the next one planned the union again on a new
+// session, past the timeout again, and each failure woke every schema's
+// own drain (issue 23). A context marked by cancelOnServer is stopped by a
+// cancel request instead: PostgreSQL ends the statement, and the session
+// and its prepared statements stay. If the server does not answer, the
+// socket is cut cancelDeadlineDelay later, as before.
+type drainWatcher struct {
+	deadline pgconn.DeadlineContextWatcherHandler
+	cancel   pgconn.CancelRequestContextWatcherHandler
+	onServer bool // the statement being stopped was cancelled on the server
+}
+
+func newDrainWatcher(c *pgconn.PgConn) ctxwatch.Handler {
+	return &drainWatcher{
+		deadline: pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()},
+		cancel:   pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: cancelDeadlineDelay},
+	}
+}
+
+func (w *drainWatcher) HandleCancel(ctx context.Context) {
+	w.onServer = ctx.Value(cancelOnServerKey{}) != nil
+	if w.onServer {
+		w.cancel.HandleCancel(ctx)
+		return
+	}
+	w.deadline.HandleCancel(ctx)
+}
+
+func (w *drainWatcher) HandleUnwatchAfterCancel() {
+	if w.onServer {
+		w.cancel.HandleUnwatchAfterCancel()
+		return
+	}
+	w.deadline.HandleUnwatchAfterCancel()
 }

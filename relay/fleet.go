@@ -830,7 +830,9 @@ func (s *fleetSession) poll(ctx context.Context, led []*tenant, hot bool) (found
 		stmts = s.hotPollSQL
 	}
 	args := pollArgs(led, s.f.r.cfg.Queues, hot)
-	err = withDeadline(ctx, pollTimeout(s.f.r.cfg.LeaderInterval), func(ctx context.Context) error {
+	// Cancelled on the server past its timeout: the session and its
+	// prepared polls stay (drainWatcher).
+	err = withDeadline(cancelOnServer(ctx), pollTimeout(s.f.r.cfg.LeaderInterval), func(ctx context.Context) error {
 		// Prepared (pgx's statement cache): a hot fleet polls hundreds
 		// of times a second, and planning a union over 200 schemas each
 		// time cost PostgreSQL more than the probes. They change only with

@@ -636,6 +636,7 @@ func (r *Relay) drainPoolConfig() (*pgxpool.Config, error) {
 	// again (see conn.go).
 	poolCfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = millis(r.drainIdleInTx)
 	maps.Copy(poolCfg.ConnConfig.RuntimeParams, drainPlanSettings)
+	poolCfg.ConnConfig.BuildContextWatcherHandler = newDrainWatcher
 	// pgxpool pings a connection idle for over a second before handing it
 	// out. The idle relay's fallback poll comes every 0.75-1.25
 	// PollInterval, so that was a ping before every other poll: a round

@@ -1,0 +1,97 @@
+package relay
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/stagedrain/stagedrain/relay/internal/testenv"
+)
+
+// A fleet poll that runs past its timeout is cancelled by PostgreSQL, not
+// by cutting its socket: its session, and the poll prepared on it, stay
+// for the next poll (drainWatcher). A session lost at each timeout meant
+// planning the union over every schema again on a new one, which beside
+// a busy app timed out again (issue 23). Here the poll waits on a lock
+// the test holds on one tenant's table.
+func TestFleetPollTimeoutKeepsItsSession(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testenv.DatabaseURL()
+	base := testenv.Name("fpcancel")
+	conn := testenv.Conn(t, url)
+	rdb, ns := testenv.Redis(t)
+	r, err := New(Config{DatabaseURL: url, Redis: rdb, RedisNamespace: ns, Schemas: []string{base + "_*"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var led []*tenant
+	for _, suffix := range []string{"a", "b"} {
+		schema := testenv.SchemaNamedIn(t, url, base+"_"+suffix)
+		if _, err := Migrate(ctx, conn, schema); err != nil {
+			t.Fatal(err)
+		}
+		led = append(led, &tenant{schema: schema, r: r, wake: make(chan struct{}, 1)})
+	}
+	pcfg, err := r.drainPoolConfig() // the relay's own, with its drainWatcher
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg.MaxConns = 1 // the poll's session is the one the test reads
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	s := &fleetSession{f: r.fleet, pool: pool}
+	session := func() (pid uint32, prepared int) {
+		t.Helper()
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Release()
+		err = c.QueryRow(ctx, `SELECT pg_backend_pid(), (SELECT count(*) FROM pg_prepared_statements WHERE statement = $1)`, s.hotPollSQL[0]).
+			Scan(&pid, &prepared)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pid, prepared
+	}
+
+	if _, err := s.poll(ctx, led, true); err != nil {
+		t.Fatal(err)
+	}
+	pid, prepared := session()
+	if prepared != 1 {
+		t.Fatalf("the hot poll is prepared %d times on the pool's session, want once", prepared)
+	}
+
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, "LOCK TABLE "+pgx.Identifier{led[0].schema, "staged_jobs"}.Sanitize()+" IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.poll(ctx, led, true); err == nil {
+		t.Fatal("the poll ended without error while a table it reads was locked: want its timeout")
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	if _, err := s.poll(ctx, led, true); err != nil {
+		t.Fatalf("the poll after the timeout: %v", err)
+	}
+	after, prepared := session()
+	if after != pid {
+		t.Fatalf("the poll's session changed at its timeout (backend %d, then %d): the socket was cut, not the statement cancelled", pid, after)
+	}
+	if prepared != 1 {
+		t.Fatalf("the hot poll is prepared %d times on the pool's session after the timeout, want once", prepared)
+	}
+}
