@@ -6,8 +6,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/stagedrain/stagedrain/relay/internal/testenv"
 )
 
 // A fleet poll that runs past its timeout is cancelled by PostgreSQL, not
@@ -19,22 +17,7 @@ import (
 func TestFleetPollTimeoutKeepsItsSession(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := testenv.DatabaseURL()
-	base := testenv.Name("fpcancel")
-	conn := testenv.Conn(t, url)
-	rdb, ns := testenv.Redis(t)
-	r, err := New(Config{DatabaseURL: url, Redis: rdb, RedisNamespace: ns, Schemas: []string{base + "_*"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var led []*tenant
-	for _, suffix := range []string{"a", "b"} {
-		schema := testenv.SchemaNamedIn(t, url, base+"_"+suffix)
-		if _, err := Migrate(ctx, conn, schema); err != nil {
-			t.Fatal(err)
-		}
-		led = append(led, &tenant{schema: schema, r: r, wake: make(chan struct{}, 1)})
-	}
+	r, led, conn := pollTenants(t, "fpcancel", []string{"a", "b"})
 	pcfg, err := r.drainPoolConfig() // the relay's own, with its drainWatcher
 	if err != nil {
 		t.Fatal(err)

@@ -25,21 +25,7 @@ func TestFleetPollIsPrepared(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	url := testenv.DatabaseURL()
-	base := testenv.Name("fpoll")
-	conn := testenv.Conn(t, url)
-	var led []*tenant
-	rdb, ns := testenv.Redis(t)
-	r, err := New(Config{DatabaseURL: url, Redis: rdb, RedisNamespace: ns, Schemas: []string{base + "_*"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, suffix := range []string{"a", "b", "c"} {
-		schema := testenv.SchemaNamedIn(t, url, base+"_"+suffix)
-		if _, err := Migrate(ctx, conn, schema); err != nil {
-			t.Fatal(err)
-		}
-		led = append(led, &tenant{schema: schema, r: r, wake: make(chan struct{}, 1)})
-	}
+	r, led, conn := pollTenants(t, "fpoll", []string{"a", "b", "c"})
 	if _, err := NewStager(led[1].schema).Stage(ctx, conn, Job{Name: "W"}); err != nil {
 		t.Fatal(err)
 	}
@@ -124,21 +110,11 @@ func TestFleetPollChunks(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	url := testenv.DatabaseURL()
-	base := testenv.Name("fchunk")
-	conn := testenv.Conn(t, url)
-	rdb, ns := testenv.Redis(t)
-	r, err := New(Config{DatabaseURL: url, Redis: rdb, RedisNamespace: ns, Schemas: []string{base + "_*"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var led []*tenant
+	var suffixes []string
 	for i := range 2*pollChunk + 3 {
-		schema := testenv.SchemaNamedIn(t, url, fmt.Sprintf("%s_%02d", base, i))
-		if _, err := Migrate(ctx, conn, schema); err != nil {
-			t.Fatal(err)
-		}
-		led = append(led, &tenant{schema: schema, r: r, wake: make(chan struct{}, 1)})
+		suffixes = append(suffixes, fmt.Sprintf("%02d", i))
 	}
+	r, led, conn := pollTenants(t, "fchunk", suffixes)
 	want := []string{led[0].schema, led[pollChunk+1].schema, led[2*pollChunk+2].schema}
 	for _, schema := range want {
 		if _, err := NewStager(schema).Stage(ctx, conn, Job{Name: "W"}); err != nil {
@@ -528,4 +504,28 @@ func TestFleetSharedTidiesReadTheWALOnce(t *testing.T) {
 	if n := counter.n.Load(); n != 1 {
 		t.Fatalf("%d queries for the tidies of %d schemas, want one WAL read", n, len(relays))
 	}
+}
+
+// pollTenants makes a relay --schemas <name>_* (name made unique) and, for
+// each suffix, migrates the schema <name>_<suffix> and makes its tenant:
+// the relay, the tenants in the suffixes' order, and the test's connection.
+func pollTenants(t *testing.T, name string, suffixes []string) (*Relay, []*tenant, *pgx.Conn) {
+	t.Helper()
+	url := testenv.DatabaseURL()
+	base := testenv.Name(name)
+	conn := testenv.Conn(t, url)
+	rdb, ns := testenv.Redis(t)
+	r, err := New(Config{DatabaseURL: url, Redis: rdb, RedisNamespace: ns, Schemas: []string{base + "_*"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var led []*tenant
+	for _, suffix := range suffixes {
+		schema := testenv.SchemaNamedIn(t, url, base+"_"+suffix)
+		if _, err := Migrate(context.Background(), conn, schema); err != nil {
+			t.Fatal(err)
+		}
+		led = append(led, &tenant{schema: schema, r: r, wake: make(chan struct{}, 1)})
+	}
+	return r, led, conn
 }
