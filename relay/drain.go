@@ -54,9 +54,12 @@ func (r *Relay) drainLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 	}
 	defer g.late.stop()
 	// Where claims start (lowwater.go), and its probe, for this leadership.
-	mark, err := r.newLowWater(ctx, pool)
-	if err != nil && ctx.Err() == nil {
-		log.Warn("claims start at the id index's start", zap.Error(err))
+	mark, err := r.markFor(ctx, pool)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
 	}
 	r.drainMu.Lock()
 	r.mark.Store(mark)

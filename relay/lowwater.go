@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 )
@@ -369,6 +370,40 @@ func (r *Relay) newLowWater(ctx context.Context, pool *pgxpool.Pool) (*lowWater,
 	// Every claim of this leadership begins after now: the rows they
 	// leave below the mark as not yet due are due after it.
 	return &lowWater{mark: fromStart, looked: now}, nil
+}
+
+// markFor is newLowWater, its check tried again when it fails: a
+// leadership begins on a drain pool whose sessions PostgreSQL may have
+// ended (it restarted, failed over, or an operator ran
+// pg_terminate_backend), and the pool hands a session out without a ping
+// when it was used within the last two polls (drainPoolConfig). Each
+// failed try leaves its broken session out of the pool, so MaxConns+1
+// tries reach a working one when the server is up.
+//
+// A check that still fails for a session's sake (the connection, or a
+// FATAL from the server) is returned: it ends the leadership, which is
+// retried with backoff. Before, the leadership went on without a mark:
+// every claim of it started at the id index's start and walked the dead
+// index entries below (lowWater), for as long as it led: 9 times in the
+// relays' logs of 10 full chaos runs, each right after PostgreSQL
+// restarted. A refusal (an ERROR: the table changed under it, a
+// privilege) is not retried, and the leadership goes on without the mark,
+// logged, as before.
+func (r *Relay) markFor(ctx context.Context, pool *pgxpool.Pool) (*lowWater, error) {
+	tries := int(pool.Config().MaxConns) + 1
+	var err error
+	for range tries {
+		var mark *lowWater
+		if mark, err = r.newLowWater(ctx, pool); err == nil || ctx.Err() != nil {
+			return mark, err
+		}
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Severity == "ERROR" {
+			r.log.Named("drain").Warn("claims start at the id index's start", zap.Error(err))
+			return nil, nil
+		}
+	}
+	return nil, err
 }
 
 // lookMargin widens each look for future rows below the mark that came
