@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // A fleet poll that runs past its timeout is cancelled by PostgreSQL, not
@@ -18,17 +17,7 @@ func TestFleetPollTimeoutKeepsItsSession(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	r, led, conn := pollTenants(t, "fpcancel", []string{"a", "b"})
-	pcfg, err := r.drainPoolConfig() // the relay's own, with its drainWatcher
-	if err != nil {
-		t.Fatal(err)
-	}
-	pcfg.MaxConns = 1 // the poll's session is the one the test reads
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	s := &fleetSession{f: r.fleet, pool: pool}
+	s, pool := pollSession(t, r) // the relay's drain configuration, with its drainWatcher
 	session := func() (pid uint32, prepared int) {
 		t.Helper()
 		c, err := pool.Acquire(ctx)

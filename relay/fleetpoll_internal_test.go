@@ -24,22 +24,11 @@ import (
 func TestFleetPollIsPrepared(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := testenv.DatabaseURL()
 	r, led, conn := pollTenants(t, "fpoll", []string{"a", "b", "c"})
 	if _, err := NewStager(led[1].schema).Stage(ctx, conn, Job{Name: "W"}); err != nil {
 		t.Fatal(err)
 	}
-	pcfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pcfg.MaxConns = 1 // the poll's session is the one the test reads
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	s := &fleetSession{f: r.fleet, pool: pool}
+	s, pool := pollSession(t, r)
 
 	woken := func() (names []string) {
 		for _, l := range led {
@@ -528,4 +517,22 @@ func pollTenants(t *testing.T, name string, suffixes []string) (*Relay, []*tenan
 		led = append(led, &tenant{schema: schema, r: r, wake: make(chan struct{}, 1)})
 	}
 	return r, led, conn
+}
+
+// pollSession is a fleet session of r polling on a pool of the relay's own
+// drain configuration with one connection, so that the poll's session is
+// the one the test reads; the pool is closed when the test ends.
+func pollSession(t *testing.T, r *Relay) (*fleetSession, *pgxpool.Pool) {
+	t.Helper()
+	pcfg, err := r.drainPoolConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return &fleetSession{f: r.fleet, pool: pool}, pool
 }
