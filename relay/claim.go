@@ -163,7 +163,7 @@ func newTableSQL(schema string, byQueue bool) tableSQL {
 		lastID:    markClaim.mark,
 		markTable: table,
 		markCheck: markCheckSQL,
-		markOff:   "claims start at the id index's start: staged_jobs.id's default is not stagedrain_next_id() of a sequence with CACHE 1 (sql/011_id_after_xid.sql)",
+		markOff:   "claims start at the id index's start: staged_jobs.id's default is not CASE WHEN pg_current_xact_id() IS NOT NULL THEN nextval(<its own sequence, CACHE 1>) END (sql/018_id_default_inline.sql) or stagedrain_next_id() of it (011)",
 		// Lock-free: rows a batch holds count as staged (lowwater.go).
 		// Of the queues in $2 only, for a relay with Config.Queues: the
 		// other groups' rows below its mark are theirs.

@@ -54,7 +54,7 @@ func ExampleMigrate() {
 	}
 	fmt.Println("tables:", tables)
 	// Output:
-	// a fresh schema: [wake_009.sql baseline_009.sql 010_wake_when_idle.sql 011_id_after_xid.sql 012_wake_one_notifier.sql 013_run_at_index.sql 014_wake_behind.sql 015_wake_one_look.sql 016_options_check_one_const.sql 017_last_id_plpgsql.sql]
+	// a fresh schema: [wake_009.sql baseline_009.sql 010_wake_when_idle.sql 011_id_after_xid.sql 012_wake_one_notifier.sql 013_run_at_index.sql 014_wake_behind.sql 015_wake_one_look.sql 016_options_check_one_const.sql 017_last_id_plpgsql.sql 018_id_default_inline.sql]
 	// again: 0 applied, same version: true
 	// tables: [staged_jobs staged_jobs_dead stagedrain_migrations]
 }

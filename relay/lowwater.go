@@ -33,7 +33,10 @@ import (
 // Ids are not commit order: a transaction may draw id 5, stay open, and
 // commit after id 6 was drained. So L can pass an id only once its
 // transaction has ended. sql/011_id_after_xid.sql makes the id's default
-// stagedrain_next_id(), which takes the transaction's id before nextval():
+// stagedrain_next_id(), which takes the transaction's id before nextval(),
+// and sql/018_id_default_inline.sql writes that expression out as the
+// default itself (CASE WHEN pg_current_xact_id() IS NOT NULL THEN
+// nextval(seq) END, saving the app's INSERTs a parse of the function):
 //
 //	(I) a transaction T holding a default id i got its transaction id
 //	    x(T) before the sequence handed out i.
@@ -140,7 +143,8 @@ import (
 // (I) for every default id, and stagedrain_staged_push_last_id() for S.
 //
 // Off (claims start at the index's start, as before 011) for a table whose
-// id default is not stagedrain_next_id() (staged_jobs) or that lacks the
+// id default is neither 018's expression nor stagedrain_next_id() of its
+// own sequence (staged_jobs) or that lacks the
 // enabled trigger (the gem's), whose sequence caches values (CACHE > 1: a
 // session hands out a cached value long after the sequence moved past it),
 // and for the gem's table with a target with no scheduler (its run_at is a
@@ -325,10 +329,16 @@ func (w *lowWater) get() int64 {
 }
 
 // markCheckSQL says whether the table suits the mark: its id default is
-// 011's stagedrain_next_id(), the sequence hands out one value at a time,
-// and stagedrain_last_id() exists.
+// 018's CASE WHEN pg_current_xact_id() IS NOT NULL THEN nextval(seq) END
+// or 011's stagedrain_next_id(seq), the same expression as a function, and
+// depends on the column's own sequence, which hands out one value at a
+// time; and stagedrain_last_id() exists.
 const markCheckSQL = `SELECT coalesce((
-	SELECT pg_get_expr(d.adbin, d.adrelid) LIKE '%stagedrain_next_id(%'
+	SELECT (btrim(regexp_replace(pg_get_expr(d.adbin, d.adrelid), '\s+', ' ', 'g'))
+				LIKE 'CASE WHEN (pg_current_xact_id() IS NOT NULL) THEN nextval(%) ELSE NULL::bigint END'
+			OR pg_get_expr(d.adbin, d.adrelid) LIKE '%stagedrain_next_id(%')
+		AND EXISTS (SELECT FROM pg_depend p WHERE p.classid = 'pg_attrdef'::regclass AND p.objid = d.oid
+			AND p.refclassid = 'pg_class'::regclass AND p.refobjid = pg_get_serial_sequence($1, 'id')::regclass)
 		AND (SELECT s.seqcache = 1 FROM pg_sequence s WHERE s.seqrelid = pg_get_serial_sequence($1, 'id')::regclass)
 		AND to_regprocedure($2) IS NOT NULL
 	FROM pg_attrdef d JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum

@@ -596,10 +596,11 @@ func TestTriggerLooksOnceWhileNobodyIdle(t *testing.T) {
 // An app whose database revokes EXECUTE from PUBLIC by default (ALTER
 // DEFAULT PRIVILEGES ... REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC, for the
 // role that migrates) still stages rows, with a relay idle or not: its
-// INSERT runs stagedrain_next_id (the id's default, 011) and
-// stagedrain_wake_once (the trigger's WHEN, 015; PostgreSQL checks EXECUTE
-// as it prepares the WHEN, relay idle or not), which migration 015 grants
-// to PUBLIC. Without either grant, every INSERT fails. The app's role has only USAGE on the
+// INSERT runs stagedrain_wake_once (the trigger's WHEN, 015; PostgreSQL
+// checks EXECUTE as it prepares the WHEN, relay idle or not), which
+// migration 015 grants to PUBLIC, as it does stagedrain_next_id (the id's
+// default from 011 to 018, which writes the function's expression out).
+// Without the grant, every INSERT fails. The app's role has only USAGE on the
 // schema, INSERT on staged_jobs and USAGE on its sequence.
 func TestAppStagesWhereExecuteIsNotGrantedByDefault(t *testing.T) {
 	t.Parallel()
