@@ -127,10 +127,20 @@ func TestBenchQuick(t *testing.T) {
 	if cells := row("idle relay: WAL"); cells != nil && !benchWALRE.MatchString(cells[2]) {
 		t.Errorf("WAL row: achieved %q, want \"<bytes> B in <window>\"", cells[2])
 	}
+	var latencyCPU float64 // the latency rows' relay CPU per 1,000 jobs, summed
 	for _, prefix := range []string{"latency, 100 jobs/s", "latency, 1,000 jobs/s", "latency, 5,000 jobs/s"} {
 		cells := row(prefix)
 		if cells == nil {
 			continue
+		}
+		// The relay's CPU at an offered rate, which compares across
+		// binaries (a closed loop's does not). Counted in ticks of 10ms: a
+		// quick row's few jobs may take none, not all three rows'.
+		if m := benchLatencyCPURE.FindStringSubmatch(cells[8]); m == nil {
+			t.Errorf("row %q: note %q has no \"relay CPU <ms> ms per 1,000 jobs\"", prefix, cells[8])
+		} else {
+			ms, _ := strconv.ParseFloat(m[1], 64)
+			latencyCPU += ms
 		}
 		achieved, p50, p99, worst := number(cells, 2), number(cells, 3), number(cells, 4), number(cells, 5)
 		// p50 may read 0, as in TestBenchQuickSchemas: a job popped before
@@ -150,6 +160,9 @@ func TestBenchQuick(t *testing.T) {
 		if strings.Contains(cells[8], "never arrived") {
 			t.Errorf("row %q: %s; want every committed job in Redis", prefix, cells[8])
 		}
+	}
+	if latencyCPU <= 0 {
+		t.Error("the latency rows' relay CPU per 1,000 jobs sums to 0, want a positive figure")
 	}
 	checkBenchQuickRows(t, p)
 	// The README's table shows what the bench prints: the same rows, by
@@ -441,6 +454,9 @@ func TestBenchQuickSchemas(t *testing.T) {
 	checkBenchQuickRows(t, p)
 	checkBenchLeftNothing(t, p)
 }
+
+// benchLatencyCPURE matches the relay's CPU in a latency row's note.
+var benchLatencyCPURE = regexp.MustCompile(`; relay CPU ([0-9.]+) ms per 1,000 jobs$`)
 
 // benchCPURE matches the relay's CPU in an app-cost row's note.
 var benchPairRE = regexp.MustCompile(`^bench: app cost: .*, run [12] \(group 1: twin, triggers disabled; group 2: triggers enabled\), group [12]: [0-9]+ TPS`)
