@@ -8,8 +8,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/stagedrain/stagedrain/relay/internal/testenv"
 )
 
 // Migration 018 writes staged_jobs.id's default out as the expression
@@ -21,12 +19,7 @@ import (
 func TestIDDefaultIsInline(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := testenv.DatabaseURL()
-	schema := testenv.SchemaIn(t, url, "iddefault")
-	conn := testenv.Conn(t, url)
-	if _, err := Migrate(ctx, conn, schema); err != nil {
-		t.Fatal(err)
-	}
+	r, conn, schema, pcfg := markRelay(t, "iddefault")
 	table := pgx.Identifier{schema, "staged_jobs"}.Sanitize()
 	seq := pgx.Identifier{schema, "staged_jobs_id_seq"}.Sanitize()
 	other := pgx.Identifier{schema, "other_seq"}.Sanitize()
@@ -79,15 +72,6 @@ func TestIDDefaultIsInline(t *testing.T) {
 		t.Fatalf("ids %d, %d; the sequence's last value %d (%v): want consecutive ids from the table's own sequence", id1, id2, last, err)
 	}
 
-	rdb, ns := testenv.Redis(t)
-	r, err := New(Config{DatabaseURL: url, Redis: rdb, RedisNamespace: ns, Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pcfg, err := r.drainPoolConfig()
-	if err != nil {
-		t.Fatal(err)
-	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		t.Fatal(err)

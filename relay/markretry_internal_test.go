@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/stagedrain/stagedrain/relay/internal/testenv"
@@ -21,21 +22,7 @@ import (
 func TestMarkCheckOutlivesEndedSessions(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := testenv.DatabaseURL()
-	schema := testenv.SchemaIn(t, url, "markretry")
-	conn := testenv.Conn(t, url)
-	if _, err := Migrate(ctx, conn, schema); err != nil {
-		t.Fatal(err)
-	}
-	rdb, ns := testenv.Redis(t)
-	r, err := New(Config{DatabaseURL: url, Redis: rdb, RedisNamespace: ns, Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pcfg, err := r.drainPoolConfig() // the relay's own: no ping for a session used within two polls
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, conn, _, pcfg := markRelay(t, "markretry")
 	pcfg.MaxConns = 2
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
@@ -87,4 +74,28 @@ func TestMarkCheckOutlivesEndedSessions(t *testing.T) {
 	if mark, err := r.markFor(ctx, downPool); err == nil {
 		t.Fatalf("markFor with no server = %v, nil; want the error, so that the leadership is retried rather than led without a mark", mark)
 	}
+}
+
+// markRelay returns a relay of a migrated schema of its own (prefix), a
+// connection to its database, the schema, and the relay's own drain pool
+// configuration (no ping for a session used within two polls), for tests
+// of its low-water mark check.
+func markRelay(t *testing.T, prefix string) (*Relay, *pgx.Conn, string, *pgxpool.Config) {
+	t.Helper()
+	url := testenv.DatabaseURL()
+	schema := testenv.SchemaIn(t, url, prefix)
+	conn := testenv.Conn(t, url)
+	if _, err := Migrate(context.Background(), conn, schema); err != nil {
+		t.Fatal(err)
+	}
+	rdb, ns := testenv.Redis(t)
+	r, err := New(Config{DatabaseURL: url, Redis: rdb, RedisNamespace: ns, Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg, err := r.drainPoolConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r, conn, schema, pcfg
 }
