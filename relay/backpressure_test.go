@@ -283,17 +283,37 @@ func TestBackpressureEndsWithLeadership(t *testing.T) {
 	testenv.WaitFor(t, 10*time.Second, "a standby", func() (bool, string) {
 		return b.Status().Role == relay.RoleStandby, string(b.Status().Role)
 	})
-	st, err := admin.ReadStatus(ctx, h.conn, admin.StatusParams{Schema: h.schema})
-	if err != nil || st.Leader == nil {
-		t.Fatalf("ReadStatus: %+v, %v; want a leader", st, err)
+	// End the leader's lock session. The old leader reconnects and campaigns
+	// again after its backoff, and on a busy machine it can take the lock
+	// back before the standby's next try: while a leads, end its session
+	// again (each of its lock sessions once), until b leads.
+	ended := map[int]bool{}
+	endLeader := func() string {
+		st, err := admin.ReadStatus(ctx, h.conn, admin.StatusParams{Schema: h.schema})
+		if err != nil || st.Leader == nil {
+			return fmt.Sprintf("ReadStatus: leader %+v, %v", st.Leader, err)
+		}
+		pid := st.Leader.BackendPID
+		if ended[pid] {
+			return fmt.Sprintf("backend %d ended", pid)
+		}
+		var ok bool
+		if err := h.conn.QueryRow(ctx, `SELECT pg_terminate_backend($1)`, pid).Scan(&ok); err != nil || !ok {
+			t.Fatalf("pg_terminate_backend(%d) = %v, %v", pid, ok, err)
+		}
+		ended[pid] = true
+		return fmt.Sprintf("ended backend %d", pid)
 	}
-	var ok bool
-	if err := h.conn.QueryRow(ctx, `SELECT pg_terminate_backend($1)`, st.Leader.BackendPID).Scan(&ok); err != nil || !ok {
-		t.Fatalf("pg_terminate_backend(%d) = %v, %v", st.Leader.BackendPID, ok, err)
-	}
-	testenv.WaitFor(t, 10*time.Second, "the standby leads and pauses queue full", func() (bool, string) {
-		return b.Status().Role == relay.RoleLeader && len(b.Status().Paused) == 1,
-			fmt.Sprintf("b: %s, paused %v; a: %s", b.Status().Role, b.Status().Paused, a.Status().Role)
+	endLeader()
+	testenv.WaitFor(t, 20*time.Second, "the standby leads and pauses queue full", func() (bool, string) {
+		if b.Status().Role == relay.RoleLeader && len(b.Status().Paused) == 1 {
+			return true, ""
+		}
+		seen := ""
+		if a.Status().Role == relay.RoleLeader && b.Status().Role != relay.RoleLeader {
+			seen = "; a leads again: " + endLeader()
+		}
+		return false, fmt.Sprintf("b: %s, paused %v; a: %s%s", b.Status().Role, b.Status().Paused, a.Status().Role, seen)
 	})
 	// The old leader learns it lost its lock connection by itself (its
 	// next check, or the connection's error): wait for that, not a moment.
