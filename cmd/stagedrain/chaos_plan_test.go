@@ -29,6 +29,8 @@ var (
 		"run TestChaos's relays with --schemas over this many schemas (0: one schema, with --schema); TestChaosSchemas's default is chaosShortSchemas")
 	chaosTarget = flag.String("chaos.target", "sidekiq",
 		"the relays' --target: sidekiq; bullmq (jobs read from BullMQ's wait lists and delayed sets, prefix bull); or celery (whose lists are checked as Kombu names them; scheduled jobs held in PostgreSQL until due)")
+	chaosSeed = flag.Int64("chaos.seed", 0,
+		"run TestChaos with this `seed` (0: a new one): the seed a failing run printed gives the same plan, the same faults at the same times and the same transactions; what the machine's timing does with them differs")
 	chaosLogs = flag.String("chaos.logs", "",
 		"write each relay's output to `dir`/relay-N.log once TestChaos ends (a passing run shows none of it)")
 )

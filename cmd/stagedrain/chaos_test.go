@@ -67,7 +67,7 @@ func testChaos(t *testing.T, schemas int) {
 	if schemas > 0 {
 		plan.name += fmt.Sprintf(" schemas=%d", schemas)
 	}
-	seed := time.Now().UnixNano()
+	seed := cmp.Or(*chaosSeed, time.Now().UnixNano())
 	// Registered first, so it runs last, after the relays' output: a
 	// failing run's log ends with what failed (CI shows the end of it).
 	var c *chaos
@@ -88,6 +88,11 @@ func testChaos(t *testing.T, schemas int) {
 			fmt.Fprintf(&b, "\n%s", f.summary())
 			for _, p := range f.problems {
 				fmt.Fprintf(&b, "\n- %s", p)
+			}
+			// When and during what the duplicates were pushed, and the
+			// timeline between the two pushes: the first thing to read.
+			for _, d := range f.duplicateCauses {
+				fmt.Fprintf(&b, "\n- duplicates: %s", d)
 			}
 		}
 		if f == nil || len(f.problems) == 0 {
