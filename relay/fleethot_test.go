@@ -3,10 +3,13 @@ package relay_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/stagedrain/stagedrain/relay"
 	"github.com/stagedrain/stagedrain/relay/internal/testenv"
@@ -471,4 +474,116 @@ func hotMetrics(t *testing.T, r *relay.Relay) (hot float64, entries map[string]f
 		}
 	}
 	return hot, entries
+}
+
+// A tenant's table under an ACCESS EXCLUSIVE lock (the app's ALTER TABLE
+// or LOCK TABLE on one tenant) does not hold up a hot fleet's poll of the
+// others: the poll leaves that schema out, to its own drain, and goes on
+// finding the other schemas' commits, which do not notify. Without that,
+// every hot poll waited for the lock and failed, and the others' jobs
+// were drained only by the wake-ups of every schema that each failure
+// sent, never found by a hot poll. Once the lock is released, a job staged
+// in the locked schema is delivered (the fallback poll is an hour away).
+func TestFleetHotPollLeavesALockedTableOut(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	fh := newFleetHarness(t, 3)
+	locked, busy, quiet := fh.schemas[0], fh.schemas[1], fh.schemas[2]
+	r := fh.startHotLeaving()
+	bc := commitBusy(t, []string{busy})
+	defer bc.stop()
+	testenv.WaitFor(t, 30*time.Second, "the fleet runs hot", func() (bool, string) {
+		return relay.FleetHot(r), "not hot"
+	})
+
+	lockConn := testenv.Conn(t, testenv.DatabaseURL())
+	tx, err := lockConn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "LOCK TABLE "+pgx.Identifier{locked, "staged_jobs"}.Sanitize()+" IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	// While the lock is held, the hot polls go on for the other schemas:
+	// they find the busy schema's commits, and the quiet one's, which does
+	// not notify. Before the change every hot poll waited for the lock
+	// until its deadline and failed, and found nothing at all. Which path
+	// delivers the quiet schema's job is not asserted: on a busy machine
+	// a late-commit check or a moment of trying cool can get there first.
+	hotWakes := func() float64 {
+		g := gathered(t, r)
+		return g.value("stagedrain_wakeups_total", "schema", quiet, "cause", "hot_poll") +
+			g.value("stagedrain_wakeups_total", "schema", busy, "cause", "hot_poll")
+	}
+	before := hotWakes()
+	fh.stageHot(quiet)
+	testenv.WaitFor(t, 15*time.Second, "a hot poll finding a commit while "+locked+"'s table is locked", func() (bool, string) {
+		got := hotWakes() - before
+		return got >= 1, fmt.Sprintf("%v hot-poll wake-ups of %s and %s", got, busy, quiet)
+	})
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	fh.waitJIDs("after", []string{fh.stageIn(locked, "after")})
+	fh.waitJIDs("busy", bc.stop())
+}
+
+// gathered is one gathering of r's metrics, as a scrape of its endpoint
+// would read them.
+func gathered(t *testing.T, r *relay.Relay) scraped {
+	t.Helper()
+	mfs, err := r.MetricsGatherer().Gather()
+	if err != nil {
+		t.Fatalf("gather: %v", err)
+	}
+	s := scraped{}
+	for _, mf := range mfs {
+		s[mf.GetName()] = mf
+	}
+	return s
+}
+
+// A table dropped while the fleet runs hot fails the hot poll, one
+// statement over every schema led, for all of them: the session discovers
+// at once, leaves the schema out, and its hot polls find the other
+// schemas' commits again. Here the fallback poll and its discovery are an
+// hour away, and failed hot polls wake every schema once a poll interval
+// at most. Which path delivers the quiet schema's job is not asserted (a
+// late-commit check can get there first); that hot polls find commits
+// again is.
+func TestFleetHotPollDiscoversADroppedTable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	fh := newFleetHarness(t, 3)
+	dropped, busy, quiet := fh.schemas[0], fh.schemas[1], fh.schemas[2]
+	r := fh.startHotLeaving()
+	bc := commitBusy(t, []string{busy})
+	defer bc.stop()
+	testenv.WaitFor(t, 30*time.Second, "the fleet runs hot", func() (bool, string) {
+		return relay.FleetHot(r), "not hot"
+	})
+	conn := testenv.Conn(t, testenv.DatabaseURL())
+	if _, err := conn.Exec(ctx, "DROP TABLE "+pgx.Identifier{dropped, "staged_jobs"}.Sanitize()+" CASCADE"); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 15*time.Second, "the fleet to let "+dropped+" go", func() (bool, string) {
+		var known []string
+		for _, s := range r.Status().Schemas {
+			known = append(known, s.Schema)
+		}
+		return !slices.Contains(known, dropped), fmt.Sprintf("schemas %v", known)
+	})
+	hotWakes := func() float64 {
+		g := gathered(t, r)
+		return g.value("stagedrain_wakeups_total", "schema", quiet, "cause", "hot_poll") +
+			g.value("stagedrain_wakeups_total", "schema", busy, "cause", "hot_poll")
+	}
+	before := hotWakes()
+	fh.stageHot(quiet)
+	testenv.WaitFor(t, 15*time.Second, "a hot poll finding a commit after "+dropped+"'s table was dropped", func() (bool, string) {
+		got := hotWakes() - before
+		return got >= 1, fmt.Sprintf("%v hot-poll wake-ups of %s and %s, hot %v", got, busy, quiet, relay.FleetHot(r))
+	})
+	fh.waitJIDs("busy", bc.stop())
 }

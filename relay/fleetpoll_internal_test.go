@@ -498,7 +498,7 @@ func TestFleetSharedTidiesReadTheWALOnce(t *testing.T) {
 // pollTenants makes a relay --schemas <name>_* (name made unique) and, for
 // each suffix, migrates the schema <name>_<suffix> and makes its tenant:
 // the relay, the tenants in the suffixes' order, and the test's connection.
-func pollTenants(t *testing.T, name string, suffixes []string) (*Relay, []*tenant, *pgx.Conn) {
+func pollTenants(t testing.TB, name string, suffixes []string) (*Relay, []*tenant, *pgx.Conn) {
 	t.Helper()
 	url := testenv.DatabaseURL()
 	base := testenv.Name(name)
@@ -522,7 +522,7 @@ func pollTenants(t *testing.T, name string, suffixes []string) (*Relay, []*tenan
 // pollSession is a fleet session of r polling on a pool of the relay's own
 // drain configuration with one connection, so that the poll's session is
 // the one the test reads; the pool is closed when the test ends.
-func pollSession(t *testing.T, r *Relay) (*fleetSession, *pgxpool.Pool) {
+func pollSession(t testing.TB, r *Relay) (*fleetSession, *pgxpool.Pool) {
 	t.Helper()
 	pcfg, err := r.drainPoolConfig()
 	if err != nil {
@@ -535,4 +535,130 @@ func pollSession(t *testing.T, r *Relay) (*fleetSession, *pgxpool.Pool) {
 	}
 	t.Cleanup(pool.Close)
 	return &fleetSession{f: r.fleet, pool: pool}, pool
+}
+
+// A poll over a schema whose table is under an ACCESS EXCLUSIVE lock (the
+// app's ALTER TABLE on one tenant) leaves that schema to its own drain,
+// which it wakes, and still finds the others' rows: it waits for the lock
+// pollLockTimeout, finds the table in pg_locks and polls the others again
+// at once. The polls after it leave the schema out until pg_locks shows
+// the lock gone. Without this the poll failed at its timeout, every time,
+// and woke every schema.
+func TestFleetPollLeavesALockedTableOut(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r, led, conn := pollTenants(t, "fplock", []string{"a", "b"})
+	locked, other := led[0], led[1]
+	s, _ := pollSession(t, r)
+	s.lockTimeout = pollLockTimeout
+	if _, err := s.poll(ctx, led, false); err != nil { // prepared before the lock, as a running fleet's poll is
+		t.Fatal(err)
+	}
+
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, "LOCK TABLE "+pgx.Identifier{locked.schema, "staged_jobs"}.Sanitize()+" IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewStager(other.schema).Stage(ctx, testenv.Conn(t, testenv.DatabaseURL()), Job{Name: "W"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, hot := range []bool{false, true, false} {
+		n, err := s.poll(ctx, led, hot)
+		if err != nil || n != 1 {
+			t.Fatalf("a poll (hot %v) while %s's table was locked found %d schemas with rows, error %v; want %s's", hot, locked.schema, n, err, other.schema)
+		}
+		if _, out := s.lockedOut[locked]; !out || len(s.lockedOut) != 1 {
+			t.Fatalf("left out after a poll (hot %v): %v, want %s alone", hot, s.lockedOut, locked.schema)
+		}
+	}
+	select {
+	case <-locked.wake:
+	default:
+		t.Fatalf("%s, left out, was not woken to drain on its own", locked.schema)
+	}
+
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s.lockedOut[locked] = time.Now() // due to be looked at again
+	if _, err := NewStager(locked.schema).Stage(ctx, conn, Job{Name: "W"}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.poll(ctx, led, false); err != nil || n != 2 {
+		t.Fatalf("the poll after the lock's release found %d schemas with rows, error %v; want both", n, err)
+	}
+	if len(s.lockedOut) != 0 {
+		t.Fatalf("left out after the lock's release: %v, want none", s.lockedOut)
+	}
+}
+
+// A hot poll that fails (here it times out on a table under an ACCESS
+// EXCLUSIVE lock, the session with no lock timeout) wakes every schema it
+// asked about; the hot polls that fail after it within the poll interval
+// wake none, each a hotStep from the next. Each failure woke every schema
+// once, and beside a saturated server whose hot polls timed out one after
+// the other that sent a claim of each schema at it every time. A failing
+// fallback poll still wakes them all, and so does a failing hot poll once
+// the poll interval has passed.
+func TestFleetFailedHotPollsWakeEverySchemaOnceAPollInterval(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r, led, conn := pollTenants(t, "fphotfail", []string{"a", "b"})
+	r.cfg.PollInterval = time.Hour // no failure here is a poll interval after the last wake
+	s, _ := pollSession(t, r)
+	if _, err := s.poll(ctx, led, true); err != nil { // prepared before the lock, as a running fleet's poll is
+		t.Fatal(err)
+	}
+	woken := func() (n int) {
+		for _, t := range led {
+			select {
+			case <-t.wake:
+				n++
+			default:
+			}
+		}
+		return n
+	}
+	woken()
+
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, "LOCK TABLE "+pgx.Identifier{led[0].schema, "staged_jobs"}.Sanitize()+" IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range []struct {
+		hot   bool
+		since time.Duration // set hotWokeAll this long ago first (0: leave it)
+		want  int
+	}{
+		{hot: true, want: 2},                       // the first failure
+		{hot: true, want: 0},                       // within the poll interval
+		{hot: true, want: 0},                       // and again
+		{hot: false, want: 2},                      // the fallback poll
+		{hot: true, since: 2 * time.Hour, want: 2}, // a poll interval after the last wake
+		{hot: true, want: 0},
+	} {
+		if c.since > 0 {
+			s.hotWokeAll = time.Now().Add(-c.since)
+		}
+		if _, err := s.poll(ctx, led, c.hot); err == nil {
+			t.Fatalf("poll %d (hot %v) ended without error while a table it reads was locked: want its timeout", i, c.hot)
+		}
+		if n := woken(); n != c.want {
+			t.Fatalf("poll %d (hot %v) failed and woke %d schemas, want %d", i, c.hot, n, c.want)
+		}
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.poll(ctx, led, true); err != nil {
+		t.Fatalf("the hot poll after the lock's release: %v", err)
+	}
 }
