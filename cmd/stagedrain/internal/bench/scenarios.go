@@ -35,7 +35,7 @@ var scenarios = []scenario{
 	{name: "app-cost", errPrefix: "app cost", run: (*bench).benchAppCost,
 		help: "the app's write TPS with no relay, a polling relay, a relay, a relay whose Redis hangs, and a relay of 20 and of 200 schemas, each against the same with the triggers disabled, in alternating runs; the relay's CPU per 1,000 jobs; the fleets' latency at 100 and 1,000 jobs/s spread over their schemas; not run by default: several minutes"},
 	{name: "fleet-latency", errPrefix: "fleet latency", run: (*bench).benchFleetLatency,
-		help: "one relay --schemas of 20 and of 200 schemas, alone: the latency at 100 and 1,000 jobs/s spread over the schemas; not run by default"},
+		help: "one relay --schemas of 20 and of 200 schemas, alone: the latency at 100 and 1,000 jobs/s spread over the schemas, after a relay of one schema at the same rates for reference; not run by default"},
 	// Not by default: it holds the horizon for --horizon-hold, and the
 	// dead rows it leaves are best kept off a server others use.
 	{name: "horizon", errPrefix: "horizon", run: (*bench).benchHorizon,
