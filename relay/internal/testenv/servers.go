@@ -24,6 +24,9 @@ type RedisServer struct {
 	dir  string // its working directory, kept across Stop and Start
 	args []string
 	cmd  *exec.Cmd
+	// exited is closed once cmd has exited (and been waited for).
+	exited  chan struct{}
+	started bool // it has run: its port is known to its clients
 }
 
 // StartRedis starts redis-server on a free loopback port, keeping nothing on
@@ -43,29 +46,62 @@ func StartRedis(t testing.TB, args ...string) *RedisServer {
 func (s *RedisServer) URL() string { return fmt.Sprintf("redis://127.0.0.1:%d/0", s.Port) }
 
 // Start starts the server on its port (again, after Stop) and waits until it
-// answers PING.
+// answers PING. A first start whose port was taken meanwhile (redis-server
+// exits) moves to another free port and tries again; a restart keeps its
+// port, which its clients know.
 func (s *RedisServer) Start() {
 	s.t.Helper()
 	if s.cmd != nil {
 		s.t.Fatal("redis-server already running")
 	}
-	cmd := exec.Command("redis-server", append([]string{
-		"--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", s.dir,
-		"--daemonize", "no", "--loglevel", "warning"}, s.args...)...)
-	if err := cmd.Start(); err != nil {
-		s.t.Fatalf("start redis-server: %v", err)
+	for try := 1; ; try++ {
+		logFile := filepath.Join(s.dir, "redis-server.log")
+		cmd := exec.Command("redis-server", append([]string{
+			"--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1",
+			"--save", "", "--appendonly", "no", "--dir", s.dir,
+			"--daemonize", "no", "--loglevel", "warning", "--logfile", logFile}, s.args...)...)
+		if err := cmd.Start(); err != nil {
+			s.t.Fatalf("start redis-server: %v", err)
+		}
+		exited := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(exited) }()
+		s.cmd, s.exited = cmd, exited
+		if s.answers() {
+			s.started = true
+			return
+		}
+		s.cmd = nil
+		out, _ := os.ReadFile(logFile)
+		if !s.started && try < 5 && strings.Contains(string(out), "Address already in use") {
+			s.t.Logf("redis-server could not bind port %d; trying another", s.Port)
+			s.Port = FreePort(s.t)
+			continue
+		}
+		s.t.Fatalf("redis-server on port %d exited before it answered PING: %v\nits log:\n%s", s.Port, cmd.ProcessState, out)
 	}
-	s.cmd = cmd
+}
+
+// answers waits until the server answers PING, and is false if it exits
+// first.
+func (s *RedisServer) answers() bool {
+	s.t.Helper()
 	rdb := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", s.Port), DisableIdentity: true, MaxRetries: -1})
 	defer rdb.Close()
+	exited := false
 	WaitFor(s.t, 10*time.Second, "redis-server to answer PING", func() (bool, string) {
+		select {
+		case <-s.exited:
+			exited = true
+			return true, "exited"
+		default:
+		}
 		err := rdb.Ping(context.Background()).Err()
 		// NOAUTH is an answer, to a client with no password; LOADING (an
 		// append-only file read back after a restart) is not yet.
 		var answer redis.Error
 		return err == nil || errors.As(err, &answer) && !strings.HasPrefix(err.Error(), "LOADING"), fmt.Sprint(err)
 	})
+	return !exited
 }
 
 // Signal sends sig to the running server (SIGSTOP freezes it: its socket
@@ -104,7 +140,7 @@ func (s *RedisServer) Stop() {
 		return
 	}
 	_ = s.cmd.Process.Kill()
-	_ = s.cmd.Wait()
+	<-s.exited
 	s.cmd = nil
 }
 
@@ -118,6 +154,7 @@ type PostgresServer struct {
 	dir      string
 	settings []string
 	slot     string // a standby's replication slot on its primary, or ""
+	started  bool   // it has run: its port is known to its clients
 }
 
 // PostgresBin is the directory of PostgreSQL's server programs (initdb,
@@ -175,16 +212,46 @@ func (s *PostgresServer) URL() string {
 	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", s.Port)
 }
 
-// Start starts the cluster and waits until it accepts connections.
+// Start starts the cluster and waits until it accepts connections. A
+// first start whose port was taken meanwhile (the server's log says it could
+// not bind) moves to another free port and tries again; a restart keeps its
+// port, which its clients know.
 func (s *PostgresServer) Start() {
 	s.t.Helper()
+	for try := 1; ; try++ {
+		out, err := s.start()
+		if err == nil {
+			s.started = true
+			return
+		}
+		log := s.logTail()
+		if !s.started && try < 5 && strings.Contains(log, "could not bind") {
+			s.t.Logf("PostgreSQL could not bind port %d; trying another", s.Port)
+			s.Port = FreePort(s.t)
+			continue
+		}
+		s.t.Fatalf("pg_ctl start (port %d): %v\n%s\nthe server's log ends:\n%s", s.Port, err, out, log)
+	}
+}
+
+func (s *PostgresServer) start() ([]byte, error) {
 	opts := fmt.Sprintf("-p %d -c listen_addresses=127.0.0.1 -c unix_socket_directories='' -c fsync=off", s.Port)
 	for _, kv := range s.settings {
 		opts += " -c " + kv
 	}
-	if out, err := s.pgCmd(filepath.Join(PostgresBin(), "pg_ctl"), "-D", s.dir, "-o", opts, "-w", "-t", "30", "-l", filepath.Join(filepath.Dir(s.dir), "log"), "start").CombinedOutput(); err != nil {
-		s.t.Fatalf("pg_ctl start: %v\n%s", err, out)
+	return s.pgCmd(filepath.Join(PostgresBin(), "pg_ctl"), "-D", s.dir, "-o", opts, "-w", "-t", "30", "-l", s.logFile(), "start").CombinedOutput()
+}
+
+func (s *PostgresServer) logFile() string { return filepath.Join(filepath.Dir(s.dir), "log") }
+
+// logTail is the last 20 lines of the server's log.
+func (s *PostgresServer) logTail() string {
+	b, err := os.ReadFile(s.logFile())
+	if err != nil {
+		return fmt.Sprintf("(log unreadable: %v)", err)
 	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-20):], "\n")
 }
 
 // Stop stops the cluster at once (fast mode: sessions are disconnected).

@@ -9,9 +9,11 @@ package testenv
 import (
 	"crypto/rand"
 	"encoding/hex"
+	mathrand "math/rand/v2"
 	"net"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -102,16 +104,48 @@ func Redis(t testing.TB) (*redis.Client, string) {
 	return rdb, RedisNamespace(t, rdb, "sdtest_")
 }
 
-// FreePort returns a TCP port on 127.0.0.1 that nothing listened on a
-// moment ago.
+// FreePort returns a TCP port on 127.0.0.1 that nothing listens on, for a
+// private server or a relay's listener. It is picked at random below the
+// kernel's ephemeral range (ip_local_port_range), not from it: in that
+// range any client socket, or one in TIME_WAIT, may hold the port by the
+// time the server binds it, and the tests open and close thousands of
+// connections (a private PostgreSQL standby once failed to start with its
+// port taken). A pick at random also keeps two test binaries running at
+// once from meeting on one port, but for the rare case.
 func FreePort(t testing.TB) int {
 	t.Helper()
+	const lowest = 10000
+	if high := ephemeralLow(); high-lowest >= 1000 {
+		for range 100 {
+			p := lowest + mathrand.IntN(high-lowest)
+			l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+			if err == nil {
+				_ = l.Close()
+				return p
+			}
+		}
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatalf("find a free port: %v", err)
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range, from
+// which it gives client sockets their local port: Linux's
+// /proc/sys/net/ipv4/ip_local_port_range, else 32768 (its default).
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if lo, err := strconv.Atoi(f[0]); err == nil {
+				return lo
+			}
+		}
+	}
+	return 32768
 }
 
 // RedisOptions sets opts up as stagedrain's command does: the relay retries
