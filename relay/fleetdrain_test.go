@@ -478,7 +478,7 @@ func TestFleetSharedDrainDoesNotWaitForOneSchemasLock(t *testing.T) {
 		return len(m) == 0, fmt.Sprintf("%d fields", len(m))
 	})
 	quiet := fh.stageAfter(ctx, locked, "blocked", "SET LOCAL session_replication_role = replica") // no trigger
-	lockTx := lockStagedJobs(t, locked)
+	lockTx := testenv.LockTable(t, locked, "staged_jobs")
 	free := fh.stageAfter(ctx, other, "free", "SELECT pg_notify($1, 'commit')", relay.ChannelName(locked))
 	fh.waitJIDs("free", []string{free})
 	testenv.WaitFor(t, 15*time.Second, "the shared drain's lock timeout logged", func() (bool, string) {
@@ -493,23 +493,6 @@ func TestFleetSharedDrainDoesNotWaitForOneSchemasLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	fh.waitJIDs("blocked", []string{quiet})
-}
-
-// lockStagedJobs locks schema's staged_jobs ACCESS EXCLUSIVE, as the app's
-// ALTER TABLE would, in a transaction the test rolls back (at its end at
-// the latest).
-func lockStagedJobs(t *testing.T, schema string) pgx.Tx {
-	t.Helper()
-	ctx := context.Background()
-	tx, err := testenv.Conn(t, testenv.DatabaseURL()).Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
-	if _, err := tx.Exec(ctx, "LOCK TABLE "+pgx.Identifier{schema, "staged_jobs"}.Sanitize()+" IN ACCESS EXCLUSIVE MODE"); err != nil {
-		t.Fatal(err)
-	}
-	return tx
 }
 
 // sharedFailed is the log line of a shared drain that failed.
@@ -583,7 +566,7 @@ func TestFleetPollBlockedByOneTenantsLockKeepsTheLead(t *testing.T) {
 	fh.run(r)
 	fh.waitLeadsAll(r)
 	locked, other := fh.schemas[0], fh.schemas[1]
-	lockTx := lockStagedJobs(t, locked)
+	lockTx := testenv.LockTable(t, locked, "staged_jobs")
 	lockedAt := time.Now()
 	// Held for three of the lock connection's idle timeouts (2.5 leader
 	// intervals, at least 1s), while polls wait for it.

@@ -489,33 +489,16 @@ func TestFleetHotPollLeavesALockedTableOut(t *testing.T) {
 	ctx := context.Background()
 	fh := newFleetHarness(t, 3)
 	locked, busy, quiet := fh.schemas[0], fh.schemas[1], fh.schemas[2]
-	r := fh.startHotLeaving()
-	bc := commitBusy(t, []string{busy})
-	defer bc.stop()
-	testenv.WaitFor(t, 30*time.Second, "the fleet runs hot", func() (bool, string) {
-		return relay.FleetHot(r), "not hot"
-	})
+	r, bc := fh.runHotOn(busy)
 
-	lockConn := testenv.Conn(t, testenv.DatabaseURL())
-	tx, err := lockConn.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, "LOCK TABLE "+pgx.Identifier{locked, "staged_jobs"}.Sanitize()+" IN ACCESS EXCLUSIVE MODE"); err != nil {
-		t.Fatal(err)
-	}
+	tx := testenv.LockTable(t, locked, "staged_jobs")
 	// While the lock is held, the hot polls go on for the other schemas:
 	// they find the busy schema's commits, and the quiet one's, which does
 	// not notify. Before the change every hot poll waited for the lock
 	// until its deadline and failed, and found nothing at all. Which path
 	// delivers the quiet schema's job is not asserted: on a busy machine
 	// a late-commit check or a moment of trying cool can get there first.
-	hotWakes := func() float64 {
-		g := gathered(t, r)
-		return g.value("stagedrain_wakeups_total", "schema", quiet, "cause", "hot_poll") +
-			g.value("stagedrain_wakeups_total", "schema", busy, "cause", "hot_poll")
-	}
+	hotWakes := func() float64 { return hotPollWakes(t, r, quiet, busy) }
 	before := hotWakes()
 	fh.stageHot(quiet)
 	testenv.WaitFor(t, 15*time.Second, "a hot poll finding a commit while "+locked+"'s table is locked", func() (bool, string) {
@@ -527,6 +510,31 @@ func TestFleetHotPollLeavesALockedTableOut(t *testing.T) {
 	}
 	fh.waitJIDs("after", []string{fh.stageIn(locked, "after")})
 	fh.waitJIDs("busy", bc.stop())
+}
+
+// runHotOn starts a fleet (startHotLeaving) with jobs committed in busy
+// one at a time until the test ends (commitBusy), and waits until it runs
+// hot. The caller's bc.stop() returns the jids staged so far.
+func (fh *fleetHarness) runHotOn(busy string) (*relay.Relay, *busyCommits) {
+	fh.t.Helper()
+	r := fh.startHotLeaving()
+	bc := commitBusy(fh.t, []string{busy})
+	fh.t.Cleanup(func() { bc.stop() })
+	testenv.WaitFor(fh.t, 30*time.Second, "the fleet runs hot", func() (bool, string) {
+		return relay.FleetHot(r), "not hot"
+	})
+	return r, bc
+}
+
+// hotPollWakes is the wake-ups that hot polls sent the drains of schemas,
+// in all.
+func hotPollWakes(t *testing.T, r *relay.Relay, schemas ...string) float64 {
+	g := gathered(t, r)
+	var n float64
+	for _, s := range schemas {
+		n += g.value("stagedrain_wakeups_total", "schema", s, "cause", "hot_poll")
+	}
+	return n
 }
 
 // gathered is one gathering of r's metrics, as a scrape of its endpoint
@@ -557,12 +565,7 @@ func TestFleetHotPollDiscoversADroppedTable(t *testing.T) {
 	ctx := context.Background()
 	fh := newFleetHarness(t, 3)
 	dropped, busy, quiet := fh.schemas[0], fh.schemas[1], fh.schemas[2]
-	r := fh.startHotLeaving()
-	bc := commitBusy(t, []string{busy})
-	defer bc.stop()
-	testenv.WaitFor(t, 30*time.Second, "the fleet runs hot", func() (bool, string) {
-		return relay.FleetHot(r), "not hot"
-	})
+	r, bc := fh.runHotOn(busy)
 	conn := testenv.Conn(t, testenv.DatabaseURL())
 	if _, err := conn.Exec(ctx, "DROP TABLE "+pgx.Identifier{dropped, "staged_jobs"}.Sanitize()+" CASCADE"); err != nil {
 		t.Fatal(err)
@@ -574,11 +577,7 @@ func TestFleetHotPollDiscoversADroppedTable(t *testing.T) {
 		}
 		return !slices.Contains(known, dropped), fmt.Sprintf("schemas %v", known)
 	})
-	hotWakes := func() float64 {
-		g := gathered(t, r)
-		return g.value("stagedrain_wakeups_total", "schema", quiet, "cause", "hot_poll") +
-			g.value("stagedrain_wakeups_total", "schema", busy, "cause", "hot_poll")
-	}
+	hotWakes := func() float64 { return hotPollWakes(t, r, quiet, busy) }
 	before := hotWakes()
 	fh.stageHot(quiet)
 	testenv.WaitFor(t, 15*time.Second, "a hot poll finding a commit after "+dropped+"'s table was dropped", func() (bool, string) {

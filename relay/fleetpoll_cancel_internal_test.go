@@ -4,7 +4,7 @@ import (
 	"context"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/stagedrain/stagedrain/relay/internal/testenv"
 )
 
 // A fleet poll that runs past its timeout is cancelled by PostgreSQL, not
@@ -16,7 +16,7 @@ import (
 func TestFleetPollTimeoutKeepsItsSession(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	r, led, conn := pollTenants(t, "fpcancel", []string{"a", "b"})
+	r, led, _ := pollTenants(t, "fpcancel", []string{"a", "b"})
 	s, pool := pollSession(t, r) // the relay's drain configuration, with its drainWatcher
 	session := func() (pid uint32, prepared int) {
 		t.Helper()
@@ -41,14 +41,7 @@ func TestFleetPollTimeoutKeepsItsSession(t *testing.T) {
 		t.Fatalf("the hot poll is prepared %d times on the pool's session, want once", prepared)
 	}
 
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := tx.Exec(ctx, "LOCK TABLE "+pgx.Identifier{led[0].schema, "staged_jobs"}.Sanitize()+" IN ACCESS EXCLUSIVE MODE"); err != nil {
-		t.Fatal(err)
-	}
+	tx := testenv.LockTable(t, led[0].schema, "staged_jobs")
 	if _, err := s.poll(ctx, led, true); err == nil {
 		t.Fatal("the poll ended without error while a table it reads was locked: want its timeout")
 	}

@@ -555,14 +555,7 @@ func TestFleetPollLeavesALockedTableOut(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := tx.Exec(ctx, "LOCK TABLE "+pgx.Identifier{locked.schema, "staged_jobs"}.Sanitize()+" IN ACCESS EXCLUSIVE MODE"); err != nil {
-		t.Fatal(err)
-	}
+	tx := testenv.LockTable(t, locked.schema, "staged_jobs")
 	if _, err := NewStager(other.schema).Stage(ctx, testenv.Conn(t, testenv.DatabaseURL()), Job{Name: "W"}); err != nil {
 		t.Fatal(err)
 	}
@@ -607,7 +600,7 @@ func TestFleetPollLeavesALockedTableOut(t *testing.T) {
 func TestFleetFailedHotPollsWakeEverySchemaOnceAPollInterval(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	r, led, conn := pollTenants(t, "fphotfail", []string{"a", "b"})
+	r, led, _ := pollTenants(t, "fphotfail", []string{"a", "b"})
 	r.cfg.PollInterval = time.Hour // no failure here is a poll interval after the last wake
 	s, _ := pollSession(t, r)
 	if _, err := s.poll(ctx, led, true); err != nil { // prepared before the lock, as a running fleet's poll is
@@ -625,14 +618,7 @@ func TestFleetFailedHotPollsWakeEverySchemaOnceAPollInterval(t *testing.T) {
 	}
 	woken()
 
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := tx.Exec(ctx, "LOCK TABLE "+pgx.Identifier{led[0].schema, "staged_jobs"}.Sanitize()+" IN ACCESS EXCLUSIVE MODE"); err != nil {
-		t.Fatal(err)
-	}
+	tx := testenv.LockTable(t, led[0].schema, "staged_jobs")
 	for i, c := range []struct {
 		hot   bool
 		since time.Duration // set hotWokeAll this long ago first (0: leave it)

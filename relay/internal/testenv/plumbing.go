@@ -190,3 +190,20 @@ func SessionStateOf(t testing.TB, conn *pgx.Conn, pid uint32) SessionState {
 	}
 	return s
 }
+
+// LockTable locks schema.table ACCESS EXCLUSIVE, as the app's ALTER TABLE
+// would, in a transaction on a connection of its own, which the test rolls
+// back (when it ends at the latest).
+func LockTable(t testing.TB, schema, table string) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := Conn(t, DatabaseURL()).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	if _, err := tx.Exec(ctx, "LOCK TABLE "+pgx.Identifier{schema, table}.Sanitize()+" IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	return tx
+}
