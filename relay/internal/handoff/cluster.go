@@ -179,6 +179,7 @@ func (h *Handoff) claimSlot(ctx context.Context, s int, holder string) error {
 			h.clear = append(h.clear, ref)
 		}
 	}
+	h.forgetSettling()
 	h.claimed[s] = true
 	return nil
 }

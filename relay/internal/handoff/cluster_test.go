@@ -3,6 +3,7 @@ package handoff
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 
 	"github.com/stagedrain/stagedrain/relay/internal/testenv"
@@ -164,5 +165,55 @@ func TestClusterDropDeletesSettledRecords(t *testing.T) {
 	}
 	if n := exists(); n != 0 {
 		t.Errorf("%d of the fences and records %v left after the drop, want none", n, all)
+	}
+}
+
+// On a cluster too, a slot's record field whose delete a crash undid stays
+// once the slot's record is read again, until its rows are deleted again
+// and that is flushed (TestRecordFieldOutlivesACrashThatUndidItsDelete).
+func TestClusterRecordFieldOutlivesACrashThatUndidItsDelete(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb := testenv.StartRedisCluster(t).Client(t)
+	h := New(rdb, newHandoffKeys("", "test", "crash", ""))
+	if err := h.acquire(ctx, "h"); err != nil {
+		t.Fatal(err)
+	}
+	const list = "{qa}:list"
+	push := func(ids ...int64) string {
+		u := &h.unit
+		u.Reset()
+		u.Begin(ids)
+		u.Command("RPUSH", list, "job")
+		if again, err := h.Claim(ctx, u, "h"); err != nil || again {
+			t.Fatalf("claim: %v, %v", again, err)
+		}
+		field, err := h.Push(ctx, u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return field
+	}
+	field := push(7)
+	ref := slotRef(KeySlot(list), field)
+	h.Committed(field, nil, 500, 400) // then the crash
+
+	h.Reset()
+	if err := h.Ready(ctx, "h"); err != nil {
+		t.Fatal(err)
+	}
+	// The next batch of the slot claims it again and reads its record.
+	push(9)
+	if !h.WasDelivered(7) {
+		t.Fatalf("row 7 not delivered after the slot's record was read again: %v", h.delivered)
+	}
+	h.flushed(600)
+	if slices.Contains(h.clear, ref) {
+		t.Fatalf("%s to be deleted (clear %v) while its row is not deleted again", ref, h.clear)
+	}
+	h.Committed("", []int64{7}, 700, 650)
+	h.flushed(700)
+	if !slices.Contains(h.clear, ref) {
+		t.Fatalf("%s not to be deleted (clear %v) once the second delete is flushed", ref, h.clear)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -442,8 +443,22 @@ func (h *Handoff) load(ctx context.Context) error {
 			h.clear = append(h.clear, field)
 		}
 	}
+	h.forgetSettling()
 	h.reload = false
 	return nil
+}
+
+// forgetSettling drops from unflushed and clear the fields whose ids the
+// record just read holds: their rows count as delivered again, and each such
+// field waits anew once they are settled (deleted again, or found gone:
+// Committed). A wait noted before the read may hold a WAL position of a
+// server that has crashed since: the crash undid the field's delete, the
+// new server's WAL passed that position long before the rows were deleted
+// again (with synchronous_commit = off, perhaps not yet durably), and the
+// field, deleted then, would not have covered them in a second crash.
+func (h *Handoff) forgetSettling() {
+	h.unflushed = slices.DeleteFunc(h.unflushed, func(w walWait) bool { return h.fields[w.ref] > 0 })
+	h.clear = slices.DeleteFunc(h.clear, func(ref string) bool { return h.fields[ref] > 0 })
 }
 
 // Ready prepares a push: it takes the fence when this leadership has not

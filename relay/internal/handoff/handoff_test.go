@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -262,6 +263,57 @@ func TestRecordFieldWaitsForTheWALFlush(t *testing.T) {
 	}
 	if n, _ := rdb.Exists(ctx, h.keys.Record).Result(); n != 0 || len(h.unflushed) != 0 {
 		t.Fatalf("record left (%d) or fields still waiting (%v) after the flush passed them", n, h.unflushed)
+	}
+}
+
+// A crash of PostgreSQL that undoes a batch's delete (committed with
+// synchronous_commit = off, not yet flushed) brings its rows back, and the
+// next leadership reads them from the record as delivered. The field must
+// then stay in Redis until they are deleted again and that is durable: the
+// WAL position noted at the first commit is of the crashed server's WAL,
+// which the new server's passes long before (it goes on from where the
+// flushed WAL ended). Before, the field went at the first flush past that
+// position, with the rows deleted again perhaps only in memory: a second
+// crash then brought them back unrecorded, and they were pushed twice.
+func TestRecordFieldOutlivesACrashThatUndidItsDelete(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb, ns := testenv.Redis(t)
+	h := New(rdb, newHandoffKeys(ns, "test", "crash", ""))
+	if err := h.acquire(ctx, "relay"); err != nil {
+		t.Fatal(err)
+	}
+	h.unit.Reset()
+	h.unit.Begin([]int64{7, 8}, "")
+	h.unit.Variadic("LPUSH", h.keys.Record+":list", 1, []any{"a", "b"})
+	field, err := h.Push(ctx, &h.unit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Committed(field, nil, 500, 400) // committed at 500, flushed to 400: then the crash
+
+	// The crash ends the leadership; the next one reads the record.
+	h.Reset()
+	if err := h.Ready(ctx, "relay"); err != nil {
+		t.Fatal(err)
+	}
+	if !h.WasDelivered(7) || !h.WasDelivered(8) {
+		t.Fatalf("rows 7 and 8 not delivered after the record was read again: %v", h.delivered)
+	}
+	// The new server's WAL passes 500 before the rows are deleted again.
+	h.flushed(600)
+	if slices.Contains(h.clear, field) {
+		t.Fatalf("field %s to be deleted (clear %v) while its rows are not deleted again", field, h.clear)
+	}
+	// Deleted again (asynchronously) at 700, the WAL flushed to 650: the
+	// field waits for 700.
+	h.Committed("", []int64{7, 8}, 700, 650)
+	if slices.Contains(h.clear, field) {
+		t.Fatalf("field %s to be deleted (clear %v) before the second delete is flushed", field, h.clear)
+	}
+	h.flushed(700)
+	if !slices.Contains(h.clear, field) {
+		t.Fatalf("field %s not to be deleted (clear %v) once the second delete is flushed", field, h.clear)
 	}
 }
 
