@@ -106,7 +106,11 @@ import (
 // hotProbeMax; back to hotProbe after hotProbeReset cool) while its rate
 // is under hotAlways: the app may have slowed, and a hot fleet sees no
 // notifications to count waits by. A try that finds waits again costs the
-// app 0.3-1s of notifying commits.
+// app its notifying commits until the fleet runs hot again; so within
+// hotProbeFail of the try, hotProbeWaits waiting over 2 windows are
+// enough (the app's commits queued a few seconds before; the rule of a
+// fleet that is cool for other reasons took 0.3-1.8s to see that again,
+// in the bench's app-cost fleet of 200, where this takes 0.1-0.2s).
 const (
 	hotWindow       = 100 * time.Millisecond
 	hotEnterWindows = 5
@@ -124,6 +128,9 @@ const (
 	hotProbeFail  = 2 * time.Second
 	hotProbeMax   = 80 * time.Second
 	hotProbeReset = time.Minute
+	// hotProbeWaits is the waiters over the last 2 windows that make a
+	// fleet trying cool run hot again, within hotProbeFail of the try.
+	hotProbeWaits = 4
 
 	// hotStep is hotStepPerSchema times the schemas led, within
 	// [minHotStep, maxHotStep]: the poll is an index probe per schema,
@@ -204,11 +211,7 @@ func (h *fleetHeat) sustained(perSec float64) bool {
 func (h *fleetHeat) waited(n int) bool {
 	h.waits[h.wnext] = n
 	h.wnext = (h.wnext + 1) % hotWaitWindows
-	heavy := 0
-	for i := 1; i <= 3; i++ {
-		heavy += h.waits[(h.wnext+hotWaitWindows-i)%hotWaitWindows]
-	}
-	if heavy >= hotWaitHeavy {
+	if h.lastWaits(3) >= hotWaitHeavy {
 		return true
 	}
 	windows := 0
@@ -218,6 +221,22 @@ func (h *fleetHeat) waited(n int) bool {
 		}
 	}
 	return windows >= hotContended
+}
+
+// tryingSince reports whether the fleet cooled on a try (see hotProbe) less
+// than hotProbeFail ago.
+func (h *fleetHeat) tryingSince(now time.Time) bool {
+	return h.probing && now.Sub(h.cooledAt) < hotProbeFail
+}
+
+// lastWaits is the sessions counted waiting at the ends of the last n
+// windows (waited), together.
+func (h *fleetHeat) lastWaits(n int) int {
+	sum := 0
+	for i := 1; i <= n; i++ {
+		sum += h.waits[(h.wnext+hotWaitWindows-i)%hotWaitWindows]
+	}
+	return sum
 }
 
 // start returns the channel that ticks every hotWindow; nil in poll-only
@@ -321,14 +340,15 @@ func (h *fleetHeat) heats(now time.Time, n int, enter, waitFrom, always float64,
 			h.waited(0)
 			return false, waits
 		}
-		if !h.waited(waits) {
+		contended := h.waited(waits)
+		if !contended && !(h.tryingSince(now) && h.lastWaits(2) >= hotProbeWaits) {
 			return false, waits
 		}
 	}
 	switch {
 	case h.probeEvery == 0:
 		h.probeEvery = cmp.Or(h.probeFirst, hotProbe)
-	case h.probing && now.Sub(h.cooledAt) < hotProbeFail:
+	case h.tryingSince(now):
 		h.probeEvery = min(2*h.probeEvery, hotProbeMax)
 	}
 	h.hot, h.since, h.hits, h.jobs, h.pollFailed = true, now, 0, 0, false

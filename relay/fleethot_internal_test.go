@@ -232,3 +232,50 @@ func TestFleetStaysHotThroughFailedPolls(t *testing.T) {
 		t.Fatal("a quiet second whose polls succeeded did not cool the fleet")
 	}
 }
+
+// A fleet that tries cool (hotProbe) runs hot again on hotProbeWaits
+// waiting over 2 windows, within hotProbeFail of the try: it went hot on
+// the app's commits queueing a few seconds before, so two windows of them
+// queueing again say the try failed. The rule for a fleet cool for other
+// reasons needs more (hotWaitHeavy over 3 windows, or 7 windows of 10
+// with a waiter), and each window it takes is a window of the app's
+// commits queueing: in the bench's app-cost fleet of 200 (relay log at
+// debug), a failed try took 0.3-1.8s to run hot again.
+func TestFleetTryingCoolRunsHotAgainOnFewerWaits(t *testing.T) {
+	mid := int(1000 * hotWindow.Seconds())
+	waits2 := func(n int) func() (int, error) { return func() (int, error) { return n, nil } }
+	// cooled returns a heat that ran hot and then cooled at now, on a try
+	// or not.
+	cooled := func(now time.Time, trying bool) *fleetHeat {
+		h := &fleetHeat{}
+		for i := 0; !h.hot; i++ {
+			if i > hotEnterWindows {
+				t.Fatal("not hot")
+			}
+			h.heats(now.Add(-time.Minute+time.Duration(i)*hotWindow), mid, hotEnter, hotWaitFrom, hotAlways, waits2(hotWaitHeavy))
+		}
+		h.hot, h.probing, h.cooledAt = false, trying, now
+		return h
+	}
+	// enters reports the window (1 or 2) after now at which the heat runs
+	// hot on windows with half of hotProbeWaits waiting each, 0 for none.
+	enters := func(h *fleetHeat, now time.Time) int {
+		for i := 1; i <= 2; i++ {
+			if hot, _ := h.heats(now.Add(time.Duration(i)*hotWindow), mid, hotEnter, hotWaitFrom, hotAlways, waits2(hotProbeWaits/2)); hot {
+				return i
+			}
+		}
+		return 0
+	}
+	now := time.Now()
+	if got := enters(cooled(now, true), now); got != 2 {
+		t.Errorf("cooled on a try: hot at window %d, want 2", got)
+	}
+	if got := enters(cooled(now, false), now); got != 0 {
+		t.Errorf("cooled as quiet: hot at window %d, want none", got)
+	}
+	old := now.Add(-hotProbeFail)
+	if got := enters(cooled(old, true), now); got != 0 {
+		t.Errorf("cooled on a try %s ago: hot at window %d, want none", hotProbeFail, got)
+	}
+}
