@@ -43,7 +43,12 @@ func (h *harness) firstJobToMark(r *relay.Relay) int64 {
 // waitMark waits until the relay's low-water mark is at least id.
 func waitMark(t *testing.T, r *relay.Relay, id int64) {
 	t.Helper()
-	testenv.WaitFor(t, 15*time.Second, fmt.Sprintf("the low-water mark at %d or above", id), func() (bool, string) {
+	// A claim confirms the mark once its snapshot's xmin has passed the
+	// id's transaction: the oldest transaction id still running in the
+	// whole cluster, so any other test's open writing transaction holds
+	// it. On a busy machine, with the suite's tests in parallel, such
+	// transactions last long enough that 15s was not always enough.
+	testenv.WaitFor(t, time.Minute, fmt.Sprintf("the low-water mark at %d or above", id), func() (bool, string) {
 		l, on := relay.LowWater(r)
 		return on && l >= id, fmt.Sprintf("mark %d (on: %v)", l, on)
 	})
