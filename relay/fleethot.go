@@ -110,7 +110,7 @@ import (
 // hotProbeFail of the try, hotProbeWaits waiting over 2 windows are
 // enough (the app's commits queued a few seconds before; the rule of a
 // fleet that is cool for other reasons took 0.3-1.8s to see that again,
-// in the bench's app-cost fleet of 200, where this takes 0.1-0.2s).
+// in the bench's app-cost fleets, where this takes 0.1-0.45s).
 const (
 	hotWindow       = 100 * time.Millisecond
 	hotEnterWindows = 5
@@ -129,8 +129,9 @@ const (
 	hotProbeMax   = 80 * time.Second
 	hotProbeReset = time.Minute
 	// hotProbeWaits is the waiters over the last 2 windows that make a
-	// fleet trying cool run hot again, within hotProbeFail of the try.
-	hotProbeWaits = 4
+	// fleet trying cool run hot again, within hotProbeFail of the try:
+	// about hotWaitHeavy's rate, seen a window sooner.
+	hotProbeWaits = 6
 
 	// hotStep is hotStepPerSchema times the schemas led, within
 	// [minHotStep, maxHotStep]: the poll is an index probe per schema,
