@@ -305,8 +305,7 @@ func (f *fleet) session(ctx context.Context, pool *pgxpool.Pool) (connected time
 		case <-heat.pollC():
 			led := s.led()
 			found, err := s.poll(sctx, led, true)
-			heat.hits += found
-			heat.pollFailed = heat.pollFailed || err != nil
+			heat.polled(found, err)
 			heat.pollAgain(len(led))
 			if tableGone(err) {
 				discover.Reset(0) // see tableGone

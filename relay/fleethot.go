@@ -132,6 +132,11 @@ const (
 	// fleet trying cool run hot again, within hotProbeFail of the try:
 	// about hotWaitHeavy's rate, seen a window sooner.
 	hotProbeWaits = 6
+	// hotDropWindows is how many windows in a row, each under hotDrop
+	// times hotAlways's rate, make a fleet whose try is due try cool at
+	// once, not at the end of its second (see fleetHeat.dropped).
+	hotDropWindows = 3
+	hotDrop        = 0.5
 
 	// hotStep is hotStepPerSchema times the schemas led, within
 	// [minHotStep, maxHotStep]: the poll is an index probe per schema,
@@ -161,8 +166,16 @@ type fleetHeat struct {
 	hits   int       // schemas found with rows, by polls and notifications
 	jobs   int       // jobs found in short batches, since
 	// pollFailed is set when a hot poll failed since the window began
-	// (see cools).
-	pollFailed bool
+	// (see cools); winFailed, since the last hotWindow began.
+	pollFailed, winFailed bool
+	// The last hotDropWindows hot windows' finds (see dropped): each the
+	// larger of the schemas and the jobs found, -1 for a window whose
+	// poll failed; drop[dnext] the oldest, dseen how many were counted
+	// since the fleet went hot; hitsAt and jobsAt are hits and jobs at
+	// the last window's end.
+	drop           [hotDropWindows]int
+	dnext, dseen   int
+	hitsAt, jobsAt int
 	// recent are the commits counted in the last hotEnterWindows windows
 	// while cool, recent[next] the oldest; waits the sessions counted
 	// waiting for a lock on an object at the end of each of the last
@@ -352,19 +365,47 @@ func (h *fleetHeat) heats(now time.Time, n int, enter, waitFrom, always float64,
 	case h.tryingSince(now):
 		h.probeEvery = min(2*h.probeEvery, hotProbeMax)
 	}
-	h.hot, h.since, h.hits, h.jobs, h.pollFailed = true, now, 0, 0, false
+	h.hot, h.pollFailed, h.winFailed, h.dseen = true, false, false, 0
+	h.newSecond(now)
 	h.probeAt, h.probing = now.Add(h.probeEvery), false
 	h.recent, h.next, h.waits, h.wnext = [hotEnterWindows]int{}, 0, [hotWaitWindows]int{}, 0
 	return true, waits
 }
 
+// polled counts a hot poll's schemas found, or its failure.
+func (h *fleetHeat) polled(found int, err error) {
+	h.hits += found
+	if err != nil {
+		h.pollFailed, h.winFailed = true, true
+	}
+}
+
+// newSecond starts the second whose hits and jobs cools weighs.
+func (h *fleetHeat) newSecond(now time.Time) {
+	h.since, h.hits, h.jobs, h.hitsAt, h.jobsAt = now, 0, 0, 0, 0
+}
+
 // cools counts a hot window's notifications and jobs found, and reports
 // whether the fleet cools now: once a second, when its polls and
 // notifications found fewer than leave schemas a second, or, trying, when
-// a try is due (hotProbe) and it found fewer than always jobs a second.
+// a try is due (hotProbe) and it found fewer than always jobs a second;
+// and, trying, at the end of any window when a try is due and the app's
+// rate has dropped (dropped).
 func (h *fleetHeat) cools(now time.Time, noted, found int, leave, always float64) (cool, trying bool) {
 	h.hits += noted
 	h.jobs += found
+	n := max(h.hits-h.hitsAt, h.jobs-h.jobsAt)
+	if h.winFailed {
+		n = -1
+	}
+	h.drop[h.dnext] = n
+	h.dnext = (h.dnext + 1) % hotDropWindows
+	h.dseen++
+	h.hitsAt, h.jobsAt, h.winFailed = h.hits, h.jobs, false
+	if !now.Before(h.probeAt) && h.dropped(always) {
+		h.hot, h.probing, h.cooledAt = false, true, now
+		return true, true
+	}
 	d := now.Sub(h.since)
 	if d < hotLeaveAfter {
 		return false, false
@@ -381,17 +422,40 @@ func (h *fleetHeat) cools(now time.Time, noted, found int, leave, always float64
 		// run against 92% in the next. Such a window is weighed again, as
 		// a busy one is.
 		h.pollFailed = false
-		h.since, h.hits, h.jobs = now, 0, 0
+		h.newSecond(now)
 		return false, false
 	}
 	quiet := float64(h.hits)/d.Seconds() < leave
 	trying = !quiet && !now.Before(h.probeAt) && float64(max(h.hits, h.jobs))/d.Seconds() < always
 	if !quiet && !trying {
-		h.since, h.hits, h.jobs = now, 0, 0
+		h.newSecond(now)
 		return false, false
 	}
 	h.hot, h.probing, h.cooledAt = false, trying, now
 	return true, trying
+}
+
+// dropped reports whether each of the last hotDropWindows windows found
+// fewer than hotDrop times always's rate, and no poll of theirs failed:
+// the app's rate has dropped. A fleet still hot from a full-speed load
+// whose try is due then tries cool at once. Weighed over its second
+// alone, it tried 1-2s after the drop, and each job of those seconds was
+// found by a hot poll: after the bench's app-cost rounds over 200 schemas
+// (relay log at debug), the fleet stayed hot for the first 1.3s of the
+// 100 jobs/s latency run, whose jobs took 3-7ms then against 0.6ms at p50
+// once cool. Half of always keeps a full-speed load's short dips (a
+// checkpoint's flush) from trying; a try, when due, costs what it does at
+// the end of a second.
+func (h *fleetHeat) dropped(always float64) bool {
+	if h.dseen < hotDropWindows {
+		return false
+	}
+	for _, n := range h.drop {
+		if n < 0 || float64(n) >= hotDrop*always*hotWindow.Seconds() {
+			return false
+		}
+	}
+	return true
 }
 
 // notifyWaiters counts the sessions waiting for a lock on an object

@@ -209,10 +209,11 @@ func TestFleetStaysHotThroughFailedPolls(t *testing.T) {
 		now = now.Add(hotWindow)
 		h.heats(now, 1000, hotEnter, hotWaitFrom, hotAlways, func() (int, error) { return hotWaitHeavy, nil })
 	}
-	// Hot polls that failed all second: nothing found, no commits seen.
+	// Hot polls that failed, one in each window, for 3s (past the first
+	// try's time): nothing found, no commits seen.
 	for range 3 {
-		h.pollFailed = true
 		for range int(hotLeaveAfter / hotWindow) {
+			h.polled(0, errors.New("timeout"))
 			now = now.Add(hotWindow)
 			if cool, trying := h.cools(now, 0, 0, hotLeave, hotAlways); cool {
 				t.Fatalf("cooled (trying %v) on a window whose hot poll failed", trying)
@@ -277,5 +278,73 @@ func TestFleetTryingCoolRunsHotAgainOnFewerWaits(t *testing.T) {
 	old := now.Add(-hotProbeFail)
 	if got := enters(cooled(old, true), now); got != 0 {
 		t.Errorf("cooled on a try %s ago: hot at window %d, want none", hotProbeFail, got)
+	}
+}
+
+// A hot fleet whose try is due tries cool at the end of the third window
+// in a row under half of hotAlways's rate (the app's load dropped), not at
+// the end of its second: after a full-speed load it stayed hot 1-2s more,
+// and every job of that time was found by a hot poll. Not before the try
+// is due, not on a window whose poll failed, and not on a dip to half of
+// hotAlways.
+func TestFleetTriesCoolWhenTheRateDrops(t *testing.T) {
+	full := int(2 * hotAlways * hotWindow.Seconds()) // jobs a window at twice hotAlways
+	low := int(100 * hotWindow.Seconds())            // 100 jobs a second
+	dip := int(hotDrop * hotAlways * hotWindow.Seconds())
+	now := time.Now()
+	var h fleetHeat
+	for i := 0; !h.hot; i++ {
+		if i > hotEnterWindows {
+			t.Fatal("not hot")
+		}
+		now = now.Add(hotWindow)
+		h.heats(now, full, hotEnter, hotWaitFrom, hotAlways, func() (int, error) { return hotWaitHeavy, nil })
+	}
+	// window runs one hot window whose polls find n schemas and its
+	// drains n jobs; failed, with one poll failing.
+	window := func(n int, failed bool) (cool, trying bool) {
+		var err error
+		if failed {
+			err = errors.New("timeout")
+		}
+		h.polled(n, err)
+		now = now.Add(hotWindow)
+		return h.cools(now, 0, n, hotLeave, hotAlways)
+	}
+	// Dropped before the try is due: hot.
+	for range hotDropWindows + 1 {
+		if cool, trying := window(low, false); cool {
+			t.Fatalf("cooled (trying %v) %s after going hot, before the try's time %s", trying, now.Sub(h.since), hotProbe)
+		}
+	}
+	for now.Before(h.probeAt) {
+		if cool, _ := window(full, false); cool {
+			t.Fatal("cooled at full speed")
+		}
+	}
+	// Due: a dip to half of hotAlways, and a drop whose first window's
+	// poll failed, are no try.
+	for i := range 2 * hotDropWindows {
+		if cool, _ := window(dip, false); cool {
+			t.Fatalf("tried cool on window %d of a dip to %d jobs a window", i+1, dip)
+		}
+	}
+	if cool, _ := window(full, false); cool {
+		t.Fatal("cooled at full speed")
+	}
+	if cool, _ := window(low, true); cool {
+		t.Fatal("tried cool on a window whose poll failed")
+	}
+	for i := 1; ; i++ {
+		cool, trying := window(low, false)
+		if cool {
+			if !trying || i != hotDropWindows {
+				t.Fatalf("cooled at clean window %d of the drop (trying %v); want a try at window %d", i, trying, hotDropWindows)
+			}
+			break
+		}
+		if i > hotDropWindows {
+			t.Fatalf("still hot %d windows after the rate dropped", i)
+		}
 	}
 }
