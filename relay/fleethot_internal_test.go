@@ -140,13 +140,7 @@ func TestFleetTriesCool(t *testing.T) {
 	var h fleetHeat
 	heat := func() {
 		t.Helper()
-		for i := 0; !h.hot; i++ {
-			if i > hotEnterWindows {
-				t.Fatal("not hot")
-			}
-			now = now.Add(hotWindow)
-			h.heats(now, 1000, hotEnter, hotWaitFrom, hotAlways, func() (int, error) { return hotWaitHeavy, nil })
-		}
+		heatUp(t, &h, &now, 1000)
 	}
 	// second runs one hot second finding hits schemas and jobs jobs.
 	second := func(hits, jobs int) (cool, trying bool) {
@@ -202,13 +196,7 @@ func TestFleetTriesCool(t *testing.T) {
 func TestFleetStaysHotThroughFailedPolls(t *testing.T) {
 	now := time.Now()
 	var h fleetHeat
-	for i := 0; !h.hot; i++ {
-		if i > hotEnterWindows {
-			t.Fatal("not hot")
-		}
-		now = now.Add(hotWindow)
-		h.heats(now, 1000, hotEnter, hotWaitFrom, hotAlways, func() (int, error) { return hotWaitHeavy, nil })
-	}
+	heatUp(t, &h, &now, 1000)
 	// Hot polls that failed, one in each window, for 3s (past the first
 	// try's time): nothing found, no commits seen.
 	for range 3 {
@@ -293,13 +281,7 @@ func TestFleetTriesCoolWhenTheRateDrops(t *testing.T) {
 	dip := int(hotDrop * hotAlways * hotWindow.Seconds())
 	now := time.Now()
 	var h fleetHeat
-	for i := 0; !h.hot; i++ {
-		if i > hotEnterWindows {
-			t.Fatal("not hot")
-		}
-		now = now.Add(hotWindow)
-		h.heats(now, full, hotEnter, hotWaitFrom, hotAlways, func() (int, error) { return hotWaitHeavy, nil })
-	}
+	heatUp(t, &h, &now, full)
 	// window runs one hot window whose polls find n schemas and its
 	// drains n jobs; failed, with one poll failing.
 	window := func(n int, failed bool) (cool, trying bool) {
@@ -346,5 +328,18 @@ func TestFleetTriesCoolWhenTheRateDrops(t *testing.T) {
 		if i > hotDropWindows {
 			t.Fatalf("still hot %d windows after the rate dropped", i)
 		}
+	}
+}
+
+// heatUp weighs windows of n commits each, hotWaitHeavy waiting at the end
+// of each, from *now on, until h runs hot.
+func heatUp(t *testing.T, h *fleetHeat, now *time.Time, n int) {
+	t.Helper()
+	for i := 0; !h.hot; i++ {
+		if i > hotEnterWindows {
+			t.Fatal("not hot")
+		}
+		*now = now.Add(hotWindow)
+		h.heats(*now, n, hotEnter, hotWaitFrom, hotAlways, func() (int, error) { return hotWaitHeavy, nil })
 	}
 }
