@@ -255,7 +255,21 @@ func TestFleetWakeGateGoesWithAStepDown(t *testing.T) {
 	fh.run(a)
 	fh.waitJIDs("default", jids)
 	aPID := fh.leaderPID(s)
-	waitIdleHeldBy(t, fh.conn, s, aPID, "the relay's lock connection (idle)")
+	// Idle, and its drain ended: the drain takes the idle lock before its
+	// last claim, and a commit that this claim finds, or that a drain
+	// finds within lingerFor of the last one's end, sends the relay awake
+	// before it pushes (seen with two suites at once: "held by []").
+	testenv.WaitFor(t, 10*time.Second, s+" idle, its drain ended a while ago", func() (bool, string) {
+		got := idleHolders(t, fh.conn, s)
+		var last time.Time
+		for _, st := range a.Status().Schemas {
+			if st.Schema == s {
+				last = st.LastDrain
+			}
+		}
+		return slices.Equal(got, []uint32{aPID}) && !last.IsZero() && time.Since(last) > 10*time.Millisecond,
+			fmt.Sprintf("idle lock held by backends %v (want %d); last drain ended %v", got, aPID, last)
+	})
 
 	// Another relay takes the fence; then a commit of three jobs notifies
 	// the idle relay, whose first batch's push is refused.

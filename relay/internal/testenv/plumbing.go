@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -39,7 +40,20 @@ func SchemaNamedIn(t testing.TB, databaseURL, schema string) string {
 			return
 		}
 		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+		// A relay the test has just killed may still have a session
+		// finishing its transaction, and DROP ... CASCADE, locking the
+		// schema's objects one by one, can deadlock with it (seen with two
+		// suites at once). PostgreSQL aborts one of the two; the session
+		// ends with the relay, so the drop goes again.
+		for {
+			_, err = conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == "40P01" && ctx.Err() == nil {
+				continue
+			}
+			break
+		}
+		if err != nil {
 			t.Errorf("relaytest: drop test schema %s: %v", schema, err)
 		}
 	})
